@@ -1,0 +1,73 @@
+/*
+ * bench.h - shared declarations of the empty-task benchmark (pto_bench).
+ *
+ * Each system (ptolua, OpenMP, StarPU) lives in its own translation unit and
+ * exposes a setup/teardown pair plus one function per DAG shape. A shape
+ * function builds its inputs, times the DAG and returns the elapsed wall-clock
+ * seconds of the timed section, or a negative value on error (after printing
+ * the reason to stderr).
+ *
+ * Shapes (n = task count parameters):
+ *   w1(n)        independent: n tasks, each OUTPUT to its own tensor
+ *   w2(n)        chain: n tasks, each INOUT on one tensor
+ *   w3(g)        fan: g groups of 1 producer -> 8 readers -> 1 joiner
+ *   w4(d, reps)  bgemm d x d x d x d (gemm + tile_add per (b,m,n,k)),
+ *                repeated reps times; the time covers all repetitions
+ */
+#ifndef PTO_BENCH_H
+#define PTO_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes per benchmark tensor slot: 16 f32 elements, 64-byte aligned. */
+#define BENCH_SLOT_BYTES 64
+#define BENCH_SLOT_ELEMS 16
+/* Readers per fan group in W3. */
+#define BENCH_FAN 8
+/* Worker threads of every system. */
+#define BENCH_THREADS 2
+
+/* A zeroed, 64-byte-aligned array of n slots; aborts on failure. */
+void *bench_slots(size_t n);
+/* Monotonic wall clock in seconds. */
+double bench_now(void);
+
+/* Tasks in one fan group and in one bgemm repetition. */
+#define BENCH_W3_TASKS_PER_GROUP (1 + BENCH_FAN + 1)
+#define BENCH_W4_TASKS(d) (2LL * (d) * (d) * (d) * (d))
+
+/* ptolua (bench_ptolua.c) */
+int ptolua_setup(void);
+void ptolua_teardown(void);
+const char *ptolua_describe(void);
+double ptolua_w1(int n);
+double ptolua_w2(int n);
+double ptolua_w3(int groups);
+double ptolua_w4(int d, int reps);
+
+/* OpenMP tasks with depend clauses (bench_omp.c; only built when the
+ * compiler supports OpenMP, which defines PTO_BENCH_HAVE_OPENMP). */
+#ifdef PTO_BENCH_HAVE_OPENMP
+int omp_bench_setup(void);
+void omp_bench_teardown(void);
+const char *omp_bench_describe(void);
+double omp_w1(int n);
+double omp_w2(int n);
+double omp_w3(int groups);
+double omp_w4(int d, int reps);
+#endif
+
+/* StarPU with implicit data dependencies (bench_starpu.c; only built when
+ * libstarpu-dev is found, which defines PTO_BENCH_HAVE_STARPU). */
+#ifdef PTO_BENCH_HAVE_STARPU
+int starpu_bench_setup(void);
+void starpu_bench_teardown(void);
+const char *starpu_bench_describe(void);
+double starpu_w1(int n);
+double starpu_w2(int n);
+double starpu_w3(int groups);
+double starpu_w4(int d, int reps);
+#endif
+
+#endif

@@ -1,0 +1,388 @@
+/*
+ * bench_main.c - pto_bench: empty tasks through ptolua, OpenMP and StarPU.
+ *
+ * Runs each selected DAG shape through each selected system, keeps the best
+ * of N repetitions, and prints a throughput table (millions of tasks per
+ * second) with ptolua's ratios to the two baselines and the project goals:
+ * ptolua >= 5x StarPU on every shape, ptolua >= OpenMP on W3 and W4. The
+ * goals are informational; the exit status is non-zero only on errors.
+ *
+ *   pto_bench [--quick] [--shapes=LIST] [--systems=LIST] [--reps=N]
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+enum { SYS_PTOLUA, SYS_OMP, SYS_STARPU, NSYS };
+enum { SH_W1, SH_W2, SH_W3, SH_W4S, SH_W4L, NSHAPES };
+
+static const char *const sys_key[NSYS] = { "ptolua", "openmp", "starpu" };
+
+typedef struct sizes {
+    int w1;        /* tasks */
+    int w2;        /* tasks */
+    int w3;        /* fan groups */
+    int w4s_dim;   /* small bgemm edge */
+    int w4s_reps;  /* small bgemm repetitions */
+    int w4l_dim;   /* large bgemm edge */
+} sizes;
+
+static const sizes full_sizes = { 200000, 200000, 20000, 4, 200, 16 };
+static const sizes quick_sizes = { 20000, 20000, 2000, 4, 20, 8 };
+
+static const char *const shape_key[NSHAPES] = { "w1", "w2", "w3", "w4s", "w4l" };
+
+static void shape_label(int sh, const sizes *z, char *out, size_t cap)
+{
+    switch (sh) {
+    case SH_W1: snprintf(out, cap, "W1 independent"); break;
+    case SH_W2: snprintf(out, cap, "W2 chain"); break;
+    case SH_W3: snprintf(out, cap, "W3 fan 1->%d->1", BENCH_FAN); break;
+    case SH_W4S:
+        snprintf(out, cap, "W4 bgemm %d^4 x%d", z->w4s_dim, z->w4s_reps);
+        break;
+    default: snprintf(out, cap, "W4 bgemm %d^4", z->w4l_dim); break;
+    }
+}
+
+static long long shape_tasks(int sh, const sizes *z)
+{
+    switch (sh) {
+    case SH_W1: return z->w1;
+    case SH_W2: return z->w2;
+    case SH_W3: return (long long)z->w3 * BENCH_W3_TASKS_PER_GROUP;
+    case SH_W4S: return BENCH_W4_TASKS(z->w4s_dim) * z->w4s_reps;
+    default: return BENCH_W4_TASKS(z->w4l_dim);
+    }
+}
+
+static double run_one(int sys, int sh, const sizes *z)
+{
+    switch (sys) {
+    case SYS_PTOLUA:
+        switch (sh) {
+        case SH_W1: return ptolua_w1(z->w1);
+        case SH_W2: return ptolua_w2(z->w2);
+        case SH_W3: return ptolua_w3(z->w3);
+        case SH_W4S: return ptolua_w4(z->w4s_dim, z->w4s_reps);
+        default: return ptolua_w4(z->w4l_dim, 1);
+        }
+#ifdef PTO_BENCH_HAVE_OPENMP
+    case SYS_OMP:
+        switch (sh) {
+        case SH_W1: return omp_w1(z->w1);
+        case SH_W2: return omp_w2(z->w2);
+        case SH_W3: return omp_w3(z->w3);
+        case SH_W4S: return omp_w4(z->w4s_dim, z->w4s_reps);
+        default: return omp_w4(z->w4l_dim, 1);
+        }
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+    case SYS_STARPU:
+        switch (sh) {
+        case SH_W1: return starpu_w1(z->w1);
+        case SH_W2: return starpu_w2(z->w2);
+        case SH_W3: return starpu_w3(z->w3);
+        case SH_W4S: return starpu_w4(z->w4s_dim, z->w4s_reps);
+        default: return starpu_w4(z->w4l_dim, 1);
+        }
+#endif
+    default:
+        return -1.0;
+    }
+}
+
+static int sys_setup(int sys)
+{
+    switch (sys) {
+    case SYS_PTOLUA: return ptolua_setup();
+#ifdef PTO_BENCH_HAVE_OPENMP
+    case SYS_OMP: return omp_bench_setup();
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+    case SYS_STARPU: return starpu_bench_setup();
+#endif
+    default: return -1;
+    }
+}
+
+static void sys_teardown(int sys)
+{
+    switch (sys) {
+    case SYS_PTOLUA: ptolua_teardown(); break;
+#ifdef PTO_BENCH_HAVE_OPENMP
+    case SYS_OMP: omp_bench_teardown(); break;
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+    case SYS_STARPU: starpu_bench_teardown(); break;
+#endif
+    default: break;
+    }
+}
+
+static const char *sys_describe(int sys)
+{
+    switch (sys) {
+    case SYS_PTOLUA: return ptolua_describe();
+#ifdef PTO_BENCH_HAVE_OPENMP
+    case SYS_OMP: return omp_bench_describe();
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+    case SYS_STARPU: return starpu_bench_describe();
+#endif
+    default: return "";
+    }
+}
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s [--quick] [--shapes=LIST] [--systems=LIST] [--reps=N]\n"
+            "  --quick         smaller sizes for a smoke run\n"
+            "  --shapes=LIST   comma-separated: w1,w2,w3,w4 (= w4s,w4l),w4s,w4l,all (default all)\n"
+            "  --systems=LIST  comma-separated: ptolua,openmp,starpu,all (default all)\n"
+            "  --reps=N        repetitions per (shape, system); the best is kept (default 3)\n"
+            "shapes: w1 independent, w2 chain, w3 fan 1->8->1, w4s small bgemm (repeated),\n"
+            "        w4l large bgemm\n",
+            prog);
+}
+
+/* Value of "--name=V" or "--name V"; advances *i for the second form. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] == '\0' && *i + 1 < argc)
+        return argv[++*i];
+    return NULL;
+}
+
+/* Parse a comma-separated list of keys into sel[]; 0 or -1 on unknown key. */
+static int parse_list(const char *list, const char *const *keys, int nkeys, int *sel, int is_shapes)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (int k = 0; k < nkeys; k++)
+        sel[k] = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        if (strcmp(tok, "all") == 0) {
+            for (int k = 0; k < nkeys; k++)
+                sel[k] = 1;
+            found = 1;
+        } else if (is_shapes && strcmp(tok, "w4") == 0) {
+            sel[SH_W4S] = sel[SH_W4L] = 1;
+            found = 1;
+        } else {
+            for (int k = 0; k < nkeys; k++)
+                if (strcasecmp(tok, keys[k]) == 0) {
+                    sel[k] = 1;
+                    found = 1;
+                }
+            if (!is_shapes && (strcmp(tok, "omp") == 0)) {
+                sel[SYS_OMP] = 1;
+                found = 1;
+            }
+        }
+        if (!found) {
+            fprintf(stderr, "pto_bench: unknown %s '%s'\n", is_shapes ? "shape" : "system", tok);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void fmt_rate(char *out, size_t cap, double rate)
+{
+    if (rate > 0)
+        snprintf(out, cap, "%.3f", rate);
+    else if (rate < 0)
+        snprintf(out, cap, "ERR");
+    else
+        snprintf(out, cap, "-");
+}
+
+static void fmt_ratio(char *out, size_t cap, double a, double b)
+{
+    if (a > 0 && b > 0)
+        snprintf(out, cap, "%.2fx", a / b);
+    else
+        snprintf(out, cap, "-");
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, reps = 3;
+    int shape_sel[NSHAPES], sys_sel[NSYS];
+    for (int i = 0; i < NSHAPES; i++) shape_sel[i] = 1;
+    for (int i = 0; i < NSYS; i++) sys_sel[i] = 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--quick") == 0 || strcmp(argv[i], "-q") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout, argv[0]);
+            return 0;
+        } else if ((v = opt_value(argc, argv, &i, "--shapes")) != NULL) {
+            if (parse_list(v, shape_key, NSHAPES, shape_sel, 1) != 0) return 2;
+        } else if ((v = opt_value(argc, argv, &i, "--systems")) != NULL) {
+            if (parse_list(v, sys_key, NSYS, sys_sel, 0) != 0) return 2;
+        } else if ((v = opt_value(argc, argv, &i, "--reps")) != NULL) {
+            reps = atoi(v);
+            if (reps < 1) {
+                fprintf(stderr, "pto_bench: --reps must be >= 1\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "pto_bench: unknown argument '%s'\n", argv[i]);
+            usage(stderr, argv[0]);
+            return 2;
+        }
+    }
+
+    const sizes *z = quick ? &quick_sizes : &full_sizes;
+    int have_starpu = 0, have_omp = 0;
+#ifdef PTO_BENCH_HAVE_STARPU
+    have_starpu = 1;
+#endif
+#ifdef PTO_BENCH_HAVE_OPENMP
+    have_omp = 1;
+#endif
+
+    /* best[sh][sys]: best seconds; 0 = not run; < 0 = error */
+    double best[NSHAPES][NSYS];
+    char *desc[NSYS] = { NULL, NULL, NULL };
+    memset(best, 0, sizeof best);
+    int errors = 0;
+
+    for (int sys = 0; sys < NSYS; sys++) {
+        if (!sys_sel[sys])
+            continue;
+        if ((sys == SYS_STARPU && !have_starpu) || (sys == SYS_OMP && !have_omp))
+            continue;
+        if (sys_setup(sys) != 0) {
+            fprintf(stderr, "pto_bench: %s setup failed\n", sys_key[sys]);
+            for (int sh = 0; sh < NSHAPES; sh++)
+                if (shape_sel[sh]) best[sh][sys] = -1.0;
+            errors++;
+            continue;
+        }
+        desc[sys] = strdup(sys_describe(sys));
+        for (int sh = 0; sh < NSHAPES; sh++) {
+            if (!shape_sel[sh])
+                continue;
+            char label[64];
+            shape_label(sh, z, label, sizeof label);
+            fprintf(stderr, "  %-7s %-22s", sys_key[sys], label);
+            double b = 0.0;
+            for (int r = 0; r < reps; r++) {
+                double t = run_one(sys, sh, z);
+                if (t < 0) {
+                    fprintf(stderr, " ERROR\n");
+                    b = -1.0;
+                    errors++;
+                    break;
+                }
+                fprintf(stderr, " %.4fs", t);
+                if (b == 0.0 || t < b)
+                    b = t;
+            }
+            if (b > 0)
+                fprintf(stderr, "  best %.4fs\n", b);
+            best[sh][sys] = b;
+        }
+        sys_teardown(sys);
+    }
+
+    /* rates in Mtasks/s (0 = not run, -1 = error) */
+    double rate[NSHAPES][NSYS];
+    for (int sh = 0; sh < NSHAPES; sh++)
+        for (int sys = 0; sys < NSYS; sys++) {
+            double t = best[sh][sys];
+            rate[sh][sys] = t > 0 ? (double)shape_tasks(sh, z) / t / 1e6 : (t < 0 ? -1.0 : 0.0);
+        }
+
+    struct utsname un;
+    const char *machine = "?", *kernel = "?";
+    if (uname(&un) == 0) {
+        machine = un.machine;
+        kernel = un.release;
+    }
+    printf("pto_bench: empty tasks, %d worker threads per system, best of %d%s\n",
+           BENCH_THREADS, reps, quick ? " (--quick sizes)" : "");
+    printf("machine: nproc=%ld, uname -m=%s, kernel %s\n",
+           sysconf(_SC_NPROCESSORS_ONLN), machine, kernel);
+    for (int sys = 0; sys < NSYS; sys++)
+        if (desc[sys])
+            printf("%s\n", desc[sys]);
+    printf("\n%-22s %9s %16s %16s %16s %14s %14s\n", "shape", "tasks", "ptolua Mtasks/s",
+           "openmp Mtasks/s", "starpu Mtasks/s", "ptolua/openmp", "ptolua/starpu");
+    for (int sh = 0; sh < NSHAPES; sh++) {
+        if (!shape_sel[sh])
+            continue;
+        char label[64], c0[32], c1[32], c2[32], r1[32], r2[32];
+        shape_label(sh, z, label, sizeof label);
+        fmt_rate(c0, sizeof c0, rate[sh][SYS_PTOLUA]);
+        fmt_rate(c1, sizeof c1, rate[sh][SYS_OMP]);
+        fmt_rate(c2, sizeof c2, rate[sh][SYS_STARPU]);
+        fmt_ratio(r1, sizeof r1, rate[sh][SYS_PTOLUA], rate[sh][SYS_OMP]);
+        fmt_ratio(r2, sizeof r2, rate[sh][SYS_PTOLUA], rate[sh][SYS_STARPU]);
+        printf("%-22s %9lld %16s %16s %16s %14s %14s\n", label, shape_tasks(sh, z), c0, c1, c2,
+               r1, r2);
+    }
+    if (!have_omp && sys_sel[SYS_OMP])
+        printf("OpenMP: skipped (the compiler has no OpenMP support)\n");
+    if (!have_starpu && sys_sel[SYS_STARPU])
+        printf("StarPU: skipped (libstarpu-dev not installed)\n");
+
+    printf("\ngoals (informational): ptolua >= 5x StarPU on every shape; "
+           "ptolua >= OpenMP on W3 and W4\n");
+    int pass = 0, miss = 0, na = 0;
+    for (int sh = 0; sh < NSHAPES; sh++) {
+        if (!shape_sel[sh])
+            continue;
+        char label[64];
+        shape_label(sh, z, label, sizeof label);
+        for (int g = 0; g < 2; g++) {
+            int other = g == 0 ? SYS_STARPU : SYS_OMP;
+            double need = g == 0 ? 5.0 : 1.0;
+            if (g == 1 && sh != SH_W3 && sh != SH_W4S && sh != SH_W4L)
+                continue;
+            double a = rate[sh][SYS_PTOLUA], b = rate[sh][other];
+            char goal[96];
+            snprintf(goal, sizeof goal, "ptolua >= %s%s on %s", g == 0 ? "5x " : "",
+                     g == 0 ? "starpu" : "openmp", label);
+            if (a > 0 && b > 0) {
+                int ok = a >= need * b;
+                ok ? pass++ : miss++;
+                printf("  %-44s %s (%.2fx)\n", goal, ok ? "PASS" : "MISS", a / b);
+            } else {
+                na++;
+                printf("  %-44s n/a (%s)\n", goal,
+                       (other == SYS_STARPU && !have_starpu) ? "StarPU skipped"
+                       : (other == SYS_OMP && !have_omp)     ? "OpenMP skipped"
+                       : (a < 0 || b < 0)                   ? "error"
+                                                            : "not run");
+            }
+        }
+    }
+    printf("goals: %d PASS, %d MISS, %d n/a\n", pass, miss, na);
+    for (int sys = 0; sys < NSYS; sys++)
+        free(desc[sys]);
+    if (errors)
+        fprintf(stderr, "pto_bench: %d error(s)\n", errors);
+    return errors ? 1 : 0;
+}

@@ -1,0 +1,149 @@
+/*
+ * bench_omp.c - the empty-task shapes as OpenMP tasks with depend clauses.
+ *
+ * Two threads (num_threads(2)); one thread creates the tasks inside a single
+ * construct, both execute them. Task bodies are an empty asm statement the
+ * compiler cannot delete. The timed section spans the parallel region, from
+ * entering it to its end (which waits for every task).
+ */
+#include "bench.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct slot {
+    _Alignas(BENCH_SLOT_BYTES) unsigned char bytes[BENCH_SLOT_BYTES];
+} slot;
+
+#define BODY() __asm__ __volatile__("" ::: "memory")
+
+static char g_desc[160];
+
+int omp_bench_setup(void)
+{
+    /* Warm-up region so thread creation is not timed. */
+    int nthreads = 0;
+#pragma omp parallel num_threads(BENCH_THREADS)
+    {
+#pragma omp single
+        nthreads = omp_get_num_threads();
+    }
+    if (nthreads != BENCH_THREADS)
+        fprintf(stderr, "openmp: warning: got %d threads, wanted %d\n", nthreads, BENCH_THREADS);
+    snprintf(g_desc, sizeof g_desc, "openmp: libgomp, num_threads(%d), task depend(in/out/inout)",
+             nthreads);
+    return 0;
+}
+
+void omp_bench_teardown(void)
+{
+}
+
+const char *omp_bench_describe(void)
+{
+    return g_desc[0] ? g_desc : "openmp: num_threads(2)";
+}
+
+double omp_w1(int n)
+{
+    slot *s = bench_slots((size_t)n);
+    double t0 = bench_now();
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        for (int i = 0; i < n; i++) {
+#pragma omp task depend(out: s[i])
+            BODY();
+        }
+    }
+    double t1 = bench_now();
+    free(s);
+    return t1 - t0;
+}
+
+double omp_w2(int n)
+{
+    slot *s = bench_slots(1);
+    double t0 = bench_now();
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        for (int i = 0; i < n; i++) {
+#pragma omp task depend(inout: s[0])
+            BODY();
+        }
+    }
+    double t1 = bench_now();
+    free(s);
+    return t1 - t0;
+}
+
+double omp_w3(int groups)
+{
+    const size_t per = BENCH_FAN + 2; /* X, Y[0..7], Z */
+    slot *s = bench_slots((size_t)groups * per);
+    double t0 = bench_now();
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        for (int g = 0; g < groups; g++) {
+            slot *x = s + (size_t)g * per;
+            slot *y = x + 1;
+            slot *z = x + 1 + BENCH_FAN;
+            (void)y; (void)z; /* gcc 12 counts depend clauses as no use */
+#pragma omp task depend(out: x[0])
+            BODY();
+            for (int j = 0; j < BENCH_FAN; j++) {
+#pragma omp task depend(in: x[0]) depend(out: y[j])
+                BODY();
+            }
+#pragma omp task depend(in: y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7]) \
+                 depend(out: z[0])
+            BODY();
+        }
+    }
+    double t1 = bench_now();
+    free(s);
+    return t1 - t0;
+}
+
+#if BENCH_FAN != 8
+#error "omp_w3 lists the 8 readers of a fan group explicitly"
+#endif
+
+/* BGEMM with a distinct temporary P per (b,m,n,k). One parallel region per
+ * repetition; the time covers all of them. */
+double omp_w4(int d, int reps)
+{
+    const size_t dd = (size_t)d;
+    const size_t n3 = dd * dd * dd;
+    slot *A = bench_slots(n3), *B = bench_slots(n3), *C = bench_slots(n3);
+    slot *P = bench_slots(n3 * dd);
+    double t0 = bench_now();
+    for (int r = 0; r < reps; r++) {
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+        {
+            for (size_t b = 0; b < dd; b++)
+                for (size_t m = 0; m < dd; m++)
+                    for (size_t n = 0; n < dd; n++) {
+                        slot *c = &C[(b * dd + m) * dd + n];
+                        (void)c; /* gcc 12 counts depend clauses as no use */
+                        for (size_t k = 0; k < dd; k++) {
+                            slot *a = &A[(b * dd + m) * dd + k];
+                            slot *bb = &B[(b * dd + k) * dd + n];
+                            slot *p = &P[((b * dd + m) * dd + n) * dd + k];
+                            (void)a; (void)bb; (void)p;
+#pragma omp task depend(in: a[0], bb[0]) depend(out: p[0])
+                            BODY();
+#pragma omp task depend(in: p[0]) depend(inout: c[0])
+                            BODY();
+                        }
+                    }
+        }
+    }
+    double t1 = bench_now();
+    free(A); free(B); free(C); free(P);
+    return t1 - t0;
+}

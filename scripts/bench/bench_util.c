@@ -1,0 +1,29 @@
+/* bench_util.c - helpers shared by the pto_bench translation units. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void *bench_slots(size_t n)
+{
+    size_t bytes = (n ? n : 1) * BENCH_SLOT_BYTES;
+    void *p = aligned_alloc(BENCH_SLOT_BYTES, bytes);
+    if (!p) {
+        fprintf(stderr, "pto_bench: out of memory (%zu bytes)\n", bytes);
+        abort();
+    }
+    memset(p, 0, bytes); /* fault the pages in before any timing */
+    return p;
+}
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,87 @@
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char errbuf[PTO_ERRLEN];
+
+const char *pto_errmsg(void) { return errbuf; }
+
+void pto_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    va_end(ap);
+}
+
+void pto_set_error_str(const char *msg)
+{
+    snprintf(errbuf, sizeof errbuf, "%s", msg ? msg : "");
+}
+
+static void oom(size_t n)
+{
+    fprintf(stderr, "ptolua: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *pto_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n);
+    return p;
+}
+
+void *pto_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) oom(n * size);
+    return p;
+}
+
+void *pto_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n);
+    return q;
+}
+
+char *pto_xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = pto_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+char *pto_xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = pto_xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+uint64_t pto_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem)
+{
+    if (need <= *cap) return;
+    int32_t c = *cap ? *cap : 4;
+    while (c < need) c *= 2;
+    *arr = pto_xrealloc(*arr, (size_t)c * elem);
+    *cap = c;
+}

@@ -1,0 +1,44 @@
+/* Small shared utilities of the engine: the per-thread error message,
+ * allocation that fails loudly, the monotonic clock, alignment. */
+#ifndef PTO_COMMON_H
+#define PTO_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pto.h"
+
+#define PTO_ERRLEN 2048
+
+/* Record the calling thread's error (read back by pto_errmsg). */
+void pto_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Same, from a prepared string. */
+void pto_set_error_str(const char *msg);
+
+void *pto_xmalloc(size_t n);
+void *pto_xcalloc(size_t n, size_t size);
+void *pto_xrealloc(void *p, size_t n);
+char *pto_xstrdup(const char *s);
+/* malloc'ed printf. */
+char *pto_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+uint64_t pto_now_ns(void);
+
+static inline uint64_t pto_align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* Grow *arr (of elem bytes each, capacity *cap) to hold at least need items. */
+void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem);
+
+#define PTO_LIKELY(x) __builtin_expect(!!(x), 1)
+#define PTO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+static inline void pto_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#endif

@@ -1,0 +1,64 @@
+#include "event.h"
+#include "common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
+{
+    struct timespec ts, *tp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000;
+        ts.tv_nsec = timeout_ns % 1000000000;
+        tp = &ts;
+    }
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, tp, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void pto_event_notify(pto_event *e)
+{
+    /* Pairs with the fence in pto_event_wait: either the waiter sees our
+     * work, or we see it sleeping (Dekker). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&e->seq, 1, memory_order_seq_cst);
+        futex_wake(&e->seq);
+    }
+}
+
+bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t spin_ns, int64_t timeout_ns)
+{
+    if (has_work(arg)) return true;
+    uint64_t t0 = pto_now_ns();
+    if (spin_ns > 0) {
+        for (int i = 0;; i++) {
+            for (int k = 0; k < 64; k++) pto_cpu_relax();
+            if (has_work(arg)) return true;
+            if ((i & 7) == 7 && (int64_t)(pto_now_ns() - t0) >= spin_ns) break;
+        }
+    }
+    uint32_t seq = atomic_load_explicit(&e->seq, memory_order_seq_cst);
+    atomic_store_explicit(&e->sleeping, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    bool work = has_work(arg);
+    if (!work) {
+        int64_t left = -1;
+        if (timeout_ns >= 0) {
+            left = timeout_ns - (int64_t)(pto_now_ns() - t0);
+            if (left < 0) left = 0;
+        }
+        if (left != 0) futex_wait(&e->seq, seq, left);
+        work = has_work(arg);
+    }
+    atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+    return work;
+}

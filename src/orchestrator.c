@@ -1,0 +1,747 @@
+#include "orchestrator.h"
+#include "common.h"
+#include "scheduler.h"
+#include "task_args.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const pto_call_config default_cfg = {.aicpu_thread_num = 3};
+
+void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_heap_ring *rings,
+                   uint32_t alloc_timeout_ms, _Atomic bool *shutdown)
+{
+    memset(o, 0, sizeof *o);
+    o->w = w;
+    o->sched = sched;
+    o->rings = rings;
+    o->alloc_timeout_ms = alloc_timeout_ms;
+    o->shutdown = shutdown;
+    o->nworkers[0] = sched->wm->count[0];
+    o->nworkers[1] = sched->wm->count[1];
+    pto_slot_pool_init(&o->pool);
+    pto_tm_init(&o->tm);
+    pto_scope_init(&o->scope);
+    sched->retire = pto_orch_retire;
+    sched->retire_ctx = o;
+    sched->orch_ev = &o->ev;
+}
+
+static void cfgs_free(pto_orch *o)
+{
+    while (o->cfgs) {
+        pto_cfg_ref *n = o->cfgs->next;
+        free(o->cfgs);
+        o->cfgs = n;
+    }
+}
+
+void pto_orch_destroy(pto_orch *o)
+{
+    pto_slot_pool_destroy(&o->pool);
+    pto_tm_destroy(&o->tm);
+    pto_scope_destroy(&o->scope);
+    cfgs_free(o);
+    free(o->tmp_refs);
+}
+
+/* ---- reclamation ------------------------------------------------------ */
+
+void pto_orch_retire(void *arg, pto_slot *s)
+{
+    pto_orch *o = arg;
+    pto_slot *head = atomic_load_explicit(&o->retire_head, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&s->next_retire, head, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(&o->retire_head, &head, s, memory_order_release,
+                                                    memory_order_relaxed));
+    pto_event_notify(&o->ev);
+}
+
+static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
+{
+    if (!c || --c->refs > 0 || c == o->cfgs) return;   /* keep the most recent one */
+    for (pto_cfg_ref **pp = &o->cfgs; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            free(c);
+            return;
+        }
+}
+
+static void reclaim(pto_orch *o, pto_slot *s)
+{
+    for (int32_t m = 0; m < s->group_size; m++) {
+        const pto_member *mb = &s->members[m];
+        for (int32_t i = 0; i < mb->tensor_count; i++)
+            if (mb->tensors[i].base) pto_tm_erase(&o->tm, mb->tensors[i].base, s);
+    }
+    if (s->ring >= 0) pto_ring_release(&o->rings[s->ring], s->slab_seq);
+    cfg_unref(o, s->cfg);
+    pto_slot_recycle(&o->pool, s);
+}
+
+/* Reclaim everything the scheduler handed back; true if anything was. */
+static bool drain_retired(pto_orch *o)
+{
+    pto_slot *list = atomic_exchange_explicit(&o->retire_head, NULL, memory_order_acquire);
+    if (!list) return false;
+    while (list) {
+        pto_slot *next = atomic_load_explicit(&list->next_retire, memory_order_relaxed);
+        reclaim(o, list);
+        list = next;
+    }
+    return true;
+}
+
+static void release_local(pto_orch *o, pto_slot *s)
+{
+    if (pto_slot_release(s)) {
+        atomic_store_explicit(&s->state, PTO_TASK_CONSUMED, memory_order_release);
+        reclaim(o, s);
+    }
+}
+
+static bool orch_has_work(void *arg)
+{
+    pto_orch *o = arg;
+    return atomic_load_explicit(&o->retire_head, memory_order_relaxed) ||
+           atomic_load_explicit(o->shutdown, memory_order_relaxed);
+}
+
+/* ---- checks -------------------------------------------------------------- */
+
+static bool check_open(pto_orch *o, const char *who)
+{
+    if (!o) {
+        pto_set_error("%s: no orchestrator (submit only inside the function given to Worker:run)", who);
+        return false;
+    }
+    if (!o->open) {
+        pto_set_error("%s: the orchestrator is used outside its run (it is valid only inside the function "
+                      "given to Worker:run, while that run lasts)", who);
+        return false;
+    }
+    if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
+        pto_set_error("%s: the Worker is shutting down", who);
+        return false;
+    }
+    return true;
+}
+
+static bool cfg_equal(const pto_call_config *a, const pto_call_config *b)
+{
+    /* The ints, then the prefix as a string: its 1 KiB is almost always
+     * empty, so this stays cheap on the submit path. */
+    return memcmp(a, b, offsetof(pto_call_config, output_prefix)) == 0 &&
+           strncmp(a->output_prefix, b->output_prefix, sizeof a->output_prefix) == 0;
+}
+
+/* Tasks share interned copies; the most recent one is at the head. */
+static pto_cfg_ref *cfg_intern(pto_orch *o, const pto_call_config *cfg)
+{
+    if (!cfg) cfg = &default_cfg;
+    int32_t looked = 0;
+    for (pto_cfg_ref **pp = &o->cfgs; *pp && looked < 8; pp = &(*pp)->next, looked++) {
+        pto_cfg_ref *c = *pp;
+        if (!cfg_equal(&c->cfg, cfg)) continue;
+        *pp = c->next;
+        c->next = o->cfgs;
+        o->cfgs = c;
+        c->refs++;
+        return c;
+    }
+    pto_cfg_ref *c = pto_xcalloc(1, sizeof *c);
+    memcpy(&c->cfg, cfg, offsetof(pto_call_config, output_prefix));
+    size_t n = strnlen(cfg->output_prefix, sizeof cfg->output_prefix - 1);
+    memcpy(c->cfg.output_prefix, cfg->output_prefix, n);
+    c->refs = 1;
+    c->next = o->cfgs;
+    o->cfgs = c;
+    return c;
+}
+
+/* ---- heap allocation with back-pressure ---------------------------------- */
+
+static void deadlock_error(pto_orch *o, const char *who, int32_t r, uint64_t bytes, const pto_slab *oldest)
+{
+    pto_heap_ring *ring = &o->rings[r];
+    uint64_t need = ring->used + bytes, rec = 1;
+    while (rec < 2 * need) rec <<= 1;
+    pto_set_error("%s: deadlock: heap ring %d is full (%llu of %llu bytes in %u slabs) and cannot drain. Its oldest "
+                  "slab (task %lld, %llu bytes) is held by a scope that is still open, so only that scope's end "
+                  "could free it, and the orchestrator that would end the scope is the one waiting for the space. "
+                  "Fix: end scopes sooner (fewer or smaller tensors per scope), or increase heap_ring_size on the "
+                  "Worker (current: %llu bytes per ring; this scope needs at least %llu, recommended %llu).",
+                  who, r, (unsigned long long)ring->used, (unsigned long long)ring->size, ring->count,
+                  (long long)oldest->owner->id, (unsigned long long)(oldest->end - oldest->start),
+                  (unsigned long long)ring->size, (unsigned long long)need, (unsigned long long)rec);
+}
+
+static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
+{
+    pto_heap_ring *ring = &o->rings[r];
+    if (bytes > ring->size) {
+        pto_set_error("%s: %llu bytes do not fit in a heap ring of %llu bytes; increase heap_ring_size on the "
+                      "Worker", who, (unsigned long long)bytes, (unsigned long long)ring->size);
+        return false;
+    }
+    if (pto_ring_try_alloc(ring, bytes, NULL, off, seq)) return true;
+    uint64_t t0 = pto_now_ns(), last_progress = t0;
+    uint64_t timeout = (uint64_t)o->alloc_timeout_ms * 1000000ull;
+    bool ok = false;
+    ring->stalls++;
+    for (;;) {
+        uint32_t before = ring->count;
+        uint64_t head_before = ring->head_seq;
+        drain_retired(o);
+        if (ring->head_seq != head_before || ring->count != before) last_progress = pto_now_ns();
+        if (pto_ring_try_alloc(ring, bytes, NULL, off, seq)) {
+            ok = true;
+            break;
+        }
+        const pto_slab *oldest = pto_ring_oldest(ring);
+        if (oldest && oldest->owner && oldest->owner->scope_held) {
+            deadlock_error(o, who, r, bytes, oldest);
+            break;
+        }
+        if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
+            pto_set_error("%s: the Worker was shut down while waiting for heap ring %d", who, r);
+            break;
+        }
+        uint64_t now = pto_now_ns();
+        if (now - last_progress >= timeout) {
+            pto_set_error("%s: HeapRing exhausted: heap ring %d had no room for %llu bytes for %u ms (%llu of %llu "
+                          "bytes held by %u slabs of unfinished tasks); increase heap_ring_size on the Worker "
+                          "(current: %llu bytes per ring) or alloc_timeout_ms if the tasks are just slow",
+                          who, r, (unsigned long long)bytes, o->alloc_timeout_ms, (unsigned long long)ring->used,
+                          (unsigned long long)ring->size, ring->count, (unsigned long long)ring->size);
+            break;
+        }
+        pto_event_wait(&o->ev, orch_has_work, o, 0, (int64_t)(timeout - (now - last_progress)));
+    }
+    ring->stall_ns += (int64_t)(pto_now_ns() - t0);
+    return ok;
+}
+
+/* ---- references ----------------------------------------------------------- */
+
+static void add_ref(pto_orch *o, pto_slot *p, bool dep)
+{
+    if (p->mark == o->mark) {   /* seen in this submit: merge the roles */
+        for (int32_t i = 0; i < o->ntmp; i++)
+            if (o->tmp_refs[i].slot == p) {
+                o->tmp_refs[i].dep |= dep;
+                o->tmp_refs[i].hold |= !dep;
+            }
+        return;
+    }
+    p->mark = o->mark;
+    pto_grow((void **)&o->tmp_refs, &o->tmp_cap, o->ntmp + 1, sizeof *o->tmp_refs);
+    o->tmp_refs[o->ntmp++] = (pto_ref){p, dep, !dep};
+}
+
+static void lookup_cb(pto_slot *p, void *arg) { add_ref(arg, p, true); }
+
+static int32_t ring_of(pto_orch *o, uint64_t addr)
+{
+    for (int32_t r = 0; r < PTO_MAX_RING_DEPTH; r++)
+        if (pto_ring_contains(&o->rings[r], addr)) return r;
+    return -1;
+}
+
+/* Take every collected reference. A producer that is already consumed has
+ * finished: it needs no edge (but passes on its failure). A consumed slab
+ * owner is different: its storage is about to be reused, so that is an error
+ * and the references taken so far are given back. */
+static bool take_refs(pto_orch *o, const char *who, bool *poisoned, int64_t *failed_producer)
+{
+    for (int32_t i = 0; i < o->ntmp; i++) {
+        pto_slot *p = o->tmp_refs[i].slot;
+        if (pto_slot_try_ref(p)) continue;
+        if (atomic_load_explicit(&p->failed, memory_order_acquire)) {
+            *poisoned = true;
+            *failed_producer = p->id;
+        }
+        if (!o->tmp_refs[i].hold) {
+            o->tmp_refs[i--] = o->tmp_refs[--o->ntmp];
+            continue;
+        }
+        for (int32_t k = 0; k < i; k++) release_local(o, o->tmp_refs[k].slot);
+        pto_set_error("%s: a tensor's heap storage (task %lld's slab) is being reclaimed: tensors from orch:alloc "
+                      "and automatic OUTPUTs live only until their scope ends; use them inside that scope",
+                      who, (long long)p->id);
+        return false;
+    }
+    return true;
+}
+
+/* ---- submit ----------------------------------------------------------------- */
+
+typedef struct submit_req {
+    const char *who;
+    int32_t kind;
+    uint64_t callable;
+    pto_task_args *args;
+    int32_t n;
+    const pto_call_config *cfg;
+    const int32_t *pins;           /* n entries, or NULL */
+    int32_t pin;                   /* single task */
+} submit_req;
+
+static bool validate(pto_orch *o, const submit_req *q)
+{
+    const char *kname = q->kind == PTO_SUB ? "sub workers" : "next-level children";
+    int32_t nw = o->nworkers[q->kind];
+    if (nw == 0) {
+        pto_set_error("%s: this Worker has no %s (give the Worker %s when creating it)", q->who, kname,
+                      q->kind == PTO_SUB ? "num_sub_workers > 0" : "chips > 0 or add_worker children");
+        return false;
+    }
+    if (q->n < 1) {
+        pto_set_error("%s: a group needs at least one member (got %d)", q->who, q->n);
+        return false;
+    }
+    if (q->n > nw) {
+        pto_set_error("%s: a group of %d members needs %d distinct %s, but this Worker has %d", q->who, q->n, q->n,
+                      kname, nw);
+        return false;
+    }
+    for (int32_t m = 0; m < q->n; m++) {
+        int32_t pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
+        if (pin < -1 || pin >= nw) {
+            pto_set_error("%s: worker %d does not exist (this Worker has %s 0..%d)", q->who, pin, kname, nw - 1);
+            return false;
+        }
+        if (q->pins && pin >= 0)
+            for (int32_t k = 0; k < m; k++)
+                if (q->pins[k] == pin) {
+                    pto_set_error("%s: group members %d and %d are pinned to the same worker %d; members need "
+                                  "distinct workers", q->who, k + 1, m + 1, pin);
+                    return false;
+                }
+        const pto_task_args *a = &q->args[m];
+        if (a->tensor_count < 0 || a->scalar_count < 0 || (a->tensor_count && (!a->tensors || !a->tags)) ||
+            (a->scalar_count && !a->scalars)) {
+            pto_set_error("%s: malformed task args (negative counts or missing arrays)", q->who);
+            return false;
+        }
+        for (int32_t i = 0; i < a->tensor_count; i++) {
+            const pto_tensor *t = &a->tensors[i];
+            if (a->tags[i] > PTO_NO_DEP) {
+                pto_set_error("%s: tensor %d has unknown tag %d (use INPUT, OUTPUT, INOUT, OUTPUT_EXISTING or "
+                              "NO_DEP)", q->who, i + 1, a->tags[i]);
+                return false;
+            }
+            if (!pto_tensor_check(t, q->who, i)) return false;
+            if (!t->base && a->tags[i] != PTO_OUTPUT) {
+                pto_set_error("%s: tensor %d has no storage; only an OUTPUT tensor may be unset (it is then "
+                              "allocated by the submit)", q->who, i + 1);
+                return false;
+            }
+            if (!t->base && t->offset) {
+                pto_set_error("%s: tensor %d is unset but has an offset; an unset OUTPUT must be a whole tensor",
+                              q->who, i + 1);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static int64_t submit(pto_orch *o, const submit_req *q)
+{
+    if (!check_open(o, q->who) || !validate(o, q)) return -1;
+    drain_retired(o);
+
+    /* 1. Dependencies and slab holds, de-duplicated across tensors and members. */
+    o->ntmp = 0;
+    if (++o->mark == 0) o->mark = 1;
+    uint64_t auto_bytes = 0;
+    int32_t total_tensors = 0, total_scalars = 0;
+    for (int32_t m = 0; m < q->n; m++) {
+        const pto_task_args *a = &q->args[m];
+        total_tensors += a->tensor_count;
+        total_scalars += a->scalar_count;
+        for (int32_t i = 0; i < a->tensor_count; i++) {
+            const pto_tensor *t = &a->tensors[i];
+            uint64_t nb = pto_tensor_nbytes(t);
+            if (!t->base) {
+                auto_bytes += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
+                continue;
+            }
+            uint64_t start = t->base + t->offset;
+            if (a->tags[i] == PTO_INPUT || a->tags[i] == PTO_INOUT)
+                pto_tm_lookup(&o->tm, t->base, start, start + nb, lookup_cb, o);
+            int32_t r = ring_of(o, start);
+            if (r >= 0) {
+                pto_slot *owner = pto_ring_owner(&o->rings[r], start - (uint64_t)(uintptr_t)o->rings[r].base);
+                if (!owner) {
+                    pto_set_error("%s: tensor %d points into heap ring %d where nothing is allocated any more: "
+                                  "tensors from orch:alloc and automatic OUTPUTs live only until their scope ends",
+                                  q->who, i + 1, r);
+                    return -1;
+                }
+                add_ref(o, owner, false);
+            }
+        }
+    }
+    bool poisoned = false;
+    int64_t failed_producer = -1;
+    if (!take_refs(o, q->who, &poisoned, &failed_producer)) return -1;
+
+    /* 2. One packed slab for every unset OUTPUT (may wait on back-pressure). */
+    int32_t r = pto_scope_ring(&o->scope);
+    uint64_t off = 0, seq = 0;
+    if (auto_bytes && !heap_alloc(o, q->who, r, auto_bytes, &off, &seq)) {
+        for (int32_t k = 0; k < o->ntmp; k++) release_local(o, o->tmp_refs[k].slot);
+        return -1;
+    }
+
+    /* 3. The slot: arguments copied in, unset OUTPUTs carved from the slab. */
+    pto_slot *s = pto_slot_alloc(&o->pool);
+    s->kind = (int8_t)q->kind;
+    s->callable = q->callable;
+    s->cfg = cfg_intern(o, q->cfg);
+    s->group_size = q->n;
+    size_t need = (q->n > 1 ? sizeof(pto_member) * (size_t)q->n : 0) +
+                  (total_tensors > PTO_SLOT_INLINE_TENSORS ? sizeof(pto_tensor) * (size_t)total_tensors : 0) +
+                  (total_scalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)total_scalars : 0) +
+                  (o->ntmp > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)o->ntmp : 0);
+    uint8_t *buf = need ? pto_slot_buf(s, need) : NULL;
+    if (q->n > 1) {
+        s->members = (pto_member *)buf;
+        buf += sizeof(pto_member) * (size_t)q->n;
+    }
+    pto_tensor *tensors = s->inl_tensors;
+    if (total_tensors > PTO_SLOT_INLINE_TENSORS) {
+        tensors = (pto_tensor *)buf;
+        buf += sizeof(pto_tensor) * (size_t)total_tensors;
+    }
+    uint64_t *scalars = s->inl_scalars;
+    if (total_scalars > PTO_SLOT_INLINE_SCALARS) {
+        scalars = (uint64_t *)buf;
+        buf += 8 * (size_t)total_scalars;
+    }
+    if (o->ntmp > PTO_SLOT_INLINE_REFS) s->refs = (pto_ref *)buf;
+    memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
+    s->nrefs = o->ntmp;
+
+    uint8_t *base = o->rings[r].base + off;
+    uint64_t carve = 0;
+    for (int32_t m = 0; m < q->n; m++) {
+        pto_task_args *a = &q->args[m];
+        pto_member *mb = &s->members[m];
+        mb->tensor_count = a->tensor_count;
+        mb->scalar_count = a->scalar_count;
+        mb->tensors = tensors;
+        mb->scalars = scalars;
+        mb->pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
+        for (int32_t i = 0; i < a->tensor_count; i++) {
+            if (!a->tensors[i].base) {
+                a->tensors[i].base = (uint64_t)(uintptr_t)(base + carve);
+                a->tensors[i].offset = 0;
+                uint64_t nb = pto_tensor_nbytes(&a->tensors[i]);
+                carve += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
+            }
+            tensors[i] = a->tensors[i];
+        }
+        if (a->scalar_count) memcpy(scalars, a->scalars, 8 * (size_t)a->scalar_count);
+        tensors += a->tensor_count;
+        scalars += a->scalar_count;
+    }
+    if (auto_bytes) {
+        s->ring = (int8_t)r;
+        s->slab_off = off;
+        s->slab_bytes = auto_bytes;
+        s->slab_seq = seq;
+        o->rings[r].fifo[(o->rings[r].head + (seq - o->rings[r].head_seq)) & (o->rings[r].cap - 1)].owner = s;
+    }
+
+    /* 4. New writers enter the TensorMap (after the lookups: INOUT reads the old writer). */
+    for (int32_t m = 0; m < q->n; m++) {
+        const pto_member *mb = &s->members[m];
+        const pto_task_args *a = &q->args[m];
+        for (int32_t i = 0; i < mb->tensor_count; i++) {
+            uint8_t tag = a->tags[i];
+            if (tag == PTO_OUTPUT || tag == PTO_INOUT || tag == PTO_OUTPUT_EXISTING) {
+                const pto_tensor *t = &mb->tensors[i];
+                uint64_t start = t->base + t->offset;
+                pto_tm_insert(&o->tm, t->base, start, start + pto_tensor_nbytes(t), s);
+            }
+        }
+    }
+
+    /* 5. Scope reference, then hand over to the scheduler for wiring. */
+    atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 0), memory_order_relaxed);
+    s->scope_held = true;
+    pto_scope_register(&o->scope, s);
+    if (poisoned) {
+        s->poisoned = true;
+        s->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)s->id,
+                                 (long long)failed_producer);
+    }
+    o->submitted++;
+    o->submitted_total++;
+    if (o->pool.live > o->live_hwm) o->live_hwm = o->pool.live;
+    int64_t id = s->id;
+    pto_sched_submit(o->sched, s);
+    return id;
+}
+
+int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args, const pto_call_config *cfg,
+                              int32_t worker)
+{
+    submit_req q = {"orch:submit_next_level", PTO_NEXT_LEVEL, callable, args, 1, cfg, NULL, worker};
+    if (!args) {
+        pto_set_error("%s: missing task args", q.who);
+        return -1;
+    }
+    return submit(o, &q);
+}
+
+int64_t pto_submit_next_level_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n,
+                                    const pto_call_config *cfg, const int32_t *workers)
+{
+    submit_req q = {"orch:submit_next_level_group", PTO_NEXT_LEVEL, callable, args, n, cfg, workers, -1};
+    if (!args && n > 0) {
+        pto_set_error("%s: missing task args", q.who);
+        return -1;
+    }
+    return submit(o, &q);
+}
+
+int64_t pto_submit_sub(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t worker)
+{
+    pto_task_args none = {0};
+    submit_req q = {"orch:submit_sub", PTO_SUB, callable, args ? args : &none, 1, NULL, NULL, worker};
+    return submit(o, &q);
+}
+
+int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n, const int32_t *workers)
+{
+    submit_req q = {"orch:submit_sub_group", PTO_SUB, callable, args, n, NULL, workers, -1};
+    if (!args && n > 0) {
+        pto_set_error("%s: missing task args", q.who);
+        return -1;
+    }
+    return submit(o, &q);
+}
+
+int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype, pto_tensor *out)
+{
+    const char *who = "orch:alloc";
+    if (!check_open(o, who)) return -1;
+    if (ndims < 0 || ndims > PTO_MAX_DIMS || (ndims && !shape) || !out) {
+        pto_set_error("%s: a shape has 0 to %d dimensions (got %d)", who, PTO_MAX_DIMS, ndims);
+        return -1;
+    }
+    pto_tensor t = {.dtype = (uint8_t)dtype, .ndims = (uint8_t)ndims};
+    if (dtype < 0 || dtype >= PTO_DTYPE_COUNT) {
+        pto_set_error("%s: unknown dtype %d (use one of f32 f16 bf16 f64 i8 i16 i32 i64 u8 u16 u32 u64 bool)", who,
+                      dtype);
+        return -1;
+    }
+    for (int32_t d = 0; d < ndims; d++) t.shape[d] = shape[d];
+    if (!pto_tensor_check(&t, who, 0)) return -1;
+    drain_retired(o);
+    uint64_t nb = pto_tensor_nbytes(&t), bytes = pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN), off, seq;
+    int32_t r = pto_scope_ring(&o->scope);
+    if (!heap_alloc(o, who, r, bytes, &off, &seq)) return -1;
+    pto_slot *s = pto_slot_alloc(&o->pool);
+    s->kind = -1;
+    s->ring = (int8_t)r;
+    s->slab_off = off;
+    s->slab_bytes = bytes;
+    s->slab_seq = seq;
+    o->rings[r].fifo[(o->rings[r].head + (seq - o->rings[r].head_seq)) & (o->rings[r].cap - 1)].owner = s;
+    t.base = (uint64_t)(uintptr_t)(o->rings[r].base + off);
+    s->inl_tensors[0] = t;
+    s->member0.tensor_count = 1;
+    s->member0.tensors = s->inl_tensors;
+    /* Born COMPLETED with its self-release done (seed 000 §8b). */
+    atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 1), memory_order_relaxed);
+    atomic_store_explicit(&s->state, PTO_TASK_COMPLETED, memory_order_release);
+    s->scope_held = true;
+    pto_scope_register(&o->scope, s);
+    pto_tm_insert(&o->tm, t.base, t.base, t.base + nb, s);
+    o->allocs_total++;
+    if (o->pool.live > o->live_hwm) o->live_hwm = o->pool.live;
+    *out = t;
+    return s->id;
+}
+
+/* ---- scopes and the run --------------------------------------------------- */
+
+int pto_scope_begin(pto_orch *o)
+{
+    if (!check_open(o, "orch:scope_begin")) return -1;
+    if (pto_scope_push(&o->scope) != 0) {
+        pto_set_error("orch:scope_begin: scopes nest at most %d deep; end a scope before opening another",
+                      PTO_MAX_SCOPE_DEPTH);
+        return -1;
+    }
+    return 0;
+}
+
+static void scope_close(pto_orch *o)
+{
+    pto_scope_frame *f = pto_scope_innermost(&o->scope);
+    for (int32_t i = 0; i < f->count; i++) {
+        pto_slot *s = f->slots[i];
+        s->scope_held = false;
+        release_local(o, s);
+    }
+    pto_scope_pop(&o->scope);
+}
+
+int pto_scope_end(pto_orch *o)
+{
+    if (!check_open(o, "orch:scope_end")) return -1;
+    if (pto_scope_nested(&o->scope) < 1) {
+        pto_set_error("orch:scope_end: no scope is open; every scope_end needs a matching scope_begin");
+        return -1;
+    }
+    scope_close(o);
+    drain_retired(o);
+    return 0;
+}
+
+int pto_scope_depth(pto_orch *o) { return o && o->open ? pto_scope_nested(&o->scope) : 0; }
+
+static bool all_finished(void *arg)
+{
+    pto_orch *o = arg;
+    return orch_has_work(o) ||
+           atomic_load_explicit(&o->sched->finished, memory_order_acquire) == o->submitted;
+}
+
+static bool wait_until(pto_orch *o, bool (*done)(pto_orch *))
+{
+    while (!done(o)) {
+        if (drain_retired(o)) continue;
+        if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) return false;
+        pto_event_wait(&o->ev, all_finished, o, 2000, 100000000);
+    }
+    return true;
+}
+
+static bool finished_all(pto_orch *o)
+{
+    return atomic_load_explicit(&o->sched->finished, memory_order_acquire) == o->submitted;
+}
+
+static bool reclaimed_all(pto_orch *o)
+{
+    drain_retired(o);
+    return o->pool.live == 0;
+}
+
+int pto_drain(pto_orch *o)
+{
+    if (!check_open(o, "orch:drain")) return -1;
+    if (!wait_until(o, finished_all)) {
+        pto_set_error("orch:drain: the Worker was shut down");
+        return -1;
+    }
+    drain_retired(o);
+    return 0;
+}
+
+bool pto_orch_begin(pto_orch *o)
+{
+    o->open = true;
+    o->submitted = 0;
+    atomic_store(&o->sched->finished, 0);
+    pto_scope_push(&o->scope);
+    return true;
+}
+
+int pto_orch_end(pto_orch *o)
+{
+    while (o->scope.top > 0) scope_close(o);
+    bool ok = wait_until(o, finished_all) && wait_until(o, reclaimed_all);
+    o->open = false;
+    char *fail = pto_sched_take_failure(o->sched);
+    if (!ok) {
+        free(fail);
+        pto_set_error("Worker:run: the Worker was shut down before the run drained");
+        return -1;
+    }
+    pto_slot_pool_reset(&o->pool);
+    pto_tm_clear(&o->tm);
+    for (int32_t r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_reset(&o->rings[r]);
+    cfgs_free(o);
+    if (fail) {
+        pto_set_error("Worker:run: %s", fail);
+        free(fail);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- inspection --------------------------------------------------------------- */
+
+int64_t pto_task_count(pto_orch *o) { return o && o->open ? o->pool.next_id : 0; }
+
+int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
+{
+    if (!check_open(o, "orch:task")) return -1;
+    if (id < 0 || id >= o->pool.next_id) {
+        pto_set_error("orch:task: no task %lld in this run (ids are 0..%lld)", (long long)id,
+                      (long long)o->pool.next_id - 1);
+        return -1;
+    }
+    memset(info, 0, sizeof *info);
+    info->id = id;
+    info->ring = -1;
+    info->group_size = 1;
+    pto_slot *s = pto_slot_get(&o->pool, id);
+    if (!s) {
+        info->state = PTO_TASK_CONSUMED;
+        info->kind = -2;  /* unknown: reclaimed */
+        return 0;
+    }
+    info->state = atomic_load_explicit(&s->state, memory_order_acquire);
+    info->kind = s->kind;
+    info->callable = s->callable;
+    int32_t deps = 0;
+    for (int32_t i = 0; i < s->nrefs; i++) deps += s->refs[i].dep;
+    info->fanin = deps;
+    info->fanout = (int32_t)(atomic_load(&s->fanout) >> 32) - (s->scope_held ? 1 : 0);
+    info->ring = s->ring;
+    info->group_size = s->group_size;
+    info->slab_offset = s->slab_off;
+    info->slab_bytes = s->slab_bytes;
+    info->error = atomic_load_explicit(&s->failed, memory_order_acquire) ? s->error : NULL;
+    return 0;
+}
+
+int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap)
+{
+    if (!check_open(o, "orch:task")) return -1;
+    pto_slot *s = pto_slot_get(&o->pool, id);
+    if (!s) return 0;
+    int32_t n = 0;
+    if (what == 0) {
+        for (int32_t i = 0; i < s->nrefs; i++)
+            if (s->refs[i].dep) {
+                if (n < cap) out[n] = s->refs[i].slot->id;
+                n++;
+            }
+        return n;
+    }
+    /* Consumers are the scheduler's; read them back from the live tasks' producer lists. */
+    for (int64_t k = id + 1; k < o->pool.next_id; k++) {
+        pto_slot *c = pto_slot_get(&o->pool, k);
+        if (!c) continue;
+        for (int32_t i = 0; i < c->nrefs; i++)
+            if (c->refs[i].dep && c->refs[i].slot == s) {
+                if (n < cap) out[n] = k;
+                n++;
+                break;
+            }
+    }
+    return n;
+}

@@ -1,0 +1,55 @@
+/* Orchestrator (seed 000): turns submit calls on the user's thread into DAG
+ * nodes. It owns the TensorMap, the Scope stack, the slot pool and the heap
+ * rings' allocation, and it is the only thread that reclaims: slots the
+ * scheduler consumed come back through a lock-free stack and are recycled
+ * here, so none of those structures needs a lock. */
+#ifndef PTO_ORCHESTRATOR_H
+#define PTO_ORCHESTRATOR_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "event.h"
+#include "ring.h"
+#include "scope.h"
+#include "slot.h"
+#include "tensormap.h"
+
+struct pto_worker;
+struct pto_scheduler;
+
+struct pto_orch {
+    struct pto_worker *w;
+    struct pto_scheduler *sched;
+    pto_heap_ring *rings;            /* the Worker's PTO_MAX_RING_DEPTH rings */
+    uint32_t alloc_timeout_ms;
+    int32_t nworkers[2];
+
+    pto_slot_pool pool;
+    pto_tensormap tm;
+    pto_scope scope;
+    pto_cfg_ref *cfgs;               /* interned CallConfigs of this run */
+
+    pto_slot *_Atomic retire_head;   /* consumed slots awaiting reclamation */
+    pto_event ev;
+    _Atomic bool *shutdown;
+
+    bool open;                       /* a run is in progress */
+    int64_t submitted;               /* tasks (not allocs) this run */
+    int64_t live_hwm;
+    int64_t submitted_total, allocs_total;
+    uint32_t mark;
+
+    pto_ref *tmp_refs;               /* submit scratch */
+    int32_t ntmp, tmp_cap;
+};
+
+void pto_orch_init(struct pto_orch *o, struct pto_worker *w, struct pto_scheduler *sched, pto_heap_ring *rings,
+                   uint32_t alloc_timeout_ms, _Atomic bool *shutdown);
+void pto_orch_destroy(struct pto_orch *o);
+/* Scheduler-side hand-off of a consumed slot (any thread). */
+void pto_orch_retire(void *orch, pto_slot *s);
+/* Open / close a run (outer scope, drain, reset). */
+bool pto_orch_begin(struct pto_orch *o);
+int pto_orch_end(struct pto_orch *o);
+
+#endif

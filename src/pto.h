@@ -1,0 +1,248 @@
+/*
+ * pto.h - the public C API of the ptolua engine.
+ *
+ * Everything between the two "ffi" markers is plain C declarations with no
+ * macros and no includes, so LuaJIT's ffi.cdef can read it verbatim (the
+ * build extracts it into pto_ffi.h). Constants are enums for that reason.
+ *
+ * Errors: a function that can fail returns a negative value (or NULL) and
+ * leaves a message for the calling thread in pto_errmsg().
+ */
+#ifndef PTO_H
+#define PTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ffi-begin */
+
+enum {
+    PTO_MAX_DIMS = 5,
+    PTO_MAX_RING_DEPTH = 4,
+    PTO_MAX_SCOPE_DEPTH = 64,
+    PTO_HEAP_ALIGN = 1024,
+    PTO_OUTPUT_PREFIX_LEN = 1024
+};
+
+typedef enum pto_tag {
+    PTO_INPUT = 0,
+    PTO_OUTPUT = 1,
+    PTO_INOUT = 2,
+    PTO_OUTPUT_EXISTING = 3,
+    PTO_NO_DEP = 4
+} pto_tag;
+
+typedef enum pto_dtype {
+    PTO_F32 = 0, PTO_F16, PTO_BF16, PTO_F64,
+    PTO_I8, PTO_I16, PTO_I32, PTO_I64,
+    PTO_U8, PTO_U16, PTO_U32, PTO_U64,
+    PTO_BOOL,
+    PTO_DTYPE_COUNT
+} pto_dtype;
+
+typedef enum pto_worker_kind {
+    PTO_NEXT_LEVEL = 0,
+    PTO_SUB = 1
+} pto_worker_kind;
+
+typedef enum pto_mode {
+    PTO_MODE_THREAD = 0,
+    PTO_MODE_PROCESS = 1
+} pto_mode;
+
+typedef enum pto_task_state {
+    PTO_TASK_FREE = 0,
+    PTO_TASK_PENDING,
+    PTO_TASK_READY,
+    PTO_TASK_RUNNING,
+    PTO_TASK_COMPLETED,
+    PTO_TASK_CONSUMED,
+    PTO_TASK_FAILED
+} pto_task_state;
+
+/* A view of contiguous storage: bytes [base + offset, base + offset + nbytes).
+ * Views of one storage share `base`; the TensorMap compares their byte ranges.
+ * base == 0 marks an unset OUTPUT that submit allocates from the heap ring.
+ * Fixed 40 bytes: it is copied verbatim into the args blob. */
+typedef struct pto_tensor {
+    uint64_t base;
+    uint64_t offset;
+    uint32_t shape[5];
+    uint8_t dtype;
+    uint8_t ndims;
+    uint16_t reserved;
+} pto_tensor;
+
+/* Execution knobs, copied by value to every level (task flow §CallConfig). */
+typedef struct pto_call_config {
+    int32_t block_dim;
+    int32_t aicpu_thread_num;
+    int32_t enable_l2_swimlane;
+    int32_t enable_dump_tensor;
+    int32_t enable_pmu;
+    int32_t enable_dep_gen;
+    char output_prefix[1024];
+} pto_call_config;
+
+/* A task's arguments as a leaf sees them: no tags. Does not own memory. */
+typedef struct pto_args_view {
+    int32_t tensor_count;
+    int32_t scalar_count;
+    const pto_tensor *tensors;
+    const uint64_t *scalars;
+} pto_args_view;
+
+/* A task's arguments as submitted: tensors with one pto_tag each.
+ * submit writes the storage it allocates for unset OUTPUT tensors back into
+ * tensors[i], so the caller can hand them to later tasks. */
+typedef struct pto_task_args {
+    int32_t tensor_count;
+    int32_t scalar_count;
+    pto_tensor *tensors;
+    const uint8_t *tags;
+    const uint64_t *scalars;
+} pto_task_args;
+
+/* A leaf runs one task; returns 0 on success, or non-zero after writing a
+ * NUL-terminated reason into err (errlen bytes). Chips, sub workers and nested
+ * Workers all implement this one interface. */
+typedef int (*pto_leaf_fn)(void *ctx, uint64_t callable, const pto_args_view *args,
+                           const pto_call_config *cfg, char *err, size_t errlen);
+
+typedef struct pto_leaf {
+    pto_leaf_fn run;
+    void *ctx;
+    const char *name;     /* for messages, e.g. "chip"; may be NULL */
+} pto_leaf;
+
+typedef struct pto_worker_config {
+    int32_t level;               /* >= 3; a diagnostic label at this layer */
+    int32_t mode;                /* pto_mode */
+    uint64_t heap_ring_size;     /* bytes per ring; 0 = 1 GiB */
+    uint32_t alloc_timeout_ms;   /* 0 = 10000 */
+    int32_t queue_depth;         /* tasks staged per worker thread; 0 = 2 */
+} pto_worker_config;
+
+/* Flow-control statistics of one Worker (seed 002 §Stall Tracking). */
+typedef struct pto_ring_stats {
+    int64_t stalls;              /* times an allocation waited on this ring */
+    int64_t stall_ns;
+    uint64_t hwm_bytes;          /* peak bytes in use */
+    uint64_t capacity_bytes;
+    uint64_t used_bytes;         /* now */
+    int64_t live_slabs;          /* now */
+} pto_ring_stats;
+
+typedef struct pto_stats {
+    int64_t tasks_submitted;
+    int64_t tasks_completed;
+    int64_t tasks_failed;
+    int64_t allocs;
+    int64_t runs;
+    int64_t tasks_live_hwm;      /* peak submitted-but-not-reclaimed slots */
+    int64_t ready_hwm;           /* peak ready-queue length */
+    int64_t tensormap_hwm;       /* peak live TensorMap entries */
+    int64_t tensormap_live;
+    int64_t tasks_live;          /* submitted and not yet reclaimed, now */
+    pto_ring_stats rings[4];
+} pto_stats;
+
+typedef struct pto_task_info {
+    int64_t id;
+    int32_t state;               /* pto_task_state */
+    int32_t kind;                /* pto_worker_kind, or -1 for an alloc slot */
+    uint64_t callable;
+    int32_t fanin;               /* producers this task waits for */
+    int32_t fanout;              /* consumers wired so far */
+    int32_t ring;                /* heap ring of its slab, -1 if none */
+    int32_t group_size;          /* 1 unless a group task */
+    uint64_t slab_offset;
+    uint64_t slab_bytes;
+    const char *error;           /* NULL unless failed; valid until next run */
+} pto_task_info;
+
+typedef struct pto_worker pto_worker;
+typedef struct pto_orch pto_orch;
+
+/* Message of the last failing pto_* call on this thread ("" if none). */
+const char *pto_errmsg(void);
+
+/* Bytes per element of dtype, or 0 if dtype is unknown. */
+size_t pto_dtype_size(int32_t dtype);
+/* Name of dtype ("f32"), or NULL if unknown. */
+const char *pto_dtype_name(int32_t dtype);
+/* Elements in t (product of its shape). */
+uint64_t pto_tensor_numel(const pto_tensor *t);
+/* Bytes covered by t. */
+uint64_t pto_tensor_nbytes(const pto_tensor *t);
+
+/* Bytes of the args blob for T tensors and S scalars (task flow §3). */
+size_t pto_blob_size(int32_t tensor_count, int32_t scalar_count);
+/* Encode view into buf as [i32 T][i32 S][tensor x T][u64 x S]; returns bytes written or -1 if cap is too small. */
+int64_t pto_blob_encode(const pto_args_view *view, void *buf, size_t cap);
+/* Decode len bytes of buf into view (pointing into buf); returns 0, or -1 if counts or sizes are inconsistent. */
+int pto_blob_decode(const void *buf, size_t len, pto_args_view *view);
+
+/* A new Worker: maps its heap rings now so children forked later share them. NULL on error. */
+pto_worker *pto_worker_new(const pto_worker_config *cfg);
+/* Add a next-level child (before init); returns its id (0, 1, ...) or -1. */
+int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf);
+/* Add a sub worker (before init); returns its index (0, 1, ...) or -1. */
+int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf);
+/* Start worker threads, then the scheduler thread. 0 or -1. */
+int pto_worker_init(pto_worker *w);
+/* Open a run: its outer scope; returns the run's orchestrator or NULL. */
+pto_orch *pto_run_begin(pto_worker *w);
+/* Close the outer scope, drain, reset the rings; 0, or -1 with the run's first failure in pto_errmsg(). */
+int pto_run_end(pto_worker *w);
+/* Stop threads, unmap rings and free w; safe on NULL and on a blocked run. */
+void pto_worker_close(pto_worker *w);
+/* Ask a run blocked in submit/alloc/drain to fail now (any thread). */
+void pto_worker_shutdown(pto_worker *w);
+/* Copy the Worker's flow-control statistics into out. */
+void pto_worker_stats(pto_worker *w, pto_stats *out);
+/* Print the flow-control report with sizing advice into buf; returns its length (like snprintf). */
+int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap);
+/* Base address of heap ring r (for tests and children). */
+void *pto_worker_ring_base(pto_worker *w, int32_t r);
+/* Number of next-level children / sub workers. */
+int pto_worker_count(pto_worker *w, int32_t kind);
+
+/* Submit one task for a next-level child; worker >= 0 pins it. Returns the task id or -1. */
+int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args,
+                              const pto_call_config *cfg, int32_t worker);
+/* Submit n members as one task on n distinct children (workers may be NULL). Returns the id or -1. */
+int64_t pto_submit_next_level_group(pto_orch *o, uint64_t callable, pto_task_args *args,
+                                    int32_t n, const pto_call_config *cfg, const int32_t *workers);
+/* Submit one task for a sub worker. Returns the task id or -1. */
+int64_t pto_submit_sub(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t worker);
+/* Submit n members on n distinct sub workers. Returns the task id or -1. */
+int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n,
+                             const int32_t *workers);
+/* Carve a tensor from the current scope's heap ring into out; returns its slot id or -1. */
+int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype, pto_tensor *out);
+/* Open a nested scope (at most 64 above the run's). 0 or -1. */
+int pto_scope_begin(pto_orch *o);
+/* Close the innermost nested scope, releasing its references. 0 or -1. */
+int pto_scope_end(pto_orch *o);
+/* Current nested depth: 0 in the run's outer scope. */
+int pto_scope_depth(pto_orch *o);
+/* Wait until every task submitted so far has completed and been reclaimed where possible. 0 or -1 on failure. */
+int pto_drain(pto_orch *o);
+/* Fill info for task id of the current run; 0, or -1 if id is not a task of this run. */
+int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info);
+/* Ids of the producers (what=0) or consumers (what=1) of task id; returns the count, writing at most cap. */
+int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap);
+/* Number of task ids handed out in the current run (ids are 0 .. n-1). */
+int64_t pto_task_count(pto_orch *o);
+
+/* ffi-end */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

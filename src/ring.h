@@ -1,0 +1,51 @@
+/* Heap rings (seed 000 §5): MAX_RING_DEPTH shared mappings, each a circular
+ * byte heap with FIFO reclamation. The mappings are taken when the Worker is
+ * created, so children forked later see them at the same addresses. Only the
+ * orchestrator thread allocates and releases, so a ring needs no lock; the
+ * waiting for space lives in the orchestrator. */
+#ifndef PTO_RING_H
+#define PTO_RING_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct pto_slot;
+
+typedef struct pto_slab {
+    uint64_t start, end;          /* byte offsets in the ring */
+    struct pto_slot *owner;
+    bool released;
+} pto_slab;
+
+typedef struct pto_heap_ring {
+    uint8_t *base;
+    uint64_t size;
+    pto_slab *fifo;               /* circular: oldest at head */
+    uint32_t cap, head, count;
+    uint64_t head_seq;            /* FIFO position of fifo[head] */
+    uint64_t used, hwm;
+    int64_t stalls, stall_ns;
+} pto_heap_ring;
+
+/* Map a ring of size bytes (lazily backed); false with pto_errmsg set. */
+bool pto_ring_map(pto_heap_ring *r, uint64_t size);
+void pto_ring_unmap(pto_heap_ring *r);
+/* Reserve bytes (a multiple of PTO_HEAP_ALIGN) for owner; on success stores
+ * the offset and the slab's FIFO position. False when there is no room now. */
+bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner, uint64_t *off, uint64_t *seq);
+/* Mark the slab at FIFO position seq free; the ring's tail advances over
+ * every freed slab at its head. Returns true if space was freed. */
+bool pto_ring_release(pto_heap_ring *r, uint64_t seq);
+/* The owner of the live slab containing ring offset off, or NULL. */
+struct pto_slot *pto_ring_owner(const pto_heap_ring *r, uint64_t off);
+/* The oldest live slab, or NULL if the ring is empty. */
+const pto_slab *pto_ring_oldest(const pto_heap_ring *r);
+/* True if addr lies inside this ring's mapping. */
+static inline bool pto_ring_contains(const pto_heap_ring *r, uint64_t addr)
+{
+    return addr >= (uint64_t)(uintptr_t)r->base && addr < (uint64_t)(uintptr_t)r->base + r->size;
+}
+/* Forget every slab (end of run). */
+void pto_ring_reset(pto_heap_ring *r);
+
+#endif

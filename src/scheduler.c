@@ -1,0 +1,351 @@
+#include "scheduler.h"
+#include "common.h"
+#include "slot.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The scheduler spins this long for new work before it sleeps. */
+#define SCHED_SPIN_NS 20000
+
+void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
+{
+    memset(s, 0, sizeof *s);
+    s->wm = wm;
+    pthread_mutex_init(&s->fail_mu, NULL);
+}
+
+void pto_sched_destroy(pto_scheduler *s)
+{
+    free(s->work);
+    free(s->first_failure);
+    pthread_mutex_destroy(&s->fail_mu);
+}
+
+void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
+{
+    pto_slot *head = atomic_load_explicit(&s->wire_head, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&slot->next_wire, head, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(&s->wire_head, &head, slot, memory_order_release,
+                                                    memory_order_relaxed));
+    pto_event_notify(&s->ev);
+}
+
+char *pto_sched_take_failure(pto_scheduler *s)
+{
+    pthread_mutex_lock(&s->fail_mu);
+    char *f = s->first_failure;
+    s->first_failure = NULL;
+    pthread_mutex_unlock(&s->fail_mu);
+    return f;
+}
+
+static void record_failure(pto_scheduler *s, const char *msg)
+{
+    pthread_mutex_lock(&s->fail_mu);
+    if (!s->first_failure) s->first_failure = pto_xstrdup(msg);
+    pthread_mutex_unlock(&s->fail_mu);
+}
+
+static void queue_push(pto_ready_queue *q, pto_slot *slot)
+{
+    slot->next_ready = NULL;
+    if (q->tail) q->tail->next_ready = slot;
+    else q->head = slot;
+    q->tail = slot;
+}
+
+static pto_slot *queue_pop(pto_ready_queue *q)
+{
+    pto_slot *slot = q->head;
+    q->head = slot->next_ready;
+    if (!q->head) q->tail = NULL;
+    return slot;
+}
+
+static void make_ready(pto_scheduler *s, pto_slot *c)
+{
+    atomic_store_explicit(&c->state, PTO_TASK_READY, memory_order_relaxed);
+    if (c->group_size == 1 && c->member0.pin >= 0) {
+        pto_worker_thread *wt = s->wm->threads[c->kind][c->member0.pin];
+        pto_ready_queue q = {wt->pin_head, wt->pin_tail};
+        queue_push(&q, c);
+        wt->pin_head = q.head;
+        wt->pin_tail = q.tail;
+    } else {
+        queue_push(&s->ready[c->kind], c);
+    }
+    if (++s->ready_len > atomic_load_explicit(&s->ready_hwm, memory_order_relaxed))
+        atomic_store_explicit(&s->ready_hwm, s->ready_len, memory_order_relaxed);
+}
+
+static void poison(pto_slot *c, const pto_slot *producer)
+{
+    c->poisoned = true;
+    if (!c->error)
+        c->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)c->id,
+                                 (long long)producer->id);
+}
+
+static void work_push(pto_scheduler *s, pto_slot *slot)
+{
+    pto_grow((void **)&s->work, &s->work_cap, s->nwork + 1, sizeof *s->work);
+    s->work[s->nwork++] = slot;
+}
+
+static void release_ref(pto_scheduler *s, pto_slot *slot)
+{
+    if (pto_slot_release(slot)) {
+        atomic_store_explicit(&slot->state, PTO_TASK_CONSUMED, memory_order_release);
+        s->retire(s->retire_ctx, slot);
+    }
+}
+
+/* Terminal transition of every slot on the worklist, cascading to consumers
+ * that become terminal through poisoning. A slot is never touched after its
+ * own self-release: that may hand it to reclamation. */
+static void finish_all(pto_scheduler *s)
+{
+    while (s->nwork) {
+        pto_slot *x = s->work[--s->nwork];
+        bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
+        if (failed) {
+            atomic_store_explicit(&x->failed, true, memory_order_relaxed);
+            record_failure(s, x->error ? x->error : "task failed");
+            atomic_fetch_add_explicit(&s->failed_total, 1, memory_order_relaxed);
+        } else {
+            atomic_fetch_add_explicit(&s->completed_total, 1, memory_order_relaxed);
+        }
+        atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
+        atomic_fetch_add_explicit(&s->finished, 1, memory_order_release);
+        for (int32_t i = 0; i < x->nconsumers; i++) {
+            pto_slot *c = x->consumers[i];
+            if (failed) poison(c, x);
+            if (++c->fanin_released == c->fanin_count) {
+                if (c->poisoned) work_push(s, c);
+                else make_ready(s, c);
+            }
+        }
+        for (int32_t i = 0; i < x->nrefs; i++) release_ref(s, x->refs[i].slot);
+        release_ref(s, x);
+    }
+}
+
+static void wire(pto_scheduler *s, pto_slot *c)
+{
+    int32_t live = 0;
+    for (int32_t i = 0; i < c->nrefs; i++) {
+        if (!c->refs[i].dep) continue;
+        pto_slot *p = c->refs[i].slot;
+        if (atomic_load_explicit(&p->failed, memory_order_relaxed)) {
+            poison(c, p);
+            continue;
+        }
+        int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+        if (st == PTO_TASK_COMPLETED || st == PTO_TASK_CONSUMED) continue;
+        pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);
+        p->consumers[p->nconsumers++] = c;
+        live++;
+    }
+    c->fanin_count = live;
+    if (live == 0) {
+        if (c->poisoned) {
+            work_push(s, c);
+            finish_all(s);
+        } else {
+            make_ready(s, c);
+        }
+    }
+}
+
+static bool wire_all(pto_scheduler *s)
+{
+    pto_slot *list = atomic_exchange_explicit(&s->wire_head, NULL, memory_order_acquire);
+    if (!list) return false;
+    pto_slot *rev = NULL;   /* restore submission order */
+    while (list) {
+        pto_slot *next = atomic_load_explicit(&list->next_wire, memory_order_relaxed);
+        atomic_store_explicit(&list->next_wire, rev, memory_order_relaxed);
+        rev = list;
+        list = next;
+    }
+    while (rev) {
+        pto_slot *next = atomic_load_explicit(&rev->next_wire, memory_order_relaxed);
+        wire(s, rev);
+        rev = next;
+    }
+    return true;
+}
+
+static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_t member)
+{
+    atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
+    pto_wt_send(wt, slot, member);
+    (void)s;
+}
+
+/* Least-loaded worker of kind with room, preferring idle ones; NULL if all full. */
+static pto_worker_thread *pick(pto_scheduler *s, int32_t kind)
+{
+    pto_worker_manager *wm = s->wm;
+    int32_t n = wm->count[kind], start = s->rr[kind];
+    pto_worker_thread *best = NULL;
+    for (int32_t k = 0; k < n; k++) {
+        pto_worker_thread *wt = wm->threads[kind][(start + k) % n];
+        if (wt->inflight >= wm->depth) continue;
+        if (!best || wt->inflight < best->inflight) best = wt;
+        if (wt->inflight == 0) break;
+    }
+    if (best) s->rr[kind] = (best->index + 1) % n;
+    return best;
+}
+
+/* A group needs group_size distinct idle workers at once (pinned members on
+ * their own). Returns false, picking nothing, when they are not all free. */
+static bool pick_group(pto_scheduler *s, pto_slot *g, pto_worker_thread **out)
+{
+    pto_worker_manager *wm = s->wm;
+    int32_t n = wm->count[g->kind];
+    bool *taken = __builtin_alloca((size_t)n);
+    memset(taken, 0, (size_t)n);
+    for (int32_t i = 0; i < g->group_size; i++) {
+        int32_t pin = g->members[i].pin;
+        if (pin < 0) continue;
+        if (taken[pin] || wm->threads[g->kind][pin]->inflight) return false;
+        taken[pin] = true;
+        out[i] = wm->threads[g->kind][pin];
+    }
+    int32_t next = 0;
+    for (int32_t i = 0; i < g->group_size; i++) {
+        if (g->members[i].pin >= 0) continue;
+        while (next < n && (taken[next] || wm->threads[g->kind][next]->inflight)) next++;
+        if (next == n) return false;
+        taken[next] = true;
+        out[i] = wm->threads[g->kind][next];
+    }
+    return true;
+}
+
+static void dispatch_ready(pto_scheduler *s)
+{
+    pto_worker_manager *wm = s->wm;
+    for (int32_t kind = 0; kind < 2; kind++) {
+        for (int32_t i = 0; i < wm->count[kind]; i++) {
+            pto_worker_thread *wt = wm->threads[kind][i];
+            while (wt->pin_head && wt->inflight < wm->depth) {
+                pto_ready_queue q = {wt->pin_head, wt->pin_tail};
+                pto_slot *slot = queue_pop(&q);
+                wt->pin_head = q.head;
+                wt->pin_tail = q.tail;
+                s->ready_len--;
+                send(s, wt, slot, 0);
+            }
+        }
+        pto_ready_queue *q = &s->ready[kind];
+        while (q->head) {
+            pto_slot *slot = q->head;
+            if (slot->group_size == 1) {
+                pto_worker_thread *wt = pick(s, kind);
+                if (!wt) break;           /* head-of-line: this kind is saturated */
+                queue_pop(q);
+                s->ready_len--;
+                send(s, wt, slot, 0);
+            } else {
+                pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
+                if (!pick_group(s, slot, wts)) break;
+                queue_pop(q);
+                s->ready_len--;
+                atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
+                for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m);
+            }
+        }
+    }
+}
+
+static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
+{
+    pto_slot *x = c->slot;
+    if (c->status == PTO_DONE_FAILED) {
+        if (!x->error) {
+            x->error = pto_xasprintf("task %lld (callable %llu, %s worker %d '%s'%s) failed: %s", (long long)x->id,
+                                     (unsigned long long)x->callable, wt->kind == PTO_SUB ? "sub" : "next_level",
+                                     wt->index, wt->name, x->group_size > 1 ? ", group member" : "", c->error);
+        }
+        free(c->error);
+        atomic_store_explicit(&x->group_failed, true, memory_order_release);
+        atomic_store_explicit(&x->failed, true, memory_order_relaxed);
+    }
+    if (x->group_size > 1 && ++x->members_done < x->group_size) return;
+    work_push(s, x);
+    finish_all(s);
+}
+
+static bool complete_all(pto_scheduler *s)
+{
+    bool any = false;
+    pto_completion c;
+    for (int32_t kind = 0; kind < 2; kind++) {
+        for (int32_t i = 0; i < s->wm->count[kind]; i++) {
+            pto_worker_thread *wt = s->wm->threads[kind][i];
+            while (pto_wt_poll(wt, &c)) {
+                on_completion(s, wt, &c);
+                any = true;
+            }
+        }
+    }
+    if (any && s->orch_ev) pto_event_notify(s->orch_ev);
+    return any;
+}
+
+static bool sched_has_work(void *arg)
+{
+    pto_scheduler *s = arg;
+    if (atomic_load_explicit(&s->wire_head, memory_order_relaxed) ||
+        !atomic_load_explicit(&s->running, memory_order_relaxed))
+        return true;
+    for (int32_t kind = 0; kind < 2; kind++)
+        for (int32_t i = 0; i < s->wm->count[kind]; i++) {
+            pto_worker_thread *wt = s->wm->threads[kind][i];
+            if (atomic_load_explicit(&wt->cq_head, memory_order_relaxed) !=
+                atomic_load_explicit(&wt->cq_tail, memory_order_relaxed))
+                return true;
+        }
+    return false;
+}
+
+static void *sched_main(void *arg)
+{
+    pto_scheduler *s = arg;
+    while (atomic_load_explicit(&s->running, memory_order_acquire)) {
+        bool wired = wire_all(s);
+        dispatch_ready(s);
+        bool done = complete_all(s);
+        if (wired || done) continue;
+        pto_event_wait(&s->ev, sched_has_work, s, SCHED_SPIN_NS, -1);
+    }
+    return NULL;
+}
+
+bool pto_sched_start(pto_scheduler *s)
+{
+    atomic_store(&s->running, true);
+    int rc = pthread_create(&s->thread, NULL, sched_main, s);
+    if (rc != 0) {
+        atomic_store(&s->running, false);
+        pto_set_error("Worker:init: cannot start the scheduler thread: %s", strerror(rc));
+        return false;
+    }
+    s->started = true;
+    return true;
+}
+
+void pto_sched_stop(pto_scheduler *s)
+{
+    if (!s->started) return;
+    atomic_store_explicit(&s->running, false, memory_order_release);
+    pto_event_notify(&s->ev);
+    pthread_join(s->thread, NULL);
+    s->started = false;
+}

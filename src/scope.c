@@ -1,0 +1,34 @@
+#include "scope.h"
+#include "common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void pto_scope_init(pto_scope *s) { memset(s, 0, sizeof *s); }
+
+void pto_scope_destroy(pto_scope *s)
+{
+    for (int i = 0; i <= PTO_MAX_SCOPE_DEPTH; i++) free(s->frames[i].slots);
+    memset(s, 0, sizeof *s);
+}
+
+int pto_scope_push(pto_scope *s)
+{
+    if (s->top > PTO_MAX_SCOPE_DEPTH) return -1;
+    s->frames[s->top++].count = 0;
+    return 0;
+}
+
+void pto_scope_register(pto_scope *s, struct pto_slot *slot)
+{
+    pto_scope_frame *f = &s->frames[s->top - 1];
+    pto_grow((void **)&f->slots, &f->cap, f->count + 1, sizeof *f->slots);
+    f->slots[f->count++] = slot;
+}
+
+pto_scope_frame *pto_scope_innermost(pto_scope *s) { return s->top ? &s->frames[s->top - 1] : NULL; }
+
+void pto_scope_pop(pto_scope *s)
+{
+    if (s->top) s->frames[--s->top].count = 0;
+}

@@ -1,0 +1,147 @@
+/* Task slots: the per-task state shared by the orchestrator, the scheduler
+ * and the worker threads, and the pool that hands them out by monotonic id.
+ *
+ * Ownership (who may write what) keeps the hot path lock-free:
+ *   orchestrator thread: everything set at submit, refs[], scope_held, retire
+ *   scheduler thread:    consumers[], fanin_*, group counters, state
+ *                        transitions PENDING..COMPLETED/FAILED, error
+ *   any thread:          `fanout` (one packed atomic, see below)
+ * A slot is recycled only by the orchestrator, after it reached CONSUMED and
+ * no thread will touch it again (every toucher holds a reference). */
+#ifndef PTO_SLOT_H
+#define PTO_SLOT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "pto.h"
+
+typedef struct pto_slot pto_slot;
+/* A CallConfig interned by the orchestrator: tasks share one copy. */
+typedef struct pto_cfg_ref {
+    pto_call_config cfg;
+    int64_t refs;
+    struct pto_cfg_ref *next;
+} pto_cfg_ref;
+
+/* A reference this task holds on an earlier slot. `dep` refs are fan-in
+ * edges (RAW/WAW through the TensorMap); the others only keep the earlier
+ * slot's heap slab alive while this task may touch it. */
+typedef struct pto_ref {
+    pto_slot *slot;
+    bool dep;
+    bool hold;
+} pto_ref;
+
+/* One member's arguments: a single task has one member, a group N. */
+typedef struct pto_member {
+    int32_t tensor_count;
+    int32_t scalar_count;
+    pto_tensor *tensors;
+    uint64_t *scalars;
+    int32_t pin;          /* worker index, or -1 for any */
+} pto_member;
+
+#define PTO_SLOT_INLINE_TENSORS 4
+#define PTO_SLOT_INLINE_SCALARS 4
+#define PTO_SLOT_INLINE_REFS 4
+
+struct pto_slot {
+    int64_t id;
+    _Atomic int32_t state;            /* pto_task_state */
+    int8_t kind;                      /* pto_worker_kind, or -1 for an alloc slot */
+    _Atomic bool failed;              /* sticky: survives CONSUMED */
+    bool poisoned;                    /* scheduler: a producer failed */
+    bool scope_held;                  /* orchestrator: its scope has not ended */
+    int8_t ring;                      /* heap ring of its slab, -1 if none */
+    int32_t group_size;
+    uint64_t callable;
+    pto_cfg_ref *cfg;
+
+    pto_member *members;              /* == &member0 unless a group */
+    pto_member member0;
+
+    pto_ref *refs;                    /* producers and held slabs (orchestrator) */
+    int32_t nrefs;
+
+    /* Consume threshold of seed 000 §8 packed in one word so that adding a
+     * consumer and releasing a reference never race: high 32 bits are
+     * fanout_total (scope ref + consumers), low 32 bits fanout_released
+     * (self + each released ref). CONSUMED once released == total + 1. */
+    _Atomic uint64_t fanout;
+
+    /* scheduler-only */
+    int32_t fanin_count;
+    int32_t fanin_released;
+    int32_t nconsumers, consumers_cap;
+    pto_slot **consumers;
+    int32_t members_done;
+    _Atomic bool group_failed;
+    char *error;                      /* malloc'ed; set before FAILED is published */
+
+    /* heap slab */
+    uint64_t slab_off, slab_bytes;
+    uint64_t slab_seq;                /* position in its ring's FIFO */
+
+    /* intrusive links */
+    pto_slot *_Atomic next_wire;      /* orchestrator -> scheduler */
+    pto_slot *_Atomic next_retire;    /* any -> orchestrator */
+    pto_slot *next_ready;             /* scheduler ready queues */
+    uint32_t mark;                    /* orchestrator: de-duplication stamp */
+
+    struct pto_slot_chunk *chunk;
+
+    /* storage reused across recycling */
+    void *buf;
+    size_t buf_cap;
+    pto_tensor inl_tensors[PTO_SLOT_INLINE_TENSORS];
+    uint64_t inl_scalars[PTO_SLOT_INLINE_SCALARS];
+    pto_ref inl_refs[PTO_SLOT_INLINE_REFS];
+};
+
+static inline uint64_t pto_fanout_pack(uint32_t total, uint32_t released)
+{
+    return ((uint64_t)total << 32) | released;
+}
+
+/* Add one reference (a consumer) unless the slot is already consumed. */
+bool pto_slot_try_ref(pto_slot *s);
+/* Release one reference; true when this release consumed the slot (the
+ * caller then owns the hand-off to reclamation and must not touch s again). */
+bool pto_slot_release(pto_slot *s);
+
+#define PTO_SLOT_CHUNK 1024
+
+typedef struct pto_slot_chunk {
+    pto_slot slots[PTO_SLOT_CHUNK];
+    int64_t first_id;
+    int32_t live;
+    struct pto_slot_chunk *next_free;
+} pto_slot_chunk;
+
+/* Orchestrator-private pool: ids are monotonic within a run; slot memory is
+ * recycled a chunk at a time so a long run needs only its peak live chunks. */
+typedef struct pto_slot_pool {
+    pto_slot_chunk **dir;             /* dir[i] holds ids of chunk dir_first + i */
+    int64_t dir_first;
+    int32_t dir_len, dir_cap;
+    pto_slot_chunk *free_chunks;
+    int32_t nfree;
+    int64_t next_id;
+    int64_t live;
+} pto_slot_pool;
+
+void pto_slot_pool_init(pto_slot_pool *p);
+void pto_slot_pool_destroy(pto_slot_pool *p);
+/* A fresh slot with the next id; its fields are reset. */
+pto_slot *pto_slot_alloc(pto_slot_pool *p);
+/* The slot of id if it has not been recycled, else NULL. */
+pto_slot *pto_slot_get(pto_slot_pool *p, int64_t id);
+/* Give a CONSUMED slot back. */
+void pto_slot_recycle(pto_slot_pool *p, pto_slot *s);
+/* Forget every slot and restart ids at 0 (end of run: all are recycled). */
+void pto_slot_pool_reset(pto_slot_pool *p);
+/* Make room in s->buf for n bytes, keeping nothing. */
+void *pto_slot_buf(pto_slot *s, size_t n);
+
+#endif

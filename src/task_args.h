@@ -1,0 +1,15 @@
+/* Tensor descriptors and the args blob, the only wire form of a task's
+ * arguments (task flow §3): [i32 T][i32 S][pto_tensor x T][u64 x S]. */
+#ifndef PTO_TASK_ARGS_H
+#define PTO_TASK_ARGS_H
+
+#include <stdbool.h>
+#include "pto.h"
+
+/* Checks dtype, ndims and shape of t; on error sets pto_errmsg with who as prefix. */
+bool pto_tensor_check(const pto_tensor *t, const char *who, int index);
+
+/* First and one-past-last byte address covered by t. */
+static inline uint64_t pto_tensor_start(const pto_tensor *t) { return t->base + t->offset; }
+
+#endif

@@ -1,0 +1,45 @@
+/* TensorMap (seed 000 §7, seed 002 §Overlapping Region Detection): for each
+ * storage base, the byte ranges written by live producers. Lookups return
+ * every producer whose range overlaps the query, so disjoint views of one
+ * storage never serialise. Only the orchestrator thread touches it; entries
+ * are erased when their producer is reclaimed, so its size tracks the live
+ * tasks, not the length of the run. */
+#ifndef PTO_TENSORMAP_H
+#define PTO_TENSORMAP_H
+
+#include <stdint.h>
+
+struct pto_slot;
+
+typedef struct pto_tm_entry {
+    uint64_t start, end;             /* absolute byte addresses */
+    struct pto_slot *producer;
+} pto_tm_entry;
+
+typedef struct pto_tm_base {
+    uint64_t base;                   /* 0 = empty hash cell */
+    pto_tm_entry *entries;
+    int32_t count, cap;
+} pto_tm_base;
+
+typedef struct pto_tensormap {
+    pto_tm_base *cells;              /* open addressing, linear probing */
+    uint32_t mask;
+    uint32_t nbases;
+    int64_t live, hwm;               /* entries */
+} pto_tensormap;
+
+void pto_tm_init(pto_tensormap *m);
+void pto_tm_destroy(pto_tensormap *m);
+/* Call fn(producer, arg) for every live producer overlapping [start, end) of base. */
+void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end,
+                   void (*fn)(struct pto_slot *, void *), void *arg);
+/* Record producer as the writer of [start, end) of base; entries it covers
+ * completely are dropped (their readers now depend on the new writer). */
+void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer);
+/* Drop every entry of producer on base. */
+void pto_tm_erase(pto_tensormap *m, uint64_t base, struct pto_slot *producer);
+/* Drop everything (end of run). */
+void pto_tm_clear(pto_tensormap *m);
+
+#endif

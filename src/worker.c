@@ -1,0 +1,174 @@
+#include "worker.h"
+#include "common.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Lock order, coarse to fine, for every lock the engine takes (none is held
+ * across a fork today): callable registry -> worker manager -> worker thread
+ * -> scheduler (fail_mu) -> allocator -> tensormap. The handlers are landing
+ * pads so that a lock added later has a documented place to be taken. */
+static void atfork_prepare(void) {}
+static void atfork_parent(void) {}
+static void atfork_child(void) {}
+
+static pthread_once_t hygiene_once = PTHREAD_ONCE_INIT;
+
+/* Keep thread pools of libraries we may link from spinning up threads that a
+ * forked child would inherit half-alive; user-set values win. */
+static void fork_hygiene(void)
+{
+    setenv("OMP_NUM_THREADS", "1", 0);
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    setenv("MKL_NUM_THREADS", "1", 0);
+    setenv("BLIS_NUM_THREADS", "1", 0);
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+pto_worker *pto_worker_new(const pto_worker_config *cfg)
+{
+    pto_worker_config c = {.level = 3, .mode = PTO_MODE_THREAD};
+    if (cfg) c = *cfg;
+    if (c.level < 3) {
+        pto_set_error("pto.Worker: level must be 3 or more (got %d)", c.level);
+        return NULL;
+    }
+    if (c.mode != PTO_MODE_THREAD && c.mode != PTO_MODE_PROCESS) {
+        pto_set_error("pto.Worker: unknown mode %d (use \"thread\" or \"process\")", c.mode);
+        return NULL;
+    }
+    if (c.heap_ring_size == 0) c.heap_ring_size = 1ull << 30;
+    if (c.heap_ring_size < PTO_HEAP_ALIGN || c.heap_ring_size > (1ull << 46)) {
+        pto_set_error("pto.Worker: heap_ring_size must be between %d bytes and 64 TiB (got %llu)", PTO_HEAP_ALIGN,
+                      (unsigned long long)c.heap_ring_size);
+        return NULL;
+    }
+    c.heap_ring_size = pto_align_up(c.heap_ring_size, PTO_HEAP_ALIGN);
+    if (c.alloc_timeout_ms == 0) c.alloc_timeout_ms = 10000;
+    if (c.queue_depth <= 0) c.queue_depth = 2;
+    if (c.queue_depth > PTO_WT_QCAP) {
+        pto_set_error("pto.Worker: queue_depth must be at most %d (got %d)", PTO_WT_QCAP, c.queue_depth);
+        return NULL;
+    }
+    pthread_once(&hygiene_once, fork_hygiene);
+    pto_worker *w = pto_xcalloc(1, sizeof *w);
+    w->cfg = c;
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        if (!pto_ring_map(&w->rings[r], c.heap_ring_size)) {
+            for (int k = 0; k < r; k++) pto_ring_unmap(&w->rings[k]);
+            free(w);
+            return NULL;
+        }
+    }
+    pto_wm_init(&w->wm, c.mode, c.queue_depth);
+    pto_sched_init(&w->sched, &w->wm);
+    return w;
+}
+
+static int add_leaf(pto_worker *w, int32_t kind, const pto_leaf *leaf, const char *who)
+{
+    if (!w) {
+        pto_set_error("%s: no Worker", who);
+        return -1;
+    }
+    if (w->inited) {
+        pto_set_error("%s: the Worker is already initialised; add children before Worker:init", who);
+        return -1;
+    }
+    if (!leaf || !leaf->run) {
+        pto_set_error("%s: the leaf has no run function", who);
+        return -1;
+    }
+    return pto_wm_add(&w->wm, kind, leaf);
+}
+
+int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf)
+{
+    return add_leaf(w, PTO_NEXT_LEVEL, leaf, "Worker:add_worker");
+}
+
+int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf) { return add_leaf(w, PTO_SUB, leaf, "Worker:add_sub"); }
+
+int pto_worker_init(pto_worker *w)
+{
+    if (!w) {
+        pto_set_error("Worker:init: no Worker");
+        return -1;
+    }
+    if (w->inited) {
+        pto_set_error("Worker:init: the Worker is already initialised");
+        return -1;
+    }
+    /* Children (PROCESS mode) are forked inside pto_wm_start before its
+     * threads exist; the scheduler thread comes last. */
+    if (!pto_wm_start(&w->wm, &w->sched.ev)) return -1;
+    pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
+    if (!pto_sched_start(&w->sched)) {
+        pto_wm_stop(&w->wm);
+        return -1;
+    }
+    w->inited = true;
+    return 0;
+}
+
+pto_orch *pto_run_begin(pto_worker *w)
+{
+    if (!w || !w->inited) {
+        pto_set_error("Worker:run: the Worker is not initialised; call Worker:init first");
+        return NULL;
+    }
+    if (w->orch.open) {
+        pto_set_error("Worker:run: a run is already open on this Worker; runs do not nest (submit to the open "
+                      "run's orchestrator instead)");
+        return NULL;
+    }
+    if (atomic_load(&w->shutdown)) {
+        pto_set_error("Worker:run: the Worker is shut down");
+        return NULL;
+    }
+    pto_orch_begin(&w->orch);
+    w->runs++;
+    return &w->orch;
+}
+
+int pto_run_end(pto_worker *w)
+{
+    if (!w || !w->inited || !w->orch.open) {
+        pto_set_error("Worker:run: no run is open on this Worker");
+        return -1;
+    }
+    return pto_orch_end(&w->orch);
+}
+
+void pto_worker_shutdown(pto_worker *w)
+{
+    if (!w) return;
+    atomic_store(&w->shutdown, true);
+    pto_event_notify(&w->orch.ev);
+}
+
+void pto_worker_close(pto_worker *w)
+{
+    if (!w) return;
+    pto_worker_shutdown(w);
+    if (w->inited) {
+        pto_sched_stop(&w->sched);
+        pto_wm_stop(&w->wm);
+        pto_orch_destroy(&w->orch);
+    }
+    pto_sched_destroy(&w->sched);
+    pto_wm_destroy(&w->wm);
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_unmap(&w->rings[r]);
+    free(w);
+}
+
+void *pto_worker_ring_base(pto_worker *w, int32_t r)
+{
+    return w && r >= 0 && r < PTO_MAX_RING_DEPTH ? w->rings[r].base : NULL;
+}
+
+int pto_worker_count(pto_worker *w, int32_t kind)
+{
+    return w && (kind == PTO_NEXT_LEVEL || kind == PTO_SUB) ? w->wm.count[kind] : 0;
+}

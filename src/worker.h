@@ -1,0 +1,25 @@
+/* The Worker: one level of the hierarchy. It owns the heap rings (mapped at
+ * creation, before any child is forked), the WorkerManager with its worker
+ * threads, the Scheduler thread and the Orchestrator used by each run. */
+#ifndef PTO_WORKER_H
+#define PTO_WORKER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "orchestrator.h"
+#include "ring.h"
+#include "scheduler.h"
+#include "worker_manager.h"
+
+struct pto_worker {
+    pto_worker_config cfg;
+    pto_heap_ring rings[PTO_MAX_RING_DEPTH];
+    pto_worker_manager wm;
+    pto_scheduler sched;
+    struct pto_orch orch;
+    bool inited;
+    _Atomic bool shutdown;
+    int64_t runs;
+};
+
+#endif

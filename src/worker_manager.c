@@ -1,0 +1,151 @@
+#include "worker_manager.h"
+#include "common.h"
+#include "slot.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* How long an idle worker thread spins before it sleeps. Long enough to
+ * bridge the scheduler's turnaround on a busy DAG, short enough not to steal
+ * a core from the orchestrator on a 2-core machine. */
+#define WT_SPIN_NS 20000
+
+void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth)
+{
+    memset(wm, 0, sizeof *wm);
+    wm->mode = mode;
+    wm->depth = depth < 1 ? 1 : depth > PTO_WT_QCAP ? PTO_WT_QCAP : depth;
+}
+
+int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
+{
+    pto_worker_thread *wt = pto_xcalloc(1, sizeof *wt);
+    wt->kind = kind;
+    wt->index = wm->count[kind];
+    wt->leaf = *leaf;
+    snprintf(wt->name, sizeof wt->name, "%s", leaf->name ? leaf->name : (kind == PTO_SUB ? "sub" : "next_level"));
+    wt->wm = wm;
+    atomic_init(&wt->current_task, -1);
+    pto_grow((void **)&wm->threads[kind], &wm->cap[kind], wm->count[kind] + 1, sizeof *wm->threads[kind]);
+    wm->threads[kind][wm->count[kind]++] = wt;
+    return wt->index;
+}
+
+static bool wt_has_work(void *arg)
+{
+    pto_worker_thread *wt = arg;
+    return atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
+               atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
+           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire);
+}
+
+static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
+{
+    pto_slot *s = d->slot;
+    pto_completion c = {.slot = s, .member = d->member, .status = PTO_DONE_OK, .error = NULL};
+    if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) {
+        c.status = PTO_DONE_SKIPPED;
+    } else {
+        const pto_member *m = &s->members[d->member];
+        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
+        char err[1024];
+        err[0] = 0;
+        atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
+        int rc = wt->leaf.run(wt->leaf.ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+        if (rc != 0) {
+            c.status = PTO_DONE_FAILED;
+            c.error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
+        }
+    }
+    atomic_fetch_add_explicit(&wt->tasks_run, 1, memory_order_relaxed);
+    uint32_t t = atomic_load_explicit(&wt->cq_tail, memory_order_relaxed);
+    wt->cq[t & (PTO_WT_QCAP - 1)] = c;
+    atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);
+    pto_event_notify(wt->wm->sched_ev);
+}
+
+static void *wt_main(void *arg)
+{
+    pto_worker_thread *wt = arg;
+    for (;;) {
+        pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
+        if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
+        uint32_t h = atomic_load_explicit(&wt->dq_head, memory_order_relaxed);
+        uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_acquire);
+        while (h != t) {
+            pto_dispatch d = wt->dq[h & (PTO_WT_QCAP - 1)];
+            atomic_store_explicit(&wt->dq_head, ++h, memory_order_release);
+            wt_run_one(wt, &d);
+        }
+    }
+    return NULL;
+}
+
+bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
+{
+    wm->sched_ev = sched_ev;
+    for (int k = 0; k < 2; k++) {
+        for (int32_t i = 0; i < wm->count[k]; i++) {
+            pto_worker_thread *wt = wm->threads[k][i];
+            int rc = pthread_create(&wt->thread, NULL, wt_main, wt);
+            if (rc != 0) {
+                pto_set_error("Worker:init: cannot start a worker thread: %s", strerror(rc));
+                pto_wm_stop(wm);
+                return false;
+            }
+            wt->started = true;
+        }
+    }
+    return true;
+}
+
+void pto_wm_stop(pto_worker_manager *wm)
+{
+    atomic_store_explicit(&wm->stopping, true, memory_order_release);
+    for (int k = 0; k < 2; k++) {
+        for (int32_t i = 0; i < wm->count[k]; i++) {
+            pto_worker_thread *wt = wm->threads[k][i];
+            if (!wt->started) continue;
+            pto_event_notify(&wt->ev);
+            pthread_join(wt->thread, NULL);
+            wt->started = false;
+        }
+    }
+}
+
+void pto_wm_destroy(pto_worker_manager *wm)
+{
+    for (int k = 0; k < 2; k++) {
+        for (int32_t i = 0; i < wm->count[k]; i++) {
+            pto_worker_thread *wt = wm->threads[k][i];
+            /* Completions nobody collected (a run abandoned by shutdown). */
+            uint32_t h = atomic_load(&wt->cq_head), t = atomic_load(&wt->cq_tail);
+            for (; h != t; h++) free(wt->cq[h & (PTO_WT_QCAP - 1)].error);
+            free(wt);
+        }
+        free(wm->threads[k]);
+    }
+    memset(wm, 0, sizeof *wm);
+}
+
+void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member)
+{
+    uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
+    wt->dq[t & (PTO_WT_QCAP - 1)] = (pto_dispatch){slot, member};
+    atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
+    wt->inflight++;
+    pto_event_notify(&wt->ev);
+}
+
+bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out)
+{
+    uint32_t h = atomic_load_explicit(&wt->cq_head, memory_order_relaxed);
+    if (h == atomic_load_explicit(&wt->cq_tail, memory_order_acquire)) return false;
+    *out = wt->cq[h & (PTO_WT_QCAP - 1)];
+    atomic_store_explicit(&wt->cq_head, h + 1, memory_order_release);
+    wt->inflight--;
+    return true;
+}

@@ -1,0 +1,80 @@
+/* WorkerManager and WorkerThread (seed 004): one thread per child leaf
+ * (chip, sub worker or nested Worker), fed by the scheduler through a
+ * bounded single-producer queue and answering through another. In THREAD
+ * mode the thread calls the leaf itself; PROCESS mode swaps the leaf for one
+ * that talks to a forked child over a mailbox, and nothing here changes. */
+#ifndef PTO_WORKER_MANAGER_H
+#define PTO_WORKER_MANAGER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "event.h"
+#include "pto.h"
+
+struct pto_slot;
+struct pto_scheduler;
+
+#define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
+
+enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2 };
+
+typedef struct pto_dispatch {
+    struct pto_slot *slot;
+    int32_t member;
+} pto_dispatch;
+
+typedef struct pto_completion {
+    struct pto_slot *slot;
+    int32_t member;
+    int32_t status;
+    char *error;                  /* malloc'ed, or NULL */
+} pto_completion;
+
+typedef struct pto_worker_thread {
+    int32_t kind, index;
+    pto_leaf leaf;
+    char name[32];
+    struct pto_worker_manager *wm;
+    pthread_t thread;
+    bool started;
+    pto_event ev;
+    /* scheduler -> worker */
+    _Alignas(64) _Atomic uint32_t dq_tail;
+    _Alignas(64) _Atomic uint32_t dq_head;
+    pto_dispatch dq[PTO_WT_QCAP];
+    /* worker -> scheduler */
+    _Alignas(64) _Atomic uint32_t cq_tail;
+    _Alignas(64) _Atomic uint32_t cq_head;
+    pto_completion cq[PTO_WT_QCAP];
+    /* scheduler-only */
+    int32_t inflight;
+    struct pto_slot *pin_head, *pin_tail;   /* ready tasks pinned here */
+    _Atomic int64_t current_task;           /* -1 when idle */
+    _Atomic int64_t tasks_run;
+} pto_worker_thread;
+
+typedef struct pto_worker_manager {
+    int32_t mode;
+    int32_t depth;                /* max tasks staged on one worker thread */
+    pto_worker_thread **threads[2];
+    int32_t count[2], cap[2];
+    _Atomic bool stopping;
+    pto_event *sched_ev;          /* woken on every completion */
+} pto_worker_manager;
+
+void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth);
+/* Register a leaf of kind before start; returns its index. */
+int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf);
+/* Start every worker thread; false with pto_errmsg set. */
+bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
+/* Stop and join every worker thread (tasks still queued are abandoned). */
+void pto_wm_stop(pto_worker_manager *wm);
+void pto_wm_destroy(pto_worker_manager *wm);
+
+/* Scheduler side: stage one member of slot on wt (wt->inflight < depth). */
+void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member);
+/* Scheduler side: take one completion; false if none. */
+bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out);
+
+#endif

@@ -1,2 +1,286 @@
+/* Scheduler behaviour through the public API: diamond ordering, groups,
+ * pinning, per-kind head-of-line independence, failure poisoning. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 #include "testutil.h"
-int main(void) { return tu_finish(); }
+
+/* callable = id * 16 + action */
+enum { ACT_RUN = 0, ACT_BLOCK = 1, ACT_FAIL = 2 };
+#define CALL(id, act) ((uint64_t)(id) * 16 + (act))
+#define MAXT 256
+
+static _Atomic int64_t clock_;
+static _Atomic int64_t start_at[MAXT], end_at[MAXT];
+static _Atomic int ran[MAXT];
+static _Atomic int worker_of[MAXT];
+static _Atomic int gate;          /* ACT_BLOCK waits until gate != 0 */
+static _Atomic int blocked;       /* how many are waiting at the gate */
+
+typedef struct { int index; } leaf_ctx;
+static leaf_ctx ctxs[8];
+
+static void reset(void)
+{
+    atomic_store(&clock_, 1);
+    for (int i = 0; i < MAXT; i++) {
+        atomic_store(&start_at[i], 0);
+        atomic_store(&end_at[i], 0);
+        atomic_store(&ran[i], 0);
+        atomic_store(&worker_of[i], -1);
+    }
+    atomic_store(&gate, 0);
+    atomic_store(&blocked, 0);
+}
+
+static int leaf(void *ctx, uint64_t callable, const pto_args_view *a, const pto_call_config *cfg, char *err,
+                size_t errlen)
+{
+    (void)a, (void)cfg;
+    int id = (int)(callable / 16), act = (int)(callable % 16);
+    atomic_store(&start_at[id], atomic_fetch_add(&clock_, 1));
+    atomic_fetch_add(&ran[id], 1);
+    atomic_store(&worker_of[id], ((leaf_ctx *)ctx)->index);
+    if (act == ACT_BLOCK) {
+        atomic_fetch_add(&blocked, 1);
+        for (int i = 0; i < 5000 && !atomic_load(&gate); i++) usleep(1000);
+        atomic_fetch_sub(&blocked, 1);
+    }
+    atomic_store(&end_at[id], atomic_fetch_add(&clock_, 1));
+    if (act == ACT_FAIL) {
+        snprintf(err, errlen, "kernel %d exploded", id);
+        return 1;
+    }
+    return 0;
+}
+
+static pto_worker *make(int nl, int ns)
+{
+    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_THREAD, .heap_ring_size = 1 << 20};
+    pto_worker *w = pto_worker_new(&cfg);
+    for (int i = 0; i < nl + ns; i++) {
+        ctxs[i].index = i;
+        pto_leaf l = {.run = leaf, .ctx = &ctxs[i], .name = "test"};
+        if (i < nl) pto_worker_add_next_level(w, &l);
+        else pto_worker_add_sub(w, &l);
+    }
+    if (pto_worker_init(w) != 0) abort();
+    return w;
+}
+
+static float bufs[8][64];
+static pto_tensor T(int i) { return tu_tensor((uint64_t)(uintptr_t)bufs[i], 0, 64); }
+
+static int64_t sub1(pto_orch *o, uint64_t call, int n, const int *bi, const uint8_t *tags, int pin)
+{
+    pto_tensor t[8];
+    for (int i = 0; i < n; i++) t[i] = T(bi[i]);
+    pto_task_args a = {.tensor_count = n, .tensors = t, .tags = tags};
+    return pto_submit_next_level(o, call, &a, NULL, pin);
+}
+
+static bool wait_for(_Atomic int *v, int want)
+{
+    for (int i = 0; i < 5000; i++) {
+        if (atomic_load(v) >= want) return true;
+        usleep(1000);
+    }
+    return false;
+}
+
+static void test_diamond(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT}, IN_OUT[] = {PTO_INPUT, PTO_OUTPUT}, IN2_OUT[] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT};
+    sub1(o, CALL(0, ACT_RUN), 1, (int[]){0}, OUT, -1);              /* A writes 0 */
+    sub1(o, CALL(1, ACT_RUN), 2, (int[]){0, 1}, IN_OUT, -1);        /* B: 0 -> 1 */
+    sub1(o, CALL(2, ACT_RUN), 2, (int[]){0, 2}, IN_OUT, -1);        /* C: 0 -> 2 */
+    int64_t d = sub1(o, CALL(3, ACT_RUN), 3, (int[]){1, 2, 3}, IN2_OUT, -1); /* D: 1,2 -> 3 */
+    pto_task_info info;
+    CHECK_EQ(pto_task_info_get(o, d, &info), 0);
+    CHECK_EQ(info.fanin, 2);
+    CHECK_EQ(pto_run_end(w), 0);
+    for (int i = 0; i < 4; i++) CHECK_EQ(atomic_load(&ran[i]), 1);
+    CHECK(atomic_load(&start_at[1]) > atomic_load(&end_at[0]));
+    CHECK(atomic_load(&start_at[2]) > atomic_load(&end_at[0]));
+    CHECK(atomic_load(&start_at[3]) > atomic_load(&end_at[1]));
+    CHECK(atomic_load(&start_at[3]) > atomic_load(&end_at[2]));
+    pto_worker_close(w);
+}
+
+static void test_group_completes_after_all_members(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    pto_tensor t0[1] = {T(0)}, t1[1] = {T(1)};
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    pto_task_args members[2] = {{.tensor_count = 1, .tensors = t0, .tags = OUT},
+                                {.tensor_count = 1, .tensors = t1, .tags = OUT}};
+    /* Both members run the same callable; only member "ids" differ through
+     * their worker index. The member on worker 1 blocks at the gate. */
+    int64_t g = pto_submit_next_level_group(o, CALL(10, ACT_BLOCK), members, 2, NULL, (int32_t[]){0, 1});
+    CHECK(g >= 0);
+    const uint8_t IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    sub1(o, CALL(11, ACT_RUN), 2, (int[]){0, 2}, IN_OUT, -1);      /* reads member 0's output */
+    CHECK(wait_for(&blocked, 2));                                  /* both members started: distinct workers */
+    usleep(20000);
+    CHECK_EQ(atomic_load(&ran[11]), 0);                            /* group not complete yet */
+    pto_task_info info;
+    pto_task_info_get(o, g, &info);
+    CHECK_EQ(info.state, PTO_TASK_RUNNING);
+    CHECK_EQ(info.group_size, 2);
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&ran[10]), 2);
+    CHECK_EQ(atomic_load(&ran[11]), 1);
+    pto_worker_close(w);
+}
+
+static void test_pinned_worker_fifo(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    for (int i = 0; i < 40; i++) sub1(o, CALL(20 + i, ACT_RUN), 1, (int[]){i % 8}, OUT, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    for (int i = 0; i < 40; i++) {
+        CHECK_EQ(atomic_load(&ran[20 + i]), 1);
+        CHECK_EQ(atomic_load(&worker_of[20 + i]), 1);
+        if (i) CHECK(atomic_load(&start_at[20 + i]) > atomic_load(&end_at[20 + i - 1]));
+    }
+    pto_worker_close(w);
+}
+
+static void test_idle_worker_not_held_back(void)
+{
+    reset();
+    pto_worker *w = make(2, 1);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    /* Worker 0 busy on a blocked task; a ready task must go to idle worker 1. */
+    sub1(o, CALL(60, ACT_BLOCK), 1, (int[]){0}, OUT, 0);
+    CHECK(wait_for(&blocked, 1));
+    sub1(o, CALL(61, ACT_RUN), 1, (int[]){1}, OUT, -1);
+    CHECK(wait_for(&ran[61], 1));
+    CHECK_EQ(atomic_load(&worker_of[61]), 1);
+    /* Saturate every next-level worker: the sub queue still dispatches. */
+    sub1(o, CALL(62, ACT_BLOCK), 1, (int[]){2}, OUT, 1);
+    CHECK(wait_for(&blocked, 2));
+    for (int i = 0; i < 6; i++) sub1(o, CALL(63 + i, ACT_RUN), 1, (int[]){3 + (i % 4)}, OUT, -1);
+    pto_tensor t[1] = {T(7)};
+    pto_task_args a = {.tensor_count = 1, .tensors = t, .tags = OUT};
+    int64_t s = pto_submit_sub(o, CALL(70, ACT_RUN), &a, -1);
+    CHECK(s >= 0);
+    CHECK(wait_for(&ran[70], 1));
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    pto_worker_close(w);
+}
+
+static void test_failure_poisons_consumers(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT}, IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    int64_t a = sub1(o, CALL(80, ACT_FAIL), 1, (int[]){0}, OUT, -1);
+    int64_t b = sub1(o, CALL(81, ACT_RUN), 2, (int[]){0, 1}, IN_OUT, -1);
+    int64_t c = sub1(o, CALL(82, ACT_RUN), 2, (int[]){1, 2}, IN_OUT, -1);
+    sub1(o, CALL(83, ACT_RUN), 1, (int[]){5}, OUT, -1);            /* independent */
+    CHECK(a >= 0 && b >= 0 && c >= 0);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "Worker:run");
+    CHECK_CONTAINS(pto_errmsg(), "task 0");
+    CHECK_CONTAINS(pto_errmsg(), "kernel 80 exploded");
+    CHECK_EQ(atomic_load(&ran[81]), 0);
+    CHECK_EQ(atomic_load(&ran[82]), 0);
+    CHECK_EQ(atomic_load(&ran[83]), 1);
+    pto_stats st;
+    pto_worker_stats(w, &st);
+    CHECK_EQ(st.tasks_failed, 3);
+    CHECK_EQ(st.tasks_live, 0);
+    CHECK_EQ(st.tensormap_live, 0);
+    /* The next run is unaffected. */
+    reset();
+    o = pto_run_begin(w);
+    sub1(o, CALL(80, ACT_RUN), 1, (int[]){0}, OUT, -1);
+    sub1(o, CALL(81, ACT_RUN), 2, (int[]){0, 1}, IN_OUT, -1);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&ran[81]), 1);
+    pto_worker_close(w);
+}
+
+static void test_failed_group_member(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    pto_tensor t0[1] = {T(0)}, t1[1] = {T(1)};
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    pto_task_args members[2] = {{.tensor_count = 1, .tensors = t0, .tags = OUT},
+                                {.tensor_count = 1, .tensors = t1, .tags = OUT}};
+    pto_submit_next_level_group(o, CALL(90, ACT_FAIL), members, 2, NULL, NULL);
+    const uint8_t IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    sub1(o, CALL(91, ACT_RUN), 2, (int[]){1, 2}, IN_OUT, -1);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "group member");
+    CHECK_EQ(atomic_load(&ran[91]), 0);
+    pto_worker_close(w);
+}
+
+static void test_misuse(void)
+{
+    reset();
+    pto_worker *w = make(1, 0);
+    CHECK(pto_worker_add_next_level(w, &(pto_leaf){.run = leaf}) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "before Worker:init");
+    pto_orch *o = pto_run_begin(w);
+    CHECK(pto_run_begin(w) == NULL);
+    pto_task_args none = {0};
+    CHECK(pto_submit_sub(o, 0, &none, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "no sub workers");
+    CHECK(pto_submit_next_level(o, 0, &none, NULL, 3) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "worker 3 does not exist");
+    pto_tensor t = tu_tensor(0, 0, 4);
+    uint8_t tag = PTO_INPUT;
+    pto_task_args a = {.tensor_count = 1, .tensors = &t, .tags = &tag};
+    CHECK(pto_submit_next_level(o, 0, &a, NULL, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "only an OUTPUT tensor may be unset");
+    t = T(0);
+    tag = 9;
+    CHECK(pto_submit_next_level(o, 0, &a, NULL, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "unknown tag");
+    tag = PTO_INPUT;
+    t.ndims = 6;
+    CHECK(pto_submit_next_level(o, 0, &a, NULL, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "at most 5");
+    CHECK(pto_submit_next_level_group(o, 0, &a, 2, NULL, NULL) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "distinct");
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK(pto_submit_next_level(o, 0, &none, NULL, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "outside its run");
+    /* Still usable. */
+    o = pto_run_begin(w);
+    CHECK(sub1(o, CALL(1, ACT_RUN), 1, (int[]){0}, (uint8_t[]){PTO_OUTPUT}, -1) >= 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    pto_worker_close(w);
+}
+
+int main(void)
+{
+    RUN(test_diamond);
+    RUN(test_group_completes_after_all_members);
+    RUN(test_pinned_worker_fifo);
+    RUN(test_idle_worker_not_held_back);
+    RUN(test_failure_poisons_consumers);
+    RUN(test_failed_group_member);
+    RUN(test_misuse);
+    return tu_finish();
+}

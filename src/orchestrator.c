@@ -425,7 +425,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         buf += 8 * (size_t)total_scalars;
     }
     if (o->ntmp > PTO_SLOT_INLINE_REFS) s->refs = (pto_ref *)buf;
-    memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
+    if (o->ntmp) memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
     s->nrefs = o->ntmp;
 
     uint8_t *base = o->rings[r].base + off;

@@ -19,7 +19,6 @@
 #endif
 
 static pto_worker *g_worker;
-static pto_call_config g_cfg; /* all zero: default knobs */
 static char g_desc[160];
 
 static int empty_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
@@ -112,7 +111,7 @@ static inline int submit(pto_orch *o, pto_tensor *ts, const uint8_t *tags, int n
     a.tensors = ts;
     a.tags = tags;
     a.scalars = NULL;
-    if (pto_submit_next_level(o, 0, &a, &g_cfg, -1) < 0) {
+    if (pto_submit_next_level(o, 0, &a, NULL, -1) /* NULL: default config */ < 0) {
         fprintf(stderr, "ptolua: pto_submit_next_level failed: %s\n", pto_errmsg());
         return -1;
     }
@@ -136,10 +135,31 @@ static int end(void)
     return 0;
 }
 
+/* Completed-task counter of the Worker (cumulative over runs). */
+static int64_t completed(void)
+{
+    pto_stats st;
+    pto_worker_stats(g_worker, &st);
+    return st.tasks_completed;
+}
+
+/* Sanity check outside the timed section: every submitted task ran. */
+static int check_done(const char *shape, int64_t before, int64_t expect)
+{
+    int64_t got = completed() - before;
+    if (got != expect) {
+        fprintf(stderr, "ptolua: %s: %lld tasks completed, expected %lld\n", shape,
+                (long long)got, (long long)expect);
+        return -1;
+    }
+    return 0;
+}
+
 double ptolua_w1(int n)
 {
     char *buf = bench_slots((size_t)n);
     static const uint8_t tags[1] = { PTO_OUTPUT };
+    const int64_t done0 = completed();
     double t0 = bench_now(), t1;
     pto_orch *o = begin();
     if (!o) { free(buf); return -1.0; }
@@ -150,6 +170,8 @@ double ptolua_w1(int n)
     int rc = end();
     t1 = bench_now();
     free(buf);
+    if (rc == 0)
+        rc = check_done("W1", done0, (int64_t)n);
     return rc == 0 ? t1 - t0 : -1.0;
 }
 
@@ -157,6 +179,7 @@ double ptolua_w2(int n)
 {
     char *buf = bench_slots(1);
     static const uint8_t tags[1] = { PTO_INOUT };
+    const int64_t done0 = completed();
     double t0 = bench_now(), t1;
     pto_orch *o = begin();
     if (!o) { free(buf); return -1.0; }
@@ -167,6 +190,8 @@ double ptolua_w2(int n)
     int rc = end();
     t1 = bench_now();
     free(buf);
+    if (rc == 0)
+        rc = check_done("W2", done0, (int64_t)n);
     return rc == 0 ? t1 - t0 : -1.0;
 }
 
@@ -182,6 +207,7 @@ double ptolua_w3(int groups)
         tag_join[j] = PTO_INPUT;
     tag_join[BENCH_FAN] = PTO_OUTPUT;
 
+    const int64_t done0 = completed();
     double t0 = bench_now(), t1;
     pto_orch *o = begin();
     if (!o) { free(buf); return -1.0; }
@@ -205,6 +231,8 @@ double ptolua_w3(int groups)
     int rc = end();
     t1 = bench_now();
     free(buf);
+    if (rc == 0)
+        rc = check_done("W3", done0, (int64_t)groups * BENCH_W3_TASKS_PER_GROUP);
     return rc == 0 ? t1 - t0 : -1.0;
 fail:
     free(buf);
@@ -224,6 +252,7 @@ double ptolua_w4(int d, int reps)
     char *A = bench_slots(n3), *B = bench_slots(n3), *C = bench_slots(n3);
     static const uint8_t tag_gemm[3] = { PTO_INPUT, PTO_INPUT, PTO_OUTPUT };
     static const uint8_t tag_add[2] = { PTO_INPUT, PTO_INOUT };
+    const int64_t done0 = completed();
     double t0 = bench_now(), t1;
     int rc = 0;
     for (int r = 0; r < reps && rc == 0; r++) {
@@ -260,5 +289,7 @@ double ptolua_w4(int d, int reps)
     }
     t1 = bench_now();
     free(A); free(B); free(C);
+    if (rc == 0)
+        rc = check_done("W4", done0, BENCH_W4_TASKS(d) * reps);
     return rc == 0 ? t1 - t0 : -1.0;
 }

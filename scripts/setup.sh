@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what ptolua needs from Debian's packages (idempotent; needs root
+# only when something is missing). Usage: scripts/setup.sh [--bench]
+set -euo pipefail
+pkgs=(gcc cmake make)
+[[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev pkg-config)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,9 @@ bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t s
         for (int i = 0;; i++) {
             for (int k = 0; k < 64; k++) pto_cpu_relax();
             if (has_work(arg)) return true;
+            /* With more runnable threads than cores the thread we wait for
+             * may need this core: offer it every few rounds. */
+            if ((i & 3) == 3) sched_yield();
             if ((i & 7) == 7 && (int64_t)(pto_now_ns() - t0) >= spin_ns) break;
         }
     }

@@ -26,6 +26,7 @@ void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_
     sched->retire = pto_orch_retire;
     sched->retire_ctx = o;
     sched->orch_ev = &o->ev;
+    sched->orch_waiting = &o->waiting_for;
 }
 
 static void cfgs_free(pto_orch *o)
@@ -54,9 +55,9 @@ void pto_orch_retire(void *arg, pto_slot *s)
     pto_slot *head = atomic_load_explicit(&o->retire_head, memory_order_relaxed);
     do {
         atomic_store_explicit(&s->next_retire, head, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(&o->retire_head, &head, s, memory_order_release,
+    } while (!atomic_compare_exchange_weak_explicit(&o->retire_head, &head, s, memory_order_seq_cst,
                                                     memory_order_relaxed));
-    pto_event_notify(&o->ev);
+    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
 }
 
 static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
@@ -219,7 +220,9 @@ static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, 
                           (unsigned long long)ring->size, ring->count, (unsigned long long)ring->size);
             break;
         }
+        atomic_store_explicit(&o->waiting_for, ORCH_WAIT_RETIRE, memory_order_seq_cst);
         pto_event_wait(&o->ev, orch_has_work, o, 0, (int64_t)(timeout - (now - last_progress)));
+        atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
     }
     ring->stall_ns += (int64_t)(pto_now_ns() - t0);
     return ok;
@@ -613,18 +616,23 @@ int pto_scope_depth(pto_orch *o) { return o && o->open ? pto_scope_nested(&o->sc
 static bool all_finished(void *arg)
 {
     pto_orch *o = arg;
-    return orch_has_work(o) ||
-           atomic_load_explicit(&o->sched->finished, memory_order_acquire) == o->submitted;
+    return orch_has_work(o) || atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
 }
 
-static bool wait_until(pto_orch *o, bool (*done)(pto_orch *))
+static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
 {
+    bool ok = true;
+    atomic_store_explicit(&o->waiting_for, why, memory_order_seq_cst);
     while (!done(o)) {
-        if (drain_retired(o)) continue;
-        if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) return false;
+        if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
+            ok = false;
+            break;
+        }
         pto_event_wait(&o->ev, all_finished, o, 2000, 100000000);
+        drain_retired(o);
     }
-    return true;
+    atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
+    return ok;
 }
 
 static bool finished_all(pto_orch *o)
@@ -641,7 +649,8 @@ static bool reclaimed_all(pto_orch *o)
 int pto_drain(pto_orch *o)
 {
     if (!check_open(o, "orch:drain")) return -1;
-    if (!wait_until(o, finished_all)) {
+    atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
+    if (!wait_until(o, finished_all, ORCH_WAIT_FINISH)) {
         pto_set_error("orch:drain: the Worker was shut down");
         return -1;
     }
@@ -661,7 +670,8 @@ bool pto_orch_begin(pto_orch *o)
 int pto_orch_end(pto_orch *o)
 {
     while (o->scope.top > 0) scope_close(o);
-    bool ok = wait_until(o, finished_all) && wait_until(o, reclaimed_all);
+    atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
+    bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH) && wait_until(o, reclaimed_all, ORCH_WAIT_RETIRE);
     o->open = false;
     char *fail = pto_sched_take_failure(o->sched);
     if (!ok) {

@@ -14,6 +14,8 @@
 #include "slot.h"
 #include "tensormap.h"
 
+enum { ORCH_WAIT_NONE = 0, ORCH_WAIT_FINISH = 1, ORCH_WAIT_RETIRE = 2 };
+
 struct pto_worker;
 struct pto_scheduler;
 
@@ -31,6 +33,10 @@ struct pto_orch {
 
     pto_slot *_Atomic retire_head;   /* consumed slots awaiting reclamation */
     pto_event ev;
+    /* What the orchestrator sleeps for, so others wake it only then:
+     * ORCH_WAIT_FINISH (scheduler: every task finished) or ORCH_WAIT_RETIRE
+     * (any reclaimed slot). Retired slots otherwise wait for the next submit. */
+    _Atomic int32_t waiting_for;
     _Atomic bool *shutdown;
 
     bool open;                       /* a run is in progress */

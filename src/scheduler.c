@@ -119,7 +119,7 @@ static void finish_all(pto_scheduler *s)
             atomic_fetch_add_explicit(&s->completed_total, 1, memory_order_relaxed);
         }
         atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
-        atomic_fetch_add_explicit(&s->finished, 1, memory_order_release);
+        atomic_fetch_add_explicit(&s->finished, 1, memory_order_seq_cst);
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
             if (failed) poison(c, x);
@@ -190,7 +190,7 @@ static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_
 static pto_worker_thread *pick(pto_scheduler *s, int32_t kind)
 {
     pto_worker_manager *wm = s->wm;
-    int32_t n = wm->count[kind], start = s->rr[kind];
+    int32_t n = wm->count[kind], start = 0;  /* lowest index first: keeps a hot worker hot */
     pto_worker_thread *best = NULL;
     for (int32_t k = 0; k < n; k++) {
         pto_worker_thread *wt = wm->threads[kind][(start + k) % n];
@@ -198,7 +198,7 @@ static pto_worker_thread *pick(pto_scheduler *s, int32_t kind)
         if (!best || wt->inflight < best->inflight) best = wt;
         if (wt->inflight == 0) break;
     }
-    if (best) s->rr[kind] = (best->index + 1) % n;
+    (void)start;
     return best;
 }
 
@@ -295,7 +295,12 @@ static bool complete_all(pto_scheduler *s)
             }
         }
     }
-    if (any && s->orch_ev) pto_event_notify(s->orch_ev);
+    /* The orchestrator sleeps in drain until every task finished; wake it
+     * only then, not on every batch. */
+    if (any && s->orch_ev && atomic_load_explicit(s->orch_waiting, memory_order_seq_cst) == 1 /* ORCH_WAIT_FINISH */ &&
+        atomic_load_explicit(&s->finished, memory_order_seq_cst) >=
+            atomic_load_explicit(&s->finish_target, memory_order_relaxed))
+        pto_event_notify(s->orch_ev);
     return any;
 }
 

@@ -36,7 +36,9 @@ typedef struct pto_scheduler {
     /* Reclamation hand-off: called with each slot this thread consumed. */
     void (*retire)(void *ctx, struct pto_slot *s);
     void *retire_ctx;
-    pto_event *orch_ev;                     /* woken after each completion batch */
+    pto_event *orch_ev;                     /* woken when finished reaches finish_target */
+    _Atomic int32_t *orch_waiting;          /* ORCH_WAIT_* of the orchestrator */
+    _Atomic int64_t finish_target;
 
     _Atomic int64_t finished;               /* tasks COMPLETED or FAILED this run */
     _Atomic int64_t completed_total, failed_total;

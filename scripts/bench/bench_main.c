@@ -222,6 +222,20 @@ static void fmt_ratio(char *out, size_t cap, double a, double b)
         snprintf(out, cap, "-");
 }
 
+/* The 1-minute load average, or -1 if unknown (a hint that other work
+ * shared the machine during the measurement). */
+static double loadavg(void)
+{
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, reps = 3;
@@ -262,6 +276,7 @@ int main(int argc, char **argv)
     have_omp = 1;
 #endif
 
+    const double load0 = loadavg();
     /* best[sh][sys]: best seconds; 0 = not run; < 0 = error */
     double best[NSHAPES][NSYS];
     char *desc[NSYS] = { NULL, NULL, NULL };
@@ -323,8 +338,8 @@ int main(int argc, char **argv)
     }
     printf("pto_bench: empty tasks, %d worker threads per system, best of %d%s\n",
            BENCH_THREADS, reps, quick ? " (--quick sizes)" : "");
-    printf("machine: nproc=%ld, uname -m=%s, kernel %s\n",
-           sysconf(_SC_NPROCESSORS_ONLN), machine, kernel);
+    printf("machine: nproc=%ld, uname -m=%s, kernel %s, loadavg %.2f before / %.2f after\n",
+           sysconf(_SC_NPROCESSORS_ONLN), machine, kernel, load0, loadavg());
     for (int sys = 0; sys < NSYS; sys++)
         if (desc[sys])
             printf("%s\n", desc[sys]);

@@ -217,11 +217,16 @@ static void *watchdog(void *arg)
  * ctx so the leaf knows where it runs.                                 */
 
 static pto_worker *g_w;
+/* Small rings, so that heap memory of ended scopes is reused within a seed
+ * (and submit sometimes waits for it). */
+#ifndef RING_BYTES
+#define RING_BYTES (32u << 10)
+#endif
 static uint64_t g_ring_lo[PTO_MAX_RING_DEPTH], g_ring_hi[PTO_MAX_RING_DEPTH];
 
 static pto_worker *make_worker(void)
 {
-    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_THREAD, .heap_ring_size = 4u << 20,
+    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_THREAD, .heap_ring_size = RING_BYTES,
                              .alloc_timeout_ms = 10000};
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) { fprintf(stderr, "pto_worker_new: %s\n", pto_errmsg()); exit(2); }
@@ -289,6 +294,7 @@ typedef struct buf {
     int depth;               /* scope depth it was created in; -1 = malloc */
     int valid;
     uint64_t base, off0;     /* its bytes: [base + off0, base + off0 + bytes) */
+    uint64_t born;           /* heap: clock stamp taken right after submit/alloc returned */
     uint32_t bytes;
     int16_t lastw[MAX_BUF_BYTES];   /* reference: last writer of each byte, -1 none */
 } buf;
@@ -316,7 +322,46 @@ typedef struct prog {
     buf b[MAX_BUFS];
     tdesc t[MAX_TASKS];
     op ops[MAX_OPS];
+    /* Generator's model of the heap rings: slabs in allocation order and the
+     * scope instance holding each, so a seed never needs more memory than a
+     * ring can give back (the engine would rightly report a deadlock). */
+    uint32_t slab_bytes[PTO_MAX_RING_DEPTH][MAX_TASKS * 2];
+    int slab_inst[PTO_MAX_RING_DEPTH][MAX_TASKS * 2];
+    int nslabs[PTO_MAX_RING_DEPTH];
+    int inst_open[MAX_OPS + 1];
+    int inst_stack[PTO_MAX_SCOPE_DEPTH + 1];
+    int ninst;
+    int64_t reuses;          /* heap buffers placed over memory of an ended scope */
 } prog;
+
+#ifndef RING_MARGIN
+#define RING_MARGIN (12u << 10)   /* room for wrap-around waste */
+#endif
+
+static int ring_for_depth(int depth) { return depth < PTO_MAX_RING_DEPTH - 1 ? depth : PTO_MAX_RING_DEPTH - 1; }
+
+/* Could bytes more be held in ring r without relying on unreclaimable memory? */
+static int ring_room(const prog *p, int r, uint32_t bytes)
+{
+    uint64_t held = 0;
+    int k = 0;
+    while (k < p->nslabs[r] && !p->inst_open[p->slab_inst[r][k]]) k++;   /* reclaimable prefix */
+    for (; k < p->nslabs[r]; k++) held += p->slab_bytes[r][k];
+    return held + bytes + RING_MARGIN <= RING_BYTES;
+}
+
+static void ring_push(prog *p, int depth, uint32_t bytes)
+{
+    int r = ring_for_depth(depth);
+    if (p->nslabs[r] >= MAX_TASKS * 2) return;
+    p->slab_bytes[r][p->nslabs[r]] = bytes;
+    p->slab_inst[r][p->nslabs[r]] = p->inst_stack[depth];
+    p->nslabs[r]++;
+}
+
+static uint32_t heap_align(uint32_t n) { return (n + PTO_HEAP_ALIGN - 1) / PTO_HEAP_ALIGN * PTO_HEAP_ALIGN; }
+
+static uint64_t stamp_now(void) { return atomic_fetch_add(&g_clock, 1) + 1; }
 
 static prog g_p;
 static unsigned char *g_mbuf[N_MALLOC];
@@ -496,6 +541,43 @@ static int check_new_heap_buf(const prog *p, int k)
     return bad;
 }
 
+/* Heap memory is handed out again only after every task that used it ended:
+ * for each heap buffer C and each later heap buffer B over the same bytes,
+ * every task naming C ended before B's submit/alloc returned. */
+static int check_reuse(prog *p)
+{
+    int bad = 0;
+    for (int c = N_MALLOC; c < p->nbufs; c++) {
+        const buf *C = &p->b[c];
+        uint64_t clo = C->base + C->off0, chi = clo + C->bytes;
+        for (int b = c + 1; b < p->nbufs; b++) {
+            const buf *B = &p->b[b];
+            uint64_t blo = B->base + B->off0, bhi = blo + B->bytes;
+            if (B->kind == BUF_MALLOC || !(blo < chi && clo < bhi)) continue;
+            if (B->kind == BUF_AUTO && C->kind == BUF_AUTO && B->id == C->id) continue;
+            p->reuses++;
+            for (int i = 0; i < p->ntasks; i++) {
+                const tdesc *t = &p->t[i];
+                for (int j = 0; j < t->nt; j++) {
+                    if (t->bufi[j] != c) continue;
+                    uint64_t e = atomic_load(&g_rec[i].end);
+                    if (!(e < B->born)) {
+                        char n1[32], n2[32];
+                        buf_name(p, c, n1, sizeof n1);
+                        buf_name(p, b, n2, sizeof n2);
+                        fprintf(stderr, "seed %" PRIu64 ": %s was placed over memory of %s (stamp %" PRIu64 ") "
+                                "while task %d, which uses %s, had not ended (end stamp %" PRIu64 ")\n",
+                                p->seed, n2, n1, B->born, i, n1, e);
+                        bad++;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    return bad;
+}
+
 /* Generate, submit and verify one seed. Returns the number of problems. */
 static int run_seed(uint64_t seed, int verbose)
 {
@@ -526,6 +608,9 @@ static int run_seed(uint64_t seed, int verbose)
 
     int ntasks = 30 + rnd(&s, 51);
     int depth = 0;
+    p->ninst = 0;
+    p->inst_open[0] = 1;
+    p->inst_stack[0] = 0;
     int aborted = 0;
     for (int i = 0; i < ntasks && !aborted; i++) {
         /* Scope moves. */
@@ -533,9 +618,13 @@ static int run_seed(uint64_t seed, int verbose)
             if (pto_scope_begin(o) != 0) { bad += seed_fail("pto_scope_begin failed", depth, 0); aborted = 1; break; }
             depth++;
             p->ops[p->nops++] = (op){OP_BEGIN, 0};
+            p->ninst++;
+            p->inst_open[p->ninst] = 1;
+            p->inst_stack[depth] = p->ninst;
         }
         if (depth > 0 && rnd(&s, 100) < 10 && p->nops < MAX_OPS) {
             if (pto_scope_end(o) != 0) { bad += seed_fail("pto_scope_end failed", depth, 0); aborted = 1; break; }
+            p->inst_open[p->inst_stack[depth]] = 0;
             depth--;
             p->ops[p->nops++] = (op){OP_END, 0};
             for (int k = 0; k < p->nbufs; k++) if (p->b[k].depth > depth) p->b[k].valid = 0;
@@ -543,8 +632,10 @@ static int run_seed(uint64_t seed, int verbose)
         if (pto_scope_depth(o) != depth) bad += seed_fail("pto_scope_depth", pto_scope_depth(o), depth);
 
         /* Occasionally carve a tensor with pto_alloc. */
-        if (rnd(&s, 100) < 8 && p->nbufs < MAX_BUFS && p->nops < MAX_OPS) {
-            uint32_t bytes = rand_bytes(&s);
+        uint32_t alloc_bytes = rand_bytes(&s);
+        if (rnd(&s, 100) < 8 && p->nbufs < MAX_BUFS && p->nops < MAX_OPS &&
+            ring_room(p, ring_for_depth(depth), heap_align(alloc_bytes))) {
+            uint32_t bytes = alloc_bytes;
             uint8_t dt = rand_dtype(&s, 8);
             while (bytes % pto_dtype_size(dt)) dt = rand_dtype(&s, 8);
             pto_tensor shape_of = {0};
@@ -559,6 +650,8 @@ static int run_seed(uint64_t seed, int verbose)
             buf *b = &p->b[p->nbufs];
             b->kind = BUF_ALLOC; b->id = p->nallocs++; b->depth = depth; b->valid = 1;
             b->base = out.base; b->off0 = out.offset; b->bytes = bytes;
+            b->born = stamp_now();
+            ring_push(p, depth, heap_align(bytes));
             for (int k = 0; k < MAX_BUF_BYTES; k++) b->lastw[k] = -1;
             p->ops[p->nops++] = (op){OP_ALLOC, p->nbufs};
             p->nbufs++;
@@ -574,10 +667,13 @@ static int run_seed(uint64_t seed, int verbose)
         if (rnd(&s, 100) < 70) { t->kind = PTO_NEXT_LEVEL; t->pin = rnd(&s, 100) < 15 ? rnd(&s, 2) : -1; }
         else { t->kind = PTO_SUB; t->pin = rnd(&s, 100) < 30 ? 0 : -1; }
         int nauto = 0;
+        uint32_t auto_bytes = 0;
         for (int j = 0; j < t->nt; j++) {
-            if (rnd(&s, 100) < 25 && p->nbufs + nauto < MAX_BUFS) {
+            uint32_t bytes = rand_bytes(&s);
+            if (rnd(&s, 100) < 25 && p->nbufs + nauto < MAX_BUFS &&
+                ring_room(p, ring_for_depth(depth), auto_bytes + heap_align(bytes))) {
                 /* New auto-allocated OUTPUT. */
-                uint32_t bytes = rand_bytes(&s);
+                auto_bytes += heap_align(bytes);
                 uint8_t dt = rand_dtype(&s, 8);
                 while (bytes % pto_dtype_size(dt)) dt = rand_dtype(&s, 8);
                 memset(&t->t[j], 0, sizeof t->t[j]);
@@ -622,12 +718,14 @@ static int run_seed(uint64_t seed, int verbose)
         }
         p->ntasks = i + 1;
         t->hash = view_hash(t->nt, t->ns, t->t, t->sc);
+        uint64_t born = stamp_now();
+        if (auto_bytes) ring_push(p, depth, auto_bytes);
 
         /* New auto buffers. */
         for (int j = 0; j < t->nt; j++) {
             if (t->bufi[j] >= 0) continue;
             buf *b = &p->b[p->nbufs];
-            b->kind = BUF_AUTO; b->id = i; b->slot = j; b->depth = depth; b->valid = 1;
+            b->kind = BUF_AUTO; b->id = i; b->slot = j; b->depth = depth; b->valid = 1; b->born = born;
             b->base = t->t[j].base; b->off0 = t->t[j].offset; b->bytes = (uint32_t)pto_tensor_nbytes(&t->t[j]);
             for (int k = 0; k < MAX_BUF_BYTES; k++) b->lastw[k] = -1;
             t->bufi[j] = p->nbufs++;
@@ -685,6 +783,7 @@ static int run_seed(uint64_t seed, int verbose)
     }
     for (int i = p->ntasks; i < MAX_TASKS; i++)
         if (atomic_load(&g_rec[i].runs) != 0) bad += seed_fail("unsubmitted task ran", i, 0);
+    bad += check_reuse(p);
     if (atomic_load(&g_bad_callable)) { bad += seed_fail("leaf got an unknown callable", 0, 0); atomic_store(&g_bad_callable, 0); }
 
     pto_stats st1;
@@ -714,11 +813,15 @@ static void test_random_dag(void)
     int failed_seeds = 0, shown = 0;
     uint64_t t0 = now_ms();
     long ntasks = 0;
+    int64_t reuses = 0;
+    pto_stats st0, st1;
+    pto_worker_stats(g_w, &st0);
     if (single >= 0) { base = single; nseeds = 1; }
     for (long k = 0; k < nseeds; k++) {
         uint64_t seed = (uint64_t)(base + k);
         int b = run_seed(seed, single >= 0);
         ntasks += g_p.ntasks;
+        reuses += g_p.reuses;
         tu_checks++;
         if (b) {
             tu_failures++;
@@ -728,8 +831,12 @@ static void test_random_dag(void)
             if (++shown >= 3) { fprintf(stderr, "random_dag: stopping after 3 failing seeds\n"); break; }
         }
     }
-    printf("random_dag: %ld seeds from %ld, %ld tasks, %d failing seeds, %.2f s\n", nseeds, base, ntasks,
-           failed_seeds, (double)(now_ms() - t0) / 1000.0);
+    pto_worker_stats(g_w, &st1);
+    int64_t stalls = 0;
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) stalls += st1.rings[r].stalls - st0.rings[r].stalls;
+    printf("random_dag: %ld seeds from %ld, %ld tasks, %d failing seeds, %.2f s; %" PRId64 " heap buffers reused "
+           "memory of ended scopes, %" PRId64 " ring stalls\n", nseeds, base, ntasks, failed_seeds,
+           (double)(now_ms() - t0) / 1000.0, reuses, stalls);
 }
 
 /* ------------------------------------------------------------------ */

@@ -9,19 +9,35 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define KIB 1024ull
 
 static _Atomic long g_runs;
+static _Atomic int g_gate;      /* the task of callable GATED blocks while set */
+#define GATED 777
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static int count_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
                       size_t errlen)
 {
-    (void)ctx; (void)callable; (void)args; (void)cfg; (void)err; (void)errlen;
+    (void)ctx; (void)args; (void)cfg; (void)err; (void)errlen;
     atomic_fetch_add(&g_runs, 1);
+    uint64_t t0 = now_ms();
+    while (callable == GATED && atomic_load(&g_gate) && now_ms() - t0 < 5000) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
     return 0;
 }
 
@@ -261,34 +277,95 @@ static void test_scope_end_reclaims_tasks(void)
      * because a drain that returns between a task's finish and its
      * reclamation only shows up now and then. */
     int bad_rounds = 0;
-    for (int round = 0; round < 50; round++) {
+    long expect_runs = 1 + 50 * 6 + 1;
+    for (int round = 0; round < 2000; round++) {
+        int n = round < 50 ? 20 : 2;
+        expect_runs += n;
         CHECK_EQ(pto_scope_begin(o), 0);
         int64_t ids[20];
         pto_tensor prev = keep;
-        for (int i = 0; i < 20; i++) ids[i] = submit_out(o, 20, 1024, &prev, &prev);
+        for (int i = 0; i < n; i++) ids[i] = submit_out(o, 20, 1024, &prev, &prev);
         CHECK_EQ(pto_scope_end(o), 0);
         CHECK_EQ(pto_drain(o), 0);
         pto_stats st;
         pto_worker_stats(w, &st);
         int not_consumed = 0;
         pto_task_info info;
-        for (int i = 0; i < 20; i++) {
+        for (int i = 0; i < n; i++) {
             CHECK_EQ(pto_task_info_get(o, ids[i], &info), 0);
             not_consumed += info.state != PTO_TASK_CONSUMED;
         }
         if (st.rings[1].live_slabs != 0 || st.rings[1].used_bytes != 0 || st.tasks_live != 1 || not_consumed) {
             if (bad_rounds++ == 0)
                 fprintf(stderr, "  round %d: after scope_end + pto_drain, ring 1 still has %lld live slabs "
-                        "(%llu bytes), %lld tasks live (expected 1), %d of the scope's 20 tasks not CONSUMED\n",
+                        "(%llu bytes), %lld tasks live (expected 1), %d of the scope's %d tasks not CONSUMED\n",
                         round, (long long)st.rings[1].live_slabs, (unsigned long long)st.rings[1].used_bytes,
-                        (long long)st.tasks_live, not_consumed);
+                        (long long)st.tasks_live, not_consumed, n);
         }
     }
+    if (bad_rounds) fprintf(stderr, "  %d of 2000 rounds ended with a finished task not reclaimed by pto_drain\n",
+                            bad_rounds);
     CHECK_EQ(bad_rounds, 0);
     CHECK(pto_task_count(o) > 0);                      /* the run is still open */
     CHECK(submit_out(o, 2, 16, NULL, &keep) >= 0);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_runs), 1 + 50 * 6 + 50 * 20 + 1);
+    CHECK_EQ(atomic_load(&g_runs), expect_runs);
+    pto_worker_close(w);
+}
+
+/* One task is the last holder of many slabs of an ended scope. When it
+ * finishes, the scheduler releases all those references; pto_drain must not
+ * return before they are reclaimed. The window between the task's finish
+ * and its last release is made long (many references) and the drain is
+ * started right inside it (as soon as the task is seen COMPLETED). */
+static void test_drain_reclaims_after_last_holder_finishes(void)
+{
+    enum { N = 20000 };
+    atomic_store(&g_runs, 0);
+    atomic_store(&g_gate, 1);
+    pto_worker *w = tu_worker(1, 0, count_leaf, NULL, 32ull << 20, 5000);
+    pto_orch *o = pto_run_begin(w);
+    pto_tensor *t = calloc(N, sizeof *t);
+    uint8_t *tags = calloc(N, 1);
+    CHECK(o != NULL && t != NULL && tags != NULL);
+    if (!o || !t || !tags) { free(t); free(tags); pto_worker_close(w); return; }
+    CHECK_EQ(pto_scope_begin(o), 0);
+    uint32_t n = 256;   /* 1 KiB each */
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        ok += pto_alloc(o, &n, 1, PTO_F32, &t[i]) >= 0;
+        tags[i] = PTO_INPUT;
+    }
+    CHECK_EQ(ok, N);
+    pto_task_args a = {.tensor_count = N, .tensors = t, .tags = tags};
+    int64_t id = pto_submit_next_level(o, GATED, &a, NULL, -1);
+    CHECK(id >= 0);
+    CHECK_EQ(pto_scope_end(o), 0);            /* now only the task holds the slabs */
+    pto_stats st;
+    pto_worker_stats(w, &st);
+    CHECK_EQ(st.rings[1].live_slabs, N);
+    atomic_store(&g_gate, 0);
+    pto_task_info info = {0};
+    uint64_t t0 = now_ms();
+    do {
+        if (pto_task_info_get(o, id, &info) != 0) break;
+        if (info.state == PTO_TASK_COMPLETED || info.state == PTO_TASK_CONSUMED) break;
+        sched_yield();
+    } while (now_ms() - t0 < 5000);
+    CHECK_EQ(pto_drain(o), 0);
+    pto_worker_stats(w, &st);
+    if (st.rings[1].live_slabs != 0)
+        fprintf(stderr, "  pto_drain returned with %lld of %d slabs (and %lld tasks) not yet reclaimed\n",
+                (long long)st.rings[1].live_slabs, N, (long long)st.tasks_live);
+    CHECK_EQ(st.rings[1].live_slabs, 0);
+    CHECK_EQ(st.rings[1].used_bytes, 0);
+    CHECK_EQ(st.tasks_live, 0);
+    CHECK_EQ(pto_task_info_get(o, id, &info), 0);
+    CHECK_EQ(info.state, PTO_TASK_CONSUMED);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&g_runs), 1);
+    free(t);
+    free(tags);
     pto_worker_close(w);
 }
 
@@ -298,5 +375,6 @@ int main(void)
     RUN(test_nesting_limit_64);
     RUN(test_unmatched_scope_end);
     RUN(test_scope_end_reclaims_tasks);
+    RUN(test_drain_reclaims_after_last_holder_finishes);
     return tu_finish();
 }

@@ -119,7 +119,6 @@ static void finish_all(pto_scheduler *s)
             atomic_fetch_add_explicit(&s->completed_total, 1, memory_order_relaxed);
         }
         atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
-        atomic_fetch_add_explicit(&s->finished, 1, memory_order_seq_cst);
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
             if (failed) poison(c, x);
@@ -130,6 +129,9 @@ static void finish_all(pto_scheduler *s)
         }
         for (int32_t i = 0; i < x->nrefs; i++) release_ref(s, x->refs[i].slot);
         release_ref(s, x);
+        /* Counted last: when drain sees every task finished, every release
+         * they made is already on the retire stack. */
+        atomic_fetch_add_explicit(&s->finished, 1, memory_order_seq_cst);
     }
 }
 

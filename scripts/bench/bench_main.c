@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -222,18 +223,61 @@ static void fmt_ratio(char *out, size_t cap, double a, double b)
         snprintf(out, cap, "-");
 }
 
-/* The 1-minute load average, or -1 if unknown (a hint that other work
- * shared the machine during the measurement). */
-static double loadavg(void)
+/* Machine-wide CPU time from /proc/stat, in clock ticks: busy and total
+ * (busy + idle + iowait). False if unavailable. */
+static int cpu_ticks(unsigned long long *busy, unsigned long long *total)
 {
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = -1.0;
-        fclose(f);
-    }
-    return l;
+    unsigned long long v[8] = { 0 };
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return 0;
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 4)
+        return 0;
+    /* user nice system idle iowait irq softirq steal */
+    *busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    *total = *busy + v[3] + v[4];
+    return 1;
+}
+
+/* CPU seconds used by this process (all its threads) so far. */
+static double self_cpu(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0.0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Share of the machine's CPU time that other processes used between two
+ * samples, or -1 if unknown: a measure of how much the numbers are to be
+ * trusted on a shared machine. */
+typedef struct cpu_sample {
+    int ok;
+    unsigned long long busy, total;
+    double self;
+} cpu_sample;
+
+static cpu_sample cpu_sample_now(void)
+{
+    cpu_sample c;
+    c.ok = cpu_ticks(&c.busy, &c.total);
+    c.self = self_cpu();
+    return c;
+}
+
+static double foreign_load(cpu_sample a, cpu_sample b)
+{
+    long hz = sysconf(_SC_CLK_TCK);
+    if (!a.ok || !b.ok || b.total <= a.total || hz <= 0)
+        return -1.0;
+    double busy = (double)(b.busy - a.busy);
+    double self = (b.self - a.self) * (double)hz;
+    double f = (busy - self) / (double)(b.total - a.total);
+    return f < 0 ? 0.0 : f;
 }
 
 int main(int argc, char **argv)
@@ -276,7 +320,7 @@ int main(int argc, char **argv)
     have_omp = 1;
 #endif
 
-    const double load0 = loadavg();
+    const cpu_sample cpu0 = cpu_sample_now();
     /* best[sh][sys]: best seconds; 0 = not run; < 0 = error */
     double best[NSHAPES][NSYS];
     char *desc[NSYS] = { NULL, NULL, NULL };
@@ -338,8 +382,12 @@ int main(int argc, char **argv)
     }
     printf("pto_bench: empty tasks, %d worker threads per system, best of %d%s\n",
            BENCH_THREADS, reps, quick ? " (--quick sizes)" : "");
-    printf("machine: nproc=%ld, uname -m=%s, kernel %s, loadavg %.2f before / %.2f after\n",
-           sysconf(_SC_NPROCESSORS_ONLN), machine, kernel, load0, loadavg());
+    const double foreign = foreign_load(cpu0, cpu_sample_now());
+    printf("machine: nproc=%ld, uname -m=%s, kernel %s\n", sysconf(_SC_NPROCESSORS_ONLN), machine,
+           kernel);
+    if (foreign >= 0)
+        printf("other processes used %.0f%% of the machine's CPU time during the run%s\n",
+               100.0 * foreign, foreign > 0.05 ? " (the machine was shared: numbers are unreliable)" : "");
     for (int sys = 0; sys < NSYS; sys++)
         if (desc[sys])
             printf("%s\n", desc[sys]);

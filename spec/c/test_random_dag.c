@@ -334,8 +334,14 @@ typedef struct prog {
     int64_t reuses;          /* heap buffers placed over memory of an ended scope */
 } prog;
 
+/* The engine's rings are FIFO: a slab that does not fit at the end goes to
+ * the start, leaving the end unused. With slabs of at most MAX_AUTO KiB that
+ * waste is below MAX_AUTO KiB, so keeping held + new <= size - 2 * MAX_AUTO
+ * KiB always leaves a contiguous gap for the new slab once the reclaimable
+ * slabs are returned. */
+#define MAX_AUTO 2                /* auto OUTPUTs per task (1 KiB slab each) */
 #ifndef RING_MARGIN
-#define RING_MARGIN (12u << 10)   /* room for wrap-around waste */
+#define RING_MARGIN (2u * MAX_AUTO * PTO_HEAP_ALIGN)
 #endif
 
 static int ring_for_depth(int depth) { return depth < PTO_MAX_RING_DEPTH - 1 ? depth : PTO_MAX_RING_DEPTH - 1; }
@@ -670,7 +676,7 @@ static int run_seed(uint64_t seed, int verbose)
         uint32_t auto_bytes = 0;
         for (int j = 0; j < t->nt; j++) {
             uint32_t bytes = rand_bytes(&s);
-            if (rnd(&s, 100) < 25 && p->nbufs + nauto < MAX_BUFS &&
+            if (rnd(&s, 100) < 25 && nauto < MAX_AUTO && p->nbufs + nauto < MAX_BUFS &&
                 ring_room(p, ring_for_depth(depth), auto_bytes + heap_align(bytes))) {
                 /* New auto-allocated OUTPUT. */
                 auto_bytes += heap_align(bytes);

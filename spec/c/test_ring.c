@@ -568,6 +568,29 @@ static void deadlock_case(bool nested)
     pto_worker_close(w);
 }
 
+static void test_oversized_request_fails_at_once(void)
+{
+    gate_reset();
+    pto_worker *w = tu_worker(1, 0, gate_leaf, NULL, 64 * KIB, 10000);
+    pto_orch *o = pto_run_begin(w);
+    CHECK(o != NULL);
+    if (!o) { pto_worker_close(w); return; }
+    uint32_t n = 16 * 1024 + 1;   /* one element more than the ring */
+    pto_tensor t;
+    uint64_t t0 = now_ms();
+    CHECK_EQ(pto_alloc(o, &n, 1, PTO_F32, &t), -1);
+    CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
+    CHECK(submit_out(o, 1, 128 * KIB, NULL, NULL) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
+    CHECK(now_ms() - t0 < 1000);
+    /* Exactly the ring's size fits. */
+    n = 16 * 1024;
+    CHECK(pto_alloc(o, &n, 1, PTO_F32, &t) >= 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&g_runs), 0);
+    pto_worker_close(w);
+}
+
 static void test_deadlock_detected_outer_scope(void) { deadlock_case(false); }
 static void test_deadlock_detected_nested_scope(void) { deadlock_case(true); }
 
@@ -581,6 +604,7 @@ int main(void)
     RUN(test_timeout_error_text);
     RUN(test_reset_at_end_of_run);
     RUN(test_shutdown_unblocks_alloc);
+    RUN(test_oversized_request_fails_at_once);
     RUN(test_deadlock_detected_outer_scope);
     RUN(test_deadlock_detected_nested_scope);
     return tu_finish();

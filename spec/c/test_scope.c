@@ -41,29 +41,6 @@ static int count_leaf(void *ctx, uint64_t callable, const pto_args_view *args, c
     return 0;
 }
 
-/* pto_drain, then drain again while ring r holds more than `want` slabs (at
- * most 2 s). One drain should be enough; a second is needed only because of
- * the engine race pinned down deterministically by test_scope.c's
- * test_drain_reclaims_after_last_holder_finishes (pto_drain may return
- * before the scheduler has released the references of the task that
- * finished last). This keeps that one known bug from making this case flaky. */
-static void drain_settled(pto_worker *w, pto_orch *o, int r, int64_t want)
-{
-    CHECK_EQ(pto_drain(o), 0);
-    pto_stats st;
-    pto_worker_stats(w, &st);
-    int extra = 0;
-    uint64_t t0 = now_ms();
-    while (st.rings[r].live_slabs > want && now_ms() - t0 < 2000) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-        pto_drain(o);
-        pto_worker_stats(w, &st);
-        extra++;
-    }
-    if (extra) fprintf(stderr, "  note: pto_drain needed %d more call(s) to reclaim (known drain race)\n", extra);
-}
-
 /* The ring whose mapping holds addr, or -1. */
 static int ring_of(pto_worker *w, uint64_t addr)
 {
@@ -281,7 +258,7 @@ static void test_scope_end_reclaims_tasks(void)
             CHECK_EQ(info.state, PTO_TASK_COMPLETED);
         }
         CHECK_EQ(pto_scope_end(o), 0);
-        drain_settled(w, o, 1, 0);
+        CHECK_EQ(pto_drain(o), 0);
         pto_worker_stats(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 0);
         CHECK_EQ(st.rings[1].used_bytes, 0);
@@ -307,7 +284,7 @@ static void test_scope_end_reclaims_tasks(void)
         pto_tensor prev = keep;
         for (int i = 0; i < n; i++) ids[i] = submit_out(o, 20, 1024, &prev, &prev);
         CHECK_EQ(pto_scope_end(o), 0);
-        drain_settled(w, o, 1, 0);
+        CHECK_EQ(pto_drain(o), 0);
         pto_stats st;
         pto_worker_stats(w, &st);
         int not_consumed = 0;

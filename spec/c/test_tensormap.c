@@ -96,29 +96,6 @@ static bool wait_set(_Atomic long *p, int ms)
     return true;
 }
 
-/* pto_drain, then drain again while ring r holds more than `want` slabs (at
- * most 2 s). One drain should be enough; a second is needed only because of
- * the engine race pinned down deterministically by test_scope.c's
- * test_drain_reclaims_after_last_holder_finishes (pto_drain may return
- * before the scheduler has released the references of the task that
- * finished last). This keeps that one known bug from making this case flaky. */
-static void drain_settled(pto_worker *w, pto_orch *o, int r, int64_t want)
-{
-    CHECK_EQ(pto_drain(o), 0);
-    pto_stats st;
-    pto_worker_stats(w, &st);
-    int extra = 0;
-    uint64_t t0 = now_ms();
-    while (st.rings[r].live_slabs > want && now_ms() - t0 < 2000) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-        pto_drain(o);
-        pto_worker_stats(w, &st);
-        extra++;
-    }
-    if (extra) fprintf(stderr, "  note: pto_drain needed %d more call(s) to reclaim (known drain race)\n", extra);
-}
-
 static int64_t submit(pto_orch *o, uint64_t callable, int32_t pin, int32_t n, pto_tensor *ts, const uint8_t *tags)
 {
     pto_task_args a = {.tensor_count = n, .scalar_count = 0, .tensors = ts, .tags = tags, .scalars = NULL};
@@ -544,7 +521,7 @@ static void test_completed_producer_holds_slab(void)
             CHECK_EQ(pto_task_info_get(o, p, &info), 0);
             CHECK_EQ(info.state, PTO_TASK_COMPLETED);
             release(2);
-            drain_settled(w, o, 1, 0);
+            CHECK_EQ(pto_drain(o), 0);
         } else {
             CHECK(wait_set(&g_end[2], WAIT_MS));
             CHECK_EQ(pto_drain(o), 0);
@@ -552,7 +529,7 @@ static void test_completed_producer_holds_slab(void)
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the open scope still holds it */
             CHECK_EQ(st.rings[1].used_bytes, 1024);
             CHECK_EQ(pto_scope_end(o), 0);
-            drain_settled(w, o, 1, 0);
+            CHECK_EQ(pto_drain(o), 0);
         }
         pto_worker_stats(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 0);

@@ -358,47 +358,53 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     if (!check_open(o, q->who) || !validate(o, q)) return -1;
     drain_retired(o);
 
-    /* 1. Dependencies and slab holds, de-duplicated across tensors and members. */
-    o->ntmp = 0;
-    if (++o->mark == 0) o->mark = 1;
+    /* 1. One packed slab for every unset OUTPUT, taken first: while it waits
+     * on back-pressure, producers may be reclaimed, and a reference taken
+     * before the wait could pin the very slab the wait needs. */
     uint64_t auto_bytes = 0;
     int32_t total_tensors = 0, total_scalars = 0;
     for (int32_t m = 0; m < q->n; m++) {
         const pto_task_args *a = &q->args[m];
         total_tensors += a->tensor_count;
         total_scalars += a->scalar_count;
+        for (int32_t i = 0; i < a->tensor_count; i++)
+            if (!a->tensors[i].base) {
+                uint64_t nb = pto_tensor_nbytes(&a->tensors[i]);
+                auto_bytes += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
+            }
+    }
+    int32_t r = pto_scope_ring(&o->scope);
+    uint64_t off = 0, seq = 0;
+    if (auto_bytes && !heap_alloc(o, q->who, r, auto_bytes, &off, &seq)) return -1;
+
+    /* 2. Dependencies and slab holds, de-duplicated across tensors and members. */
+    o->ntmp = 0;
+    if (++o->mark == 0) o->mark = 1;
+    for (int32_t m = 0; m < q->n; m++) {
+        const pto_task_args *a = &q->args[m];
         for (int32_t i = 0; i < a->tensor_count; i++) {
             const pto_tensor *t = &a->tensors[i];
-            uint64_t nb = pto_tensor_nbytes(t);
-            if (!t->base) {
-                auto_bytes += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
-                continue;
-            }
-            uint64_t start = t->base + t->offset;
+            if (!t->base) continue;
+            uint64_t start = t->base + t->offset, nb = pto_tensor_nbytes(t);
             if (a->tags[i] == PTO_INPUT || a->tags[i] == PTO_INOUT)
                 pto_tm_lookup(&o->tm, t->base, start, start + nb, lookup_cb, o);
-            int32_t r = ring_of(o, start);
-            if (r >= 0) {
-                pto_slot *owner = pto_ring_owner(&o->rings[r], start - (uint64_t)(uintptr_t)o->rings[r].base);
-                if (!owner) {
-                    pto_set_error("%s: tensor %d points into heap ring %d where nothing is allocated any more: "
-                                  "tensors from orch:alloc and automatic OUTPUTs live only until their scope ends",
-                                  q->who, i + 1, r);
-                    return -1;
-                }
-                add_ref(o, owner, false);
+            int32_t hr = ring_of(o, start);
+            if (hr < 0) continue;
+            pto_slot *owner = pto_ring_owner(&o->rings[hr], start - (uint64_t)(uintptr_t)o->rings[hr].base);
+            if (!owner) {
+                pto_set_error("%s: tensor %d points into heap ring %d where nothing is allocated any more: "
+                              "tensors from orch:alloc and automatic OUTPUTs live only until their scope ends",
+                              q->who, i + 1, hr);
+                if (auto_bytes) pto_ring_release(&o->rings[r], seq);
+                return -1;
             }
+            add_ref(o, owner, false);
         }
     }
     bool poisoned = false;
     int64_t failed_producer = -1;
-    if (!take_refs(o, q->who, &poisoned, &failed_producer)) return -1;
-
-    /* 2. One packed slab for every unset OUTPUT (may wait on back-pressure). */
-    int32_t r = pto_scope_ring(&o->scope);
-    uint64_t off = 0, seq = 0;
-    if (auto_bytes && !heap_alloc(o, q->who, r, auto_bytes, &off, &seq)) {
-        for (int32_t k = 0; k < o->ntmp; k++) release_local(o, o->tmp_refs[k].slot);
+    if (!take_refs(o, q->who, &poisoned, &failed_producer)) {
+        if (auto_bytes) pto_ring_release(&o->rings[r], seq);
         return -1;
     }
 

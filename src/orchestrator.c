@@ -465,7 +465,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         s->slab_off = off;
         s->slab_bytes = auto_bytes;
         s->slab_seq = seq;
-        o->rings[r].fifo[(o->rings[r].head + (seq - o->rings[r].head_seq)) & (o->rings[r].cap - 1)].owner = s;
+        pto_ring_set_owner(&o->rings[r], seq, s);
     }
 
     /* 4. New writers enter the TensorMap (after the lookups: INOUT reads the old writer). */
@@ -564,7 +564,7 @@ int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dty
     s->slab_off = off;
     s->slab_bytes = bytes;
     s->slab_seq = seq;
-    o->rings[r].fifo[(o->rings[r].head + (seq - o->rings[r].head_seq)) & (o->rings[r].cap - 1)].owner = s;
+    pto_ring_set_owner(&o->rings[r], seq, s);
     t.base = (uint64_t)(uintptr_t)(o->rings[r].base + off);
     s->inl_tensors[0] = t;
     s->member0.tensor_count = 1;

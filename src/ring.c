@@ -71,6 +71,11 @@ bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner
     return true;
 }
 
+void pto_ring_set_owner(pto_heap_ring *r, uint64_t seq, struct pto_slot *owner)
+{
+    at(r, (uint32_t)(seq - r->head_seq))->owner = owner;
+}
+
 bool pto_ring_release(pto_heap_ring *r, uint64_t seq)
 {
     uint64_t i = seq - r->head_seq;

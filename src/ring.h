@@ -33,6 +33,8 @@ void pto_ring_unmap(pto_heap_ring *r);
 /* Reserve bytes (a multiple of PTO_HEAP_ALIGN) for owner; on success stores
  * the offset and the slab's FIFO position. False when there is no room now. */
 bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner, uint64_t *off, uint64_t *seq);
+/* Name the owner of the slab at FIFO position seq (reserved before its slot existed). */
+void pto_ring_set_owner(pto_heap_ring *r, uint64_t seq, struct pto_slot *owner);
 /* Mark the slab at FIFO position seq free; the ring's tail advances over
  * every freed slab at its head. Returns true if space was freed. */
 bool pto_ring_release(pto_heap_ring *r, uint64_t seq);

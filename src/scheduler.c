@@ -181,26 +181,24 @@ static bool wire_all(pto_scheduler *s)
     return true;
 }
 
-static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_t member)
+static void send(pto_worker_thread *wt, pto_slot *slot, int32_t member)
 {
     atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
     pto_wt_send(wt, slot, member);
-    (void)s;
 }
 
-/* Least-loaded worker of kind with room, preferring idle ones; NULL if all full. */
+/* Least-loaded worker of kind with room, preferring idle ones and the
+ * lowest index (a hot worker stays hot); NULL if all are full. */
 static pto_worker_thread *pick(pto_scheduler *s, int32_t kind)
 {
     pto_worker_manager *wm = s->wm;
-    int32_t n = wm->count[kind], start = 0;  /* lowest index first: keeps a hot worker hot */
     pto_worker_thread *best = NULL;
-    for (int32_t k = 0; k < n; k++) {
-        pto_worker_thread *wt = wm->threads[kind][(start + k) % n];
+    for (int32_t k = 0; k < wm->count[kind]; k++) {
+        pto_worker_thread *wt = wm->threads[kind][k];
         if (wt->inflight >= wm->depth) continue;
         if (!best || wt->inflight < best->inflight) best = wt;
         if (wt->inflight == 0) break;
     }
-    (void)start;
     return best;
 }
 
@@ -242,7 +240,7 @@ static void dispatch_ready(pto_scheduler *s)
                 wt->pin_head = q.head;
                 wt->pin_tail = q.tail;
                 s->ready_len--;
-                send(s, wt, slot, 0);
+                send(wt, slot, 0);
             }
         }
         pto_ready_queue *q = &s->ready[kind];
@@ -253,7 +251,7 @@ static void dispatch_ready(pto_scheduler *s)
                 if (!wt) break;           /* head-of-line: this kind is saturated */
                 queue_pop(q);
                 s->ready_len--;
-                send(s, wt, slot, 0);
+                send(wt, slot, 0);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;

@@ -28,7 +28,6 @@ typedef struct pto_scheduler {
     pto_ready_queue ready[2];               /* per worker kind, unpinned */
     int64_t ready_len;
     _Atomic int64_t ready_hwm;
-    int32_t rr[2];                          /* round-robin start per kind */
 
     struct pto_slot **work;                 /* finish worklist (poison cascades) */
     int32_t nwork, work_cap;

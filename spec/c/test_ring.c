@@ -4,7 +4,7 @@
  * shutdown and end-of-run reset through the engine.
  *
  * Engine cases use a "gate" leaf: the task of callable c blocks while
- * g_hold[c] is set (at most LEAF_MAX_BLOCK_MS, so a wrong engine fails a
+ * tu_hold[c] is set (at most TU_GATE_MAX_MS, so a wrong engine fails a
  * check instead of hanging), and so keeps its slab allocated.
  */
 #include "testutil.h"
@@ -20,74 +20,13 @@
 #include <string.h>
 #include <time.h>
 
-#define NC 64
-#define LEAF_MAX_BLOCK_MS 5000
+#define NC TU_NC
 #define WAIT_MS 3000
 #define KIB 1024ull
 
-static _Atomic int g_hold[NC];
-static _Atomic long g_start[NC];
-static _Atomic long g_end[NC];
-static _Atomic long g_clock;
-static _Atomic int g_leaf_timeouts;
-static _Atomic long g_runs;           /* every task, recorded or not */
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int gate_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
-                     size_t errlen)
-{
-    (void)ctx; (void)args; (void)cfg; (void)err; (void)errlen;
-    atomic_fetch_add(&g_runs, 1);
-    if (callable >= NC) return 0;
-    atomic_store(&g_start[callable], atomic_fetch_add(&g_clock, 1) + 1);
-    uint64_t t0 = now_ms();
-    while (atomic_load(&g_hold[callable])) {
-        if (now_ms() - t0 > LEAF_MAX_BLOCK_MS) {
-            atomic_fetch_add(&g_leaf_timeouts, 1);
-            break;
-        }
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
-    atomic_store(&g_end[callable], atomic_fetch_add(&g_clock, 1) + 1);
-    return 0;
-}
-
-static void gate_reset(void)
-{
-    for (int i = 0; i < NC; i++) {
-        atomic_store(&g_hold[i], 0);
-        atomic_store(&g_start[i], 0);
-        atomic_store(&g_end[i], 0);
-    }
-    atomic_store(&g_leaf_timeouts, 0);
-    atomic_store(&g_runs, 0);
-}
-
-static long started(int c) { return atomic_load(&g_start[c]); }
-static long ended(int c) { return atomic_load(&g_end[c]); }
-
-static bool wait_set(_Atomic long *p, int ms)
-{
-    uint64_t t0 = now_ms();
-    while (!atomic_load(p)) {
-        if (now_ms() - t0 > (uint64_t)ms) return false;
-        sleep_ms(1);
-    }
-    return true;
-}
+static long started(int c) { return atomic_load(&tu_start[c]); }
+static long ended(int c) { return atomic_load(&tu_end[c]); }
 
 /* Submit a task with one auto-allocated OUTPUT of `bytes` bytes (and
  * optionally one INPUT); the OUTPUT's storage is written to *out. */
@@ -105,7 +44,7 @@ static int64_t submit_out(pto_orch *o, uint64_t callable, uint64_t bytes, pto_te
 /* A correct run: a chain of tasks with auto OUTPUTs in a scope. */
 static void check_good_run(pto_worker *w)
 {
-    long before = atomic_load(&g_runs);
+    long before = atomic_load(&tu_runs);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) {
@@ -123,7 +62,7 @@ static void check_good_run(pto_worker *w)
     CHECK_EQ(ok, 8);
     CHECK_EQ(pto_scope_end(o), 0);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_runs) - before, 8);
+    CHECK_EQ(atomic_load(&tu_runs) - before, 8);
     pto_stats st;
     pto_worker_stats(w, &st);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
@@ -313,8 +252,8 @@ static bool in_ring(pto_worker *w, int r, uint64_t addr)
 
 static void test_engine_alignment(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 1 << 20, 10000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 1 << 20, 10000);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
@@ -359,8 +298,8 @@ static void test_engine_alignment(void)
 
 static void test_inner_scope_churn_reclaims(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 64 * KIB, 5000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 64 * KIB, 5000);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
@@ -392,26 +331,26 @@ static void test_inner_scope_churn_reclaims(void)
     CHECK_EQ(st.rings[0].used_bytes, 16 * KIB);
     CHECK(st.rings[1].hwm_bytes <= 64 * KIB);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_runs), 600);
+    CHECK_EQ(atomic_load(&tu_runs), 600);
     pto_worker_close(w);
 }
 
 static void test_timeout_error_text(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 64 * KIB, 200);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 64 * KIB, 200);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
-    atomic_store(&g_hold[1], 1);
+    atomic_store(&tu_hold[1], 1);
     CHECK_EQ(pto_scope_begin(o), 0);
     CHECK(submit_out(o, 1, 48 * KIB, NULL, NULL) >= 0);
     CHECK_EQ(pto_scope_end(o), 0);        /* the slab is now held only by the running task */
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     CHECK_EQ(pto_scope_begin(o), 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     int64_t id = submit_out(o, 2, 32 * KIB, NULL, NULL);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = tu_now_ms() - t0;
     CHECK_EQ(id, -1);
     CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
     CHECK(strstr(pto_errmsg(), "deadlock") == NULL);
@@ -420,7 +359,7 @@ static void test_timeout_error_text(void)
     printf("  timeout after %llu ms: %s\n", (unsigned long long)dt, pto_errmsg());
     CHECK_EQ(pto_scope_end(o), 0);
     CHECK_EQ(ended(1), 0);                 /* the blocker was still running throughout */
-    atomic_store(&g_hold[1], 0);
+    atomic_store(&tu_hold[1], 0);
     int rc = pto_run_end(w);
     CHECK(rc == 0 || rc == -1);
     CHECK_EQ(started(2), 0);
@@ -428,14 +367,14 @@ static void test_timeout_error_text(void)
     pto_worker_stats(w, &st);
     CHECK(st.rings[1].stalls >= 1);
     check_good_run(w);
-    CHECK_EQ(atomic_load(&g_leaf_timeouts), 0);
+    CHECK_EQ(atomic_load(&tu_leaf_timeouts), 0);
     pto_worker_close(w);
 }
 
 static void test_reset_at_end_of_run(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 64 * KIB, 2000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 64 * KIB, 2000);
     for (int run = 0; run < 3; run++) {
         pto_orch *o = pto_run_begin(w);
         CHECK(o != NULL);
@@ -492,30 +431,30 @@ typedef struct shutdown_arg {
 static void *shutdown_thread(void *p)
 {
     shutdown_arg *a = p;
-    sleep_ms(a->delay_ms);
+    tu_sleep_ms(a->delay_ms);
     pto_worker_shutdown(a->w);
     return NULL;
 }
 
 static void test_shutdown_unblocks_alloc(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 64 * KIB, 30000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 64 * KIB, 30000);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
-    atomic_store(&g_hold[1], 1);
+    atomic_store(&tu_hold[1], 1);
     CHECK_EQ(pto_scope_begin(o), 0);
     CHECK(submit_out(o, 1, 48 * KIB, NULL, NULL) >= 0);
     CHECK_EQ(pto_scope_end(o), 0);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     CHECK_EQ(pto_scope_begin(o), 0);      /* ring 1 again, where the blocker's slab is */
     shutdown_arg sa = {w, 200};
     pthread_t th;
     CHECK_EQ(pthread_create(&th, NULL, shutdown_thread, &sa), 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     int64_t id = submit_out(o, 2, 32 * KIB, NULL, NULL);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = tu_now_ms() - t0;
     CHECK_EQ(id, -1);
     CHECK_CONTAINS(pto_errmsg(), "shut down");
     CHECK(dt >= 150);
@@ -525,16 +464,16 @@ static void test_shutdown_unblocks_alloc(void)
     /* Further calls fail fast. */
     CHECK_EQ(pto_scope_begin(o), -1);
     CHECK_CONTAINS(pto_errmsg(), "shutting down");
-    atomic_store(&g_hold[1], 0);
-    CHECK(wait_set(&g_end[1], WAIT_MS));
+    atomic_store(&tu_hold[1], 0);
+    CHECK(tu_wait_set(&tu_end[1], WAIT_MS));
     pto_worker_close(w);
-    CHECK_EQ(atomic_load(&g_leaf_timeouts), 0);
+    CHECK_EQ(atomic_load(&tu_leaf_timeouts), 0);
 }
 
 static void deadlock_case(bool nested)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(2, 0, gate_leaf, NULL, 64 * KIB, 10000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(2, 0, tu_gate_leaf, NULL, 64 * KIB, 10000);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
@@ -546,9 +485,9 @@ static void deadlock_case(bool nested)
     pto_stats st;
     pto_worker_stats(w, &st);
     CHECK_EQ(st.rings[nested ? 2 : 0].used_bytes, 64 * KIB);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     int64_t id = submit_out(o, 1100, 4 * KIB, NULL, NULL);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = tu_now_ms() - t0;
     CHECK_EQ(id, -1);
     CHECK_CONTAINS(pto_errmsg(), "deadlock");
     CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
@@ -557,37 +496,37 @@ static void deadlock_case(bool nested)
     /* pto_alloc reports it the same way. */
     uint32_t n = 1024;
     pto_tensor t;
-    t0 = now_ms();
+    t0 = tu_now_ms();
     CHECK_EQ(pto_alloc(o, &n, 1, PTO_F32, &t), -1);
     CHECK_CONTAINS(pto_errmsg(), "deadlock");
-    CHECK(now_ms() - t0 < 1000);
+    CHECK(tu_now_ms() - t0 < 1000);
     int rc = pto_run_end(w);
     CHECK(rc == 0 || rc == -1);
-    CHECK_EQ(atomic_load(&g_runs), 4);
+    CHECK_EQ(atomic_load(&tu_runs), 4);
     check_good_run(w);
     pto_worker_close(w);
 }
 
 static void test_oversized_request_fails_at_once(void)
 {
-    gate_reset();
-    pto_worker *w = tu_worker(1, 0, gate_leaf, NULL, 64 * KIB, 10000);
+    tu_gate_reset();
+    pto_worker *w = tu_worker(1, 0, tu_gate_leaf, NULL, 64 * KIB, 10000);
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
     uint32_t n = 16 * 1024 + 1;   /* one element more than the ring */
     pto_tensor t;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tu_now_ms();
     CHECK_EQ(pto_alloc(o, &n, 1, PTO_F32, &t), -1);
     CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
     CHECK(submit_out(o, 1, 128 * KIB, NULL, NULL) < 0);
     CHECK_CONTAINS(pto_errmsg(), "heap_ring_size");
-    CHECK(now_ms() - t0 < 1000);
+    CHECK(tu_now_ms() - t0 < 1000);
     /* Exactly the ring's size fits. */
     n = 16 * 1024;
     CHECK(pto_alloc(o, &n, 1, PTO_F32, &t) >= 0);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_runs), 0);
+    CHECK_EQ(atomic_load(&tu_runs), 0);
     pto_worker_close(w);
 }
 

@@ -3,8 +3,8 @@
  * as a unit.
  *
  * Engine cases use a "gate" leaf: the task of callable c records when it
- * starts and ends, and while g_hold[c] is set it blocks (at most
- * LEAF_MAX_BLOCK_MS, so a wrong engine fails a check instead of hanging).
+ * starts and ends, and while tu_hold[c] is set it blocks (at most
+ * TU_GATE_MAX_MS, so a wrong engine fails a check instead of hanging).
  * Whether task B depends on task A is then observable: block A, submit B on
  * another idle worker, and see whether B runs while A is still blocked.
  * Tasks are pinned to distinct workers so that a blocked worker's queue can
@@ -27,74 +27,15 @@
 /* ------------------------------------------------------------------ */
 /* Gate leaf                                                           */
 
-#define NC 64                  /* callables 0..NC-1 are recorded */
-#define LEAF_MAX_BLOCK_MS 5000 /* a gated leaf gives up after this */
+#define NC TU_NC               /* callables 0..NC-1 are recorded */
 #define WAIT_MS 3000           /* how long a check waits for something that must happen */
 #define QUIET_MS 80            /* how long a check watches for something that must not happen */
 
-static _Atomic int g_hold[NC];
-static _Atomic long g_start[NC];
-static _Atomic long g_end[NC];
-static _Atomic long g_clock;
-static _Atomic int g_leaf_timeouts;
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int gate_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
-                     size_t errlen)
-{
-    (void)ctx; (void)args; (void)cfg; (void)err; (void)errlen;
-    if (callable >= NC) return 0;
-    atomic_store(&g_start[callable], atomic_fetch_add(&g_clock, 1) + 1);
-    uint64_t t0 = now_ms();
-    while (atomic_load(&g_hold[callable])) {
-        if (now_ms() - t0 > LEAF_MAX_BLOCK_MS) {
-            atomic_fetch_add(&g_leaf_timeouts, 1);
-            break;
-        }
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
-    atomic_store(&g_end[callable], atomic_fetch_add(&g_clock, 1) + 1);
-    return 0;
-}
-
-static void gate_reset(void)
-{
-    for (int i = 0; i < NC; i++) {
-        atomic_store(&g_hold[i], 0);
-        atomic_store(&g_start[i], 0);
-        atomic_store(&g_end[i], 0);
-    }
-    atomic_store(&g_leaf_timeouts, 0);
-}
-
-static void hold(int c) { atomic_store(&g_hold[c], 1); }
-static void release(int c) { atomic_store(&g_hold[c], 0); }
-static long started(int c) { return atomic_load(&g_start[c]); }
-static long ended(int c) { return atomic_load(&g_end[c]); }
-
-/* Wait until *p is non-zero; false after ms. */
-static bool wait_set(_Atomic long *p, int ms)
-{
-    uint64_t t0 = now_ms();
-    while (!atomic_load(p)) {
-        if (now_ms() - t0 > (uint64_t)ms) return false;
-        sleep_ms(1);
-    }
-    return true;
-}
+static void hold(int c) { atomic_store(&tu_hold[c], 1); }
+static void release(int c) { atomic_store(&tu_hold[c], 0); }
+static long started(int c) { return atomic_load(&tu_start[c]); }
+static long ended(int c) { return atomic_load(&tu_end[c]); }
 
 static int64_t submit(pto_orch *o, uint64_t callable, int32_t pin, int32_t n, pto_tensor *ts, const uint8_t *tags)
 {
@@ -155,14 +96,14 @@ static void expect_order(const char *what, pto_orch *o, int a, int b, int64_t b_
 {
     int before = tu_failures;
     if (waits) {
-        sleep_ms(QUIET_MS);
+        tu_sleep_ms(QUIET_MS);
         CHECK_EQ(started(b), 0);
         CHECK(fanin_of(o, b_id) >= 1);
         release(a);
-        CHECK(wait_set(&g_end[b], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[b], WAIT_MS));
         CHECK(started(b) > ended(a));
     } else {
-        CHECK(wait_set(&g_end[b], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[b], WAIT_MS));
         CHECK_EQ(ended(a), 0);   /* B finished while A was still blocked */
         release(a);
     }
@@ -174,14 +115,14 @@ static void pair_case(pto_worker *w, uint8_t tag_a, uint8_t tag_b, bool waits)
 {
     char what[128];
     snprintf(what, sizeof what, "%s after %s %s", tag_name(tag_b), tag_name(tag_a), waits ? "waits" : "does not wait");
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) return;
     pto_tensor ta = tu_tensor(BASE1, 0, 64), tb = tu_tensor(BASE1, 0, 64);
     hold(1);
     int64_t a = submit1(o, 1, 0, &ta, tag_a);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     int64_t b = submit1(o, 2, 1, &tb, tag_b);
     CHECK(a >= 0 && b >= 0);
     expect_order(what, o, 1, 2, b, waits);
@@ -195,7 +136,7 @@ static void pair_case(pto_worker *w, uint8_t tag_a, uint8_t tag_b, bool waits)
     }
     CHECK_EQ(pto_drain(o), 0);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_leaf_timeouts), 0);
+    CHECK_EQ(atomic_load(&tu_leaf_timeouts), 0);
 }
 
 /* A writes (tag_a, blocked), B writes (tag_b), C reads. */
@@ -204,7 +145,7 @@ static void writer_writer_reader(pto_worker *w, uint8_t tag_a, uint8_t tag_b, bo
     char what[160];
     snprintf(what, sizeof what, "%s after %s, then INPUT", tag_name(tag_b), tag_name(tag_a));
     int before = tu_failures;
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) return;
@@ -212,11 +153,11 @@ static void writer_writer_reader(pto_worker *w, uint8_t tag_a, uint8_t tag_b, bo
     hold(1);
     hold(2);
     int64_t a = submit1(o, 1, 0, &ta, tag_a);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     int64_t b = submit1(o, 2, 1, &tb, tag_b);
     if (b_waits) {
         /* INOUT: B waits for A and then is the only writer C sees. */
-        sleep_ms(QUIET_MS);
+        tu_sleep_ms(QUIET_MS);
         CHECK_EQ(started(2), 0);
         int64_t c = submit1(o, 3, 2, &tc, PTO_INPUT);
         int64_t wa[1] = {a}, wb[1] = {b};
@@ -225,37 +166,37 @@ static void writer_writer_reader(pto_worker *w, uint8_t tag_a, uint8_t tag_b, bo
         CHECK_EQ(fanin_of(o, c), 1);
         CHECK(edges_are(o, c, wb, 1));
         release(1);
-        CHECK(wait_set(&g_start[2], WAIT_MS));
+        CHECK(tu_wait_set(&tu_start[2], WAIT_MS));
         CHECK(started(2) > ended(1));
-        sleep_ms(QUIET_MS);
+        tu_sleep_ms(QUIET_MS);
         CHECK_EQ(started(3), 0);     /* C waits for B */
         release(2);
-        CHECK(wait_set(&g_end[3], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[3], WAIT_MS));
         CHECK(started(3) > ended(2));
     } else {
         /* Pure overwrite: B runs while A is blocked; C depends only on B. */
-        CHECK(wait_set(&g_start[2], WAIT_MS));
+        CHECK(tu_wait_set(&tu_start[2], WAIT_MS));
         CHECK_EQ(ended(1), 0);
         CHECK_EQ(fanin_of(o, b), 0);
         int64_t c = submit1(o, 3, 2, &tc, PTO_INPUT);
         int64_t wb[1] = {b};
         CHECK_EQ(fanin_of(o, c), 1);
         CHECK(edges_are(o, c, wb, 1));
-        sleep_ms(QUIET_MS);
+        tu_sleep_ms(QUIET_MS);
         CHECK_EQ(started(3), 0);     /* C waits for B ... */
         release(2);
-        CHECK(wait_set(&g_end[3], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[3], WAIT_MS));
         CHECK(started(3) > ended(2));
         CHECK_EQ(ended(1), 0);       /* ... but not for A, still blocked */
         release(1);
     }
     CHECK_EQ(pto_drain(o), 0);
     CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(atomic_load(&g_leaf_timeouts), 0);
+    CHECK_EQ(atomic_load(&tu_leaf_timeouts), 0);
     if (tu_failures != before) fprintf(stderr, "  ... in case: %s\n", what);
 }
 
-static pto_worker *gate_worker(int n) { return tu_worker(n, 0, gate_leaf, NULL, 1 << 20, 10000); }
+static pto_worker *gate_worker(int n) { return tu_worker(n, 0, tu_gate_leaf, NULL, 1 << 20, 10000); }
 
 /* ------------------------------------------------------------------ */
 /* Tag table through the engine                                        */
@@ -305,24 +246,24 @@ static void test_no_dep_neither_waits_nor_writes(void)
     pair_case(w, PTO_NO_DEP, PTO_INOUT, false);
 
     /* A writes (blocked), B NO_DEP, C reads: C depends on A only. */
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (o) {
         pto_tensor ta = tu_tensor(BASE1, 0, 64), tb = ta, tc = ta;
         hold(1);
         int64_t a = submit1(o, 1, 0, &ta, PTO_OUTPUT);
-        CHECK(wait_set(&g_start[1], WAIT_MS));
+        CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
         int64_t b = submit1(o, 2, 1, &tb, PTO_NO_DEP);
-        CHECK(wait_set(&g_end[2], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[2], WAIT_MS));
         int64_t c = submit1(o, 3, 2, &tc, PTO_INPUT);
         int64_t wa[1] = {a};
         CHECK(b >= 0);
         CHECK(edges_are(o, c, wa, 1));
-        sleep_ms(QUIET_MS);
+        tu_sleep_ms(QUIET_MS);
         CHECK_EQ(started(3), 0);
         release(1);
-        CHECK(wait_set(&g_end[3], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[3], WAIT_MS));
         CHECK(started(3) > ended(1));
         CHECK_EQ(pto_drain(o), 0);
         CHECK_EQ(pto_run_end(w), 0);
@@ -341,16 +282,16 @@ static void test_raw_waw_and_no_war(void)
     pair_case(w, PTO_INPUT, PTO_INPUT, false);
 
     /* No WAR even with an earlier writer: W (done), R reads (blocked), X writes. */
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (o) {
         pto_tensor tw = tu_tensor(BASE1, 0, 64), tr = tw, tx = tw;
         int64_t wid = submit1(o, 5, 3, &tw, PTO_OUTPUT);
-        CHECK(wait_set(&g_end[5], WAIT_MS));
+        CHECK(tu_wait_set(&tu_end[5], WAIT_MS));
         hold(1);
         int64_t r = submit1(o, 1, 0, &tr, PTO_INPUT);
-        CHECK(wait_set(&g_start[1], WAIT_MS));
+        CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
         int64_t x = submit1(o, 2, 1, &tx, PTO_OUTPUT);
         CHECK(wid >= 0 && r >= 0 && x >= 0);
         expect_order("OUTPUT after a blocked reader", o, 1, 2, x, false);
@@ -366,7 +307,7 @@ static void test_raw_waw_and_no_war(void)
 static void test_producer_dedup_single_task(void)
 {
     pto_worker *w = gate_worker(4);
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
@@ -376,7 +317,7 @@ static void test_producer_dedup_single_task(void)
     uint8_t pw[4] = {PTO_OUTPUT, PTO_OUTPUT, PTO_OUTPUT, PTO_OUTPUT};
     hold(1);
     int64_t p = submit(o, 1, 0, 4, pt, pw);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     pto_tensor ct[4] = {pt[0], pt[1], tu_tensor(BASE3, 0, 64), pt[3]};
     uint8_t cr[4] = {PTO_INPUT, PTO_INOUT, PTO_INPUT, PTO_INPUT};
     int64_t c = submit(o, 2, 1, 4, ct, cr);
@@ -396,7 +337,7 @@ static void test_producer_dedup_single_task(void)
 static void test_producer_dedup_group(void)
 {
     pto_worker *w = gate_worker(4);
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) { pto_worker_close(w); return; }
@@ -404,7 +345,7 @@ static void test_producer_dedup_group(void)
     uint8_t pw[2] = {PTO_OUTPUT, PTO_OUTPUT};
     hold(1);
     int64_t p = submit(o, 1, 0, 2, pt, pw);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
 
     /* Both members read the same tensor of P. */
     pto_tensor m0[1] = {pt[0]}, m1[1] = {pt[0]};
@@ -427,12 +368,12 @@ static void test_producer_dedup_group(void)
     CHECK(edges_are(o, g, want, 1));
     CHECK_EQ(fanin_of(o, g2), 1);
     CHECK(edges_are(o, g2, want, 1));
-    sleep_ms(QUIET_MS);
+    tu_sleep_ms(QUIET_MS);
     CHECK_EQ(started(2), 0);
     CHECK_EQ(started(3), 0);
     release(1);
-    CHECK(wait_set(&g_end[2], WAIT_MS));
-    CHECK(wait_set(&g_end[3], WAIT_MS));
+    CHECK(tu_wait_set(&tu_end[2], WAIT_MS));
+    CHECK(tu_wait_set(&tu_end[3], WAIT_MS));
     CHECK(started(2) > ended(1));
     CHECK(started(3) > ended(1));
     CHECK_EQ(pto_drain(o), 0);
@@ -445,13 +386,13 @@ static void test_producer_dedup_group(void)
 
 static void view_case(pto_worker *w, const char *what, pto_tensor wr, pto_tensor rd, bool waits)
 {
-    gate_reset();
+    tu_gate_reset();
     pto_orch *o = pto_run_begin(w);
     CHECK(o != NULL);
     if (!o) return;
     hold(1);
     int64_t a = submit1(o, 1, 0, &wr, PTO_OUTPUT);
-    CHECK(wait_set(&g_start[1], WAIT_MS));
+    CHECK(tu_wait_set(&tu_start[1], WAIT_MS));
     int64_t b = submit1(o, 2, 1, &rd, PTO_INPUT);
     CHECK(a >= 0 && b >= 0);
     expect_order(what, o, 1, 2, b, waits);
@@ -487,7 +428,7 @@ static void test_completed_producer_holds_slab(void)
     for (int order = 0; order < 2; order++) {
         /* order 0: the scope ends while the consumer runs;
          * order 1: the consumer finishes while the scope is open. */
-        gate_reset();
+        tu_gate_reset();
         pto_orch *o = pto_run_begin(w);
         CHECK(o != NULL);
         if (!o) break;
@@ -510,7 +451,7 @@ static void test_completed_producer_holds_slab(void)
         int64_t c = submit1(o, 2, 1, &in, PTO_INPUT);
         CHECK(c >= 0);
         /* Dispatched at once: nothing to wait for. */
-        CHECK(wait_set(&g_start[2], WAIT_MS));
+        CHECK(tu_wait_set(&tu_start[2], WAIT_MS));
         int64_t want[1] = {p};
         CHECK(edges_are(o, c, want, 1));   /* the edge exists (it holds the slab) */
         if (order == 0) {
@@ -523,7 +464,7 @@ static void test_completed_producer_holds_slab(void)
             release(2);
             CHECK_EQ(pto_drain(o), 0);
         } else {
-            CHECK(wait_set(&g_end[2], WAIT_MS));
+            CHECK(tu_wait_set(&tu_end[2], WAIT_MS));
             CHECK_EQ(pto_drain(o), 0);
             pto_worker_stats(w, &st);
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the open scope still holds it */

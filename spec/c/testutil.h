@@ -2,6 +2,9 @@
  * expression; a test binary exits non-zero if any check failed. */
 #ifndef PTO_TESTUTIL_H
 #define PTO_TESTUTIL_H
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include "pto.h"
@@ -28,4 +31,21 @@ int tu_finish(void);
 pto_worker *tu_worker(int nl, int ns, pto_leaf_fn fn, void *ctx, uint64_t heap, uint32_t timeout_ms);
 /* A 1-D f32 tensor view of n elements at byte offset off of base. */
 pto_tensor tu_tensor(uint64_t base, uint64_t off, uint32_t n);
+
+/* The gate leaf: for callable c < TU_NC it stamps tu_start[c] / tu_end[c]
+ * from one clock and, while tu_hold[c] is set, blocks (at most
+ * TU_GATE_MAX_MS, so a wrong engine fails a check instead of hanging,
+ * counting tu_leaf_timeouts). Every call counts in tu_runs. */
+#define TU_NC 64
+#define TU_GATE_MAX_MS 5000
+extern _Atomic int tu_hold[TU_NC];
+extern _Atomic long tu_start[TU_NC], tu_end[TU_NC], tu_clock, tu_runs;
+extern _Atomic int tu_leaf_timeouts;
+int tu_gate_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                 size_t errlen);
+void tu_gate_reset(void);
+uint64_t tu_now_ms(void);
+void tu_sleep_ms(long ms);
+/* Wait until *p is non-zero; false after ms. */
+bool tu_wait_set(_Atomic long *p, int ms);
 #endif

@@ -9,6 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-bench}"
 jobs="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
+"$root/scripts/setup.sh" --bench || echo "bench: could not install libstarpu-dev; StarPU rows will be skipped" >&2
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --target pto_bench -j "$jobs"
 

@@ -112,7 +112,7 @@ static void finish_all(pto_scheduler *s)
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
         if (failed) {
-            atomic_store_explicit(&x->failed, true, memory_order_relaxed);
+            atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
             record_failure(s, x->error ? x->error : "task failed");
             atomic_fetch_add_explicit(&s->failed_total, 1, memory_order_relaxed);
         } else {
@@ -141,12 +141,14 @@ static void wire(pto_scheduler *s, pto_slot *c)
     for (int32_t i = 0; i < c->nrefs; i++) {
         if (!c->refs[i].dep) continue;
         pto_slot *p = c->refs[i].slot;
-        if (atomic_load_explicit(&p->failed, memory_order_relaxed)) {
-            poison(c, p);
+        /* Only a terminal producer is skipped: a group's failed flag is set by
+         * its first failing member, while other members may still run and
+         * the group's own failure is not yet recorded as the run's error. */
+        int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+        if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {
+            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison(c, p);
             continue;
         }
-        int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
-        if (st == PTO_TASK_COMPLETED || st == PTO_TASK_CONSUMED) continue;
         pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);
         p->consumers[p->nconsumers++] = c;
         live++;
@@ -275,7 +277,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
         }
         free(c->error);
         atomic_store_explicit(&x->group_failed, true, memory_order_release);
-        atomic_store_explicit(&x->failed, true, memory_order_relaxed);
+        atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
     }
     if (x->group_size > 1 && ++x->members_done < x->group_size) return;
     work_push(s, x);

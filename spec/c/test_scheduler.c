@@ -9,7 +9,9 @@
 #include "testutil.h"
 
 /* callable = id * 16 + action */
-enum { ACT_RUN = 0, ACT_BLOCK = 1, ACT_FAIL = 2 };
+/* ACT_FAIL_FIRST: a group whose member on bufs[0] fails as soon as the
+ * others wait at the gate. */
+enum { ACT_RUN = 0, ACT_BLOCK = 1, ACT_FAIL = 2, ACT_FAIL_FIRST = 3 };
 #define CALL(id, act) ((uint64_t)(id) * 16 + (act))
 #define MAXT 256
 
@@ -19,6 +21,7 @@ static _Atomic int ran[MAXT];
 static _Atomic int worker_of[MAXT];
 static _Atomic int gate;          /* ACT_BLOCK waits until gate != 0 */
 static _Atomic int blocked;       /* how many are waiting at the gate */
+static float bufs[8][64];
 
 typedef struct { int index; } leaf_ctx;
 static leaf_ctx ctxs[8];
@@ -39,8 +42,14 @@ static void reset(void)
 static int leaf(void *ctx, uint64_t callable, const pto_args_view *a, const pto_call_config *cfg, char *err,
                 size_t errlen)
 {
-    (void)a, (void)cfg;
+    (void)cfg;
     int id = (int)(callable / 16), act = (int)(callable % 16);
+    if (act == ACT_FAIL_FIRST) {
+        act = a->tensor_count > 0 && a->tensors[0].base == (uint64_t)(uintptr_t)bufs[0] ? ACT_FAIL : ACT_BLOCK;
+        /* fail only once the other member is running: a failed group skips
+         * members that have not started */
+        for (int i = 0; act == ACT_FAIL && i < 5000 && !atomic_load(&blocked); i++) usleep(1000);
+    }
     atomic_store(&start_at[id], atomic_fetch_add(&clock_, 1));
     atomic_fetch_add(&ran[id], 1);
     atomic_store(&worker_of[id], ((leaf_ctx *)ctx)->index);
@@ -71,7 +80,6 @@ static pto_worker *make(int nl, int ns)
     return w;
 }
 
-static float bufs[8][64];
 static pto_tensor T(int i) { return tu_tensor((uint64_t)(uintptr_t)bufs[i], 0, 64); }
 
 static int64_t sub1(pto_orch *o, uint64_t call, int n, const int *bi, const uint8_t *tags, int pin)
@@ -235,6 +243,38 @@ static void test_failed_group_member(void)
     pto_worker_close(w);
 }
 
+/* A consumer submitted after one member failed but while another still
+ * runs must wait for the group: the run's error is the group's, not the
+ * consumer's poisoning (this once raced). */
+static void test_consumer_waits_for_failing_group(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    pto_tensor t0[1] = {T(0)}, t1[1] = {T(1)};
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    pto_task_args members[2] = {{.tensor_count = 1, .tensors = t0, .tags = OUT},
+                                {.tensor_count = 1, .tensors = t1, .tags = OUT}};
+    int64_t g = pto_submit_next_level_group(o, CALL(92, ACT_FAIL_FIRST), members, 2, NULL, NULL);
+    for (int i = 0; i < 5000 && !atomic_load(&blocked); i++) usleep(1000);
+    CHECK_EQ(atomic_load(&blocked), 1);
+    pto_task_info info;
+    for (int i = 0; i < 5000; i++) {      /* the failing member has reported */
+        pto_task_info_get(o, g, &info);
+        if (info.error) break;
+        usleep(1000);
+    }
+    const uint8_t IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    sub1(o, CALL(93, ACT_RUN), 2, (int[]){0, 2}, IN_OUT, -1);
+    usleep(20000);
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "group member");
+    CHECK_CONTAINS(pto_errmsg(), "kernel 92 exploded");
+    CHECK_EQ(atomic_load(&ran[93]), 0);
+    pto_worker_close(w);
+}
+
 static void test_misuse(void)
 {
     reset();
@@ -281,6 +321,7 @@ int main(void)
     RUN(test_idle_worker_not_held_back);
     RUN(test_failure_poisons_consumers);
     RUN(test_failed_group_member);
+    RUN(test_consumer_waits_for_failing_group);
     RUN(test_misuse);
     return tu_finish();
 }

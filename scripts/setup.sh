@@ -2,8 +2,8 @@
 # Install what ptolua needs from Debian's packages (idempotent; needs root
 # only when something is missing). Usage: scripts/setup.sh [--bench]
 set -euo pipefail
-pkgs=(gcc cmake make)
-[[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev pkg-config)
+pkgs=(gcc cmake make pkg-config lua5.4 liblua5.4-dev lua-busted luajit libreadline-dev)
+[[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -240,6 +240,44 @@ int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t 
 /* Number of task ids handed out in the current run (ids are 0 .. n-1). */
 int64_t pto_task_count(pto_orch *o);
 
+/* ---- shared tensor memory (arena.c) ----
+ * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the
+ * Lua module takes it when it loads), so every child forked later sees
+ * every tensor at the same address, also tensors created after the fork. */
+typedef struct pto_shm_stats {
+    uint64_t reserved_bytes;     /* size of the reservation (virtual) */
+    uint64_t in_use_bytes;       /* bytes in live blocks, rounded to the granule */
+    uint64_t hwm_bytes;          /* peak of in_use_bytes */
+    int64_t live_blocks;
+} pto_shm_stats;
+
+/* Reserve the arena if not yet done (bytes = 0: $PTO_SHM_SIZE or a default); 0, or -1 with pto_errmsg(). Thread-safe, idempotent. */
+int pto_shm_init(uint64_t bytes);
+/* nbytes (> 0) of zero-filled shared memory, 64-byte aligned; NULL with pto_errmsg() if the arena has no room. */
+void *pto_shm_alloc(uint64_t nbytes);
+/* Give back a block from pto_shm_alloc (NULL is a no-op); its whole pages are returned to the OS. */
+void pto_shm_free(void *p);
+/* 1 if p lies inside the arena, else 0. */
+int pto_shm_contains(const void *p);
+/* Usable size of the block starting at p, or 0 if p is not a live block. */
+uint64_t pto_shm_block_size(const void *p);
+/* Copy the arena's counters into out. */
+void pto_shm_get_stats(pto_shm_stats *out);
+
+/* ---- chip kernels (chip.c) ----
+ * A chip runtime is a shared object exporting kernels with this signature;
+ * the built-in one (libpto_chipsim.so) simulates a chip on the CPU. */
+typedef int (*pto_kernel_fn)(const pto_args_view *args, const pto_call_config *cfg, char *err, size_t errlen);
+
+/* Path of the built-in simulated chip runtime, or NULL if it cannot be found. */
+const char *pto_chipsim_path(void);
+/* dlopen lib (NULL = the built-in runtime) and resolve symbol into the process's kernel table; returns its callable id (>= 0) or -1. */
+int64_t pto_kernel_register(const char *lib, const char *symbol);
+/* The kernel behind callable id, or NULL. */
+pto_kernel_fn pto_kernel_lookup(uint64_t callable);
+/* A leaf that runs kernel-table callables: what a THREAD-mode chip worker executes. */
+pto_leaf pto_chip_leaf(void);
+
 /* ffi-end */
 
 #ifdef __cplusplus

@@ -1,0 +1,1 @@
+typedef int pto_placeholder_lpto_worker;

@@ -1,5 +1,5 @@
 /* placeholder: being written */
-#include "lua.h"
+#include "lpto.h"
 #include "lauxlib.h"
-int luaopen_pto(lua_State *L);
+void lpto_interrupt(void) {}
 int luaopen_pto(lua_State *L) { lua_newtable(L); return 1; }

@@ -108,7 +108,8 @@ static bool orch_has_work(void *arg)
 {
     pto_orch *o = arg;
     return atomic_load_explicit(&o->retire_head, memory_order_relaxed) ||
-           atomic_load_explicit(o->shutdown, memory_order_relaxed);
+           atomic_load_explicit(o->shutdown, memory_order_relaxed) ||
+           atomic_load_explicit(&o->sched->cancel, memory_order_relaxed);
 }
 
 /* ---- checks -------------------------------------------------------------- */
@@ -126,6 +127,10 @@ static bool check_open(pto_orch *o, const char *who)
     }
     if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
         pto_set_error("%s: the Worker is shutting down", who);
+        return false;
+    }
+    if (atomic_load_explicit(&o->sched->cancel, memory_order_relaxed)) {
+        pto_set_error("%s: interrupted", who);
         return false;
     }
     return true;
@@ -209,6 +214,10 @@ static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, 
         }
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
             pto_set_error("%s: the Worker was shut down while waiting for heap ring %d", who, r);
+            break;
+        }
+        if (atomic_load_explicit(&o->sched->cancel, memory_order_relaxed)) {
+            pto_set_error("%s: interrupted while waiting for heap ring %d", who, r);
             break;
         }
         uint64_t now = pto_now_ns();
@@ -668,6 +677,7 @@ bool pto_orch_begin(pto_orch *o)
 {
     o->open = true;
     o->submitted = 0;
+    atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);
     pto_scope_push(&o->scope);
     return true;
@@ -689,6 +699,11 @@ int pto_orch_end(pto_orch *o)
     pto_tm_clear(&o->tm);
     for (int32_t r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_reset(&o->rings[r]);
     cfgs_free(o);
+    if (atomic_load(&o->sched->cancel)) {
+        free(fail);
+        pto_set_error("Worker:run: interrupted");
+        return -1;
+    }
     if (fail) {
         pto_set_error("Worker:run: %s", fail);
         free(fail);

@@ -201,8 +201,12 @@ pto_orch *pto_run_begin(pto_worker *w);
 int pto_run_end(pto_worker *w);
 /* Stop threads, unmap rings and free w; safe on NULL and on a blocked run. */
 void pto_worker_close(pto_worker *w);
-/* Ask a run blocked in submit/alloc/drain to fail now (any thread). */
+/* Ask a run blocked in submit/alloc/drain to fail now (any thread); the Worker is unusable afterwards. */
 void pto_worker_shutdown(pto_worker *w);
+/* Async-signal-safe: the current run stops dispatching, fails what has not started, and its end reports "interrupted"; the next run is normal. */
+void pto_worker_interrupt(pto_worker *w);
+/* Name a callable of kind for failure messages ("task 3 (callable 'name' on chip 1) failed: ..."). */
+void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name);
 /* Copy the Worker's flow-control statistics into out. */
 void pto_worker_stats(pto_worker *w, pto_stats *out);
 /* Print the flow-control report with sizing advice into buf; returns its length (like snprintf). */

@@ -20,6 +20,8 @@ void pto_sched_destroy(pto_scheduler *s)
 {
     free(s->work);
     free(s->first_failure);
+    for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
+    free(s->names);
     pthread_mutex_destroy(&s->fail_mu);
 }
 
@@ -230,9 +232,40 @@ static bool pick_group(pto_scheduler *s, pto_slot *g, pto_worker_thread **out)
     return true;
 }
 
+/* An interrupted run: whatever is ready fails instead of running. Its
+ * consumers are poisoned as they become ready, so the run drains as soon as
+ * the tasks already running return. */
+static void cancel_ready(pto_scheduler *s)
+{
+    for (int32_t kind = 0; kind < 2; kind++) {
+        pto_ready_queue *queues[2] = {&s->ready[kind], NULL};
+        for (int32_t i = 0; i < s->wm->count[kind]; i++) {
+            pto_worker_thread *wt = s->wm->threads[kind][i];
+            pto_ready_queue q = {wt->pin_head, wt->pin_tail};
+            queues[1] = &q;
+            for (int32_t k = 0; k < 2; k++) {
+                while (queues[k]->head) {
+                    pto_slot *x = queue_pop(queues[k]);
+                    s->ready_len--;
+                    x->poisoned = true;
+                    if (!x->error) x->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)x->id);
+                    work_push(s, x);
+                }
+            }
+            wt->pin_head = q.head;
+            wt->pin_tail = q.tail;
+        }
+    }
+    finish_all(s);
+}
+
 static void dispatch_ready(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
+    if (atomic_load_explicit(&s->cancel, memory_order_relaxed)) {
+        cancel_ready(s);
+        return;
+    }
     for (int32_t kind = 0; kind < 2; kind++) {
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];
@@ -266,15 +299,41 @@ static void dispatch_ready(pto_scheduler *s)
     }
 }
 
+void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, const char *name)
+{
+    pthread_mutex_lock(&s->fail_mu);
+    int32_t i = 0;
+    while (i < s->nnames && !(s->names[i].kind == kind && s->names[i].callable == callable)) i++;
+    if (i == s->nnames) {
+        pto_grow((void **)&s->names, &s->names_cap, s->nnames + 1, sizeof *s->names);
+        s->names[s->nnames++] = (pto_callable_name){kind, callable, NULL};
+    }
+    free(s->names[i].name);
+    s->names[i].name = pto_xstrdup(name);
+    pthread_mutex_unlock(&s->fail_mu);
+}
+
+/* "task 7 (callable 'gemm_tile' on chip 2) failed: ..." */
+static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *why)
+{
+    pthread_mutex_lock(&s->fail_mu);
+    const char *name = NULL;
+    for (int32_t i = 0; i < s->nnames; i++)
+        if (s->names[i].kind == wt->kind && s->names[i].callable == x->callable) name = s->names[i].name;
+    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s) failed: %s", (long long)x->id, name, wt->name,
+                                     x->group_size > 1 ? ", group member" : "", why)
+                     : pto_xasprintf("task %lld (callable %llu on %s%s) failed: %s", (long long)x->id,
+                                     (unsigned long long)x->callable, wt->name,
+                                     x->group_size > 1 ? ", group member" : "", why);
+    pthread_mutex_unlock(&s->fail_mu);
+    return msg;
+}
+
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
     if (c->status == PTO_DONE_FAILED) {
-        if (!x->error) {
-            x->error = pto_xasprintf("task %lld (callable %llu, %s worker %d '%s'%s) failed: %s", (long long)x->id,
-                                     (unsigned long long)x->callable, wt->kind == PTO_SUB ? "sub" : "next_level",
-                                     wt->index, wt->name, x->group_size > 1 ? ", group member" : "", c->error);
-        }
+        if (!x->error) x->error = describe_failure(s, x, wt, c->error);
         free(c->error);
         atomic_store_explicit(&x->group_failed, true, memory_order_release);
         atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
@@ -312,6 +371,7 @@ static bool sched_has_work(void *arg)
     if (atomic_load_explicit(&s->wire_head, memory_order_relaxed) ||
         !atomic_load_explicit(&s->running, memory_order_relaxed))
         return true;
+    if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && s->ready_len) return true;
     for (int32_t kind = 0; kind < 2; kind++)
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
             pto_worker_thread *wt = s->wm->threads[kind][i];

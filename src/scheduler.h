@@ -44,7 +44,22 @@ typedef struct pto_scheduler {
 
     pthread_mutex_t fail_mu;
     char *first_failure;                    /* first failed task of the run */
+
+    /* Set by pto_worker_interrupt (a signal handler may call it): tasks not
+     * yet dispatched fail instead of running, so the run drains quickly. */
+    _Atomic bool cancel;
+
+    /* Names of callables for failure messages (pto_worker_name_callable);
+     * read only on the failure path, under fail_mu. */
+    struct pto_callable_name *names;
+    int32_t nnames, names_cap;
 } pto_scheduler;
+
+typedef struct pto_callable_name {
+    int32_t kind;
+    uint64_t callable;
+    char *name;
+} pto_callable_name;
 
 void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
 bool pto_sched_start(pto_scheduler *s);
@@ -54,5 +69,7 @@ void pto_sched_destroy(pto_scheduler *s);
 void pto_sched_submit(pto_scheduler *s, struct pto_slot *slot);
 /* Take the run's first failure message (caller frees), or NULL. */
 char *pto_sched_take_failure(pto_scheduler *s);
+/* Remember a display name for (kind, callable); replaces an earlier one. */
+void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, const char *name);
 
 #endif

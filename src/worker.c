@@ -141,6 +141,19 @@ int pto_run_end(pto_worker *w)
     return pto_orch_end(&w->orch);
 }
 
+void pto_worker_interrupt(pto_worker *w)
+{
+    if (!w) return;
+    atomic_store(&w->sched.cancel, true);
+    pto_event_notify(&w->sched.ev);
+    pto_event_notify(&w->orch.ev);
+}
+
+void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
+{
+    if (w && name && (kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) pto_sched_name_callable(&w->sched, kind, callable, name);
+}
+
 void pto_worker_shutdown(pto_worker *w)
 {
     if (!w) return;

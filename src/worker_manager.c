@@ -25,7 +25,8 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
     wt->kind = kind;
     wt->index = wm->count[kind];
     wt->leaf = *leaf;
-    snprintf(wt->name, sizeof wt->name, "%s", leaf->name ? leaf->name : (kind == PTO_SUB ? "sub" : "next_level"));
+    if (leaf->name) snprintf(wt->name, sizeof wt->name, "%s", leaf->name);
+    else snprintf(wt->name, sizeof wt->name, "%s worker %d", kind == PTO_SUB ? "sub" : "next-level", wt->index);
     wt->wm = wm;
     atomic_init(&wt->current_task, -1);
     pto_grow((void **)&wm->threads[kind], &wm->cap[kind], wm->count[kind] + 1, sizeof *wm->threads[kind]);

@@ -275,6 +275,37 @@ static void test_consumer_waits_for_failing_group(void)
     pto_worker_close(w);
 }
 
+/* Interrupt: the running task finishes, nothing else starts, the run
+ * reports "interrupted", and the next run is normal. */
+static void test_interrupt(void)
+{
+    reset();
+    pto_worker *w = make(1, 0);
+    pto_worker_name_callable(w, PTO_NEXT_LEVEL, CALL(95, ACT_FAIL), "exploder");
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT}, IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    sub1(o, CALL(94, ACT_BLOCK), 1, (int[]){0}, OUT, -1);
+    for (int i = 1; i < 5; i++) sub1(o, CALL(100 + i, ACT_RUN), 2, (int[]){i - 1, i}, IN_OUT, -1);
+    for (int i = 0; i < 5000 && !atomic_load(&blocked); i++) usleep(1000);
+    pto_worker_interrupt(w);
+    pto_task_args none = {0};
+    CHECK(pto_submit_next_level(o, CALL(111, ACT_RUN), &none, NULL, -1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "interrupted");
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "Worker:run: interrupted");
+    CHECK_EQ(atomic_load(&ran[94]), 1);
+    for (int i = 1; i < 5; i++) CHECK_EQ(atomic_load(&ran[100 + i]), 0);
+    /* next run: normal, and a failure names the callable and the worker */
+    o = pto_run_begin(w);
+    sub1(o, CALL(103, ACT_RUN), 1, (int[]){0}, OUT, -1);
+    sub1(o, CALL(95, ACT_FAIL), 1, (int[]){1}, OUT, -1);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "callable 'exploder' on test");
+    CHECK_EQ(atomic_load(&ran[103]), 1);
+    pto_worker_close(w);
+}
+
 static void test_misuse(void)
 {
     reset();
@@ -322,6 +353,7 @@ int main(void)
     RUN(test_failure_poisons_consumers);
     RUN(test_failed_group_member);
     RUN(test_consumer_waits_for_failing_group);
+    RUN(test_interrupt);
     RUN(test_misuse);
     return tu_finish();
 }

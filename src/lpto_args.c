@@ -1,1 +1,339 @@
-typedef int pto_placeholder_lpto_args;
+/* lpto_args.c - pto.TaskArgs and pto.CallConfig.
+ * A TaskArgs keeps its tensors' userdata in its user value (so they stay
+ * alive and specs bound by a submit are seen by later submits) and the tags
+ * and scalars in C arrays that a submit reads directly. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lpto_priv.h"
+
+lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who)
+{
+    lpto_args *a = luaL_testudata(L, idx, LPTO_ARGS);
+    if (!a) lpto_error(L, who, "expected a TaskArgs (from pto.TaskArgs() or pto.args{...}), got %s",
+                       luaL_typename(L, idx));
+    return a;
+}
+
+static void *grow(lua_State *L, void *p, int32_t n, size_t size)
+{
+    void *q = realloc(p, (size_t)n * size);
+    if (!q) luaL_error(L, "TaskArgs: out of memory");
+    return q;
+}
+
+static int a_gc(lua_State *L)
+{
+    lpto_args *a = lua_touserdata(L, 1);
+    free(a->tensors);
+    free(a->tags);
+    free(a->scalars);
+    free(a->scalar_float);
+    memset(a, 0, sizeof *a);
+    return 0;
+}
+
+static lpto_args *push_args(lua_State *L)
+{
+    lpto_args *a = lua_newuserdatauv(L, sizeof *a, 1);
+    memset(a, 0, sizeof *a);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, 1);
+    luaL_setmetatable(L, LPTO_ARGS);
+    return a;
+}
+
+static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
+{
+    if (a->nt == a->cap_t) {
+        a->cap_t = a->cap_t ? a->cap_t * 2 : 4;
+        a->tensors = grow(L, a->tensors, a->cap_t, sizeof *a->tensors);
+        a->tags = grow(L, a->tags, a->cap_t, sizeof *a->tags);
+    }
+    a->tensors[a->nt] = lua_touserdata(L, tidx);
+    a->tags[a->nt] = (uint8_t)tag;
+    lua_getiuservalue(L, self, 1);
+    lua_pushvalue(L, tidx);
+    lua_rawseti(L, -2, ++a->nt);
+    lua_pop(L, 1);
+}
+
+static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
+{
+    if (a->ns == a->cap_s) {
+        a->cap_s = a->cap_s ? a->cap_s * 2 : 4;
+        a->scalars = grow(L, a->scalars, a->cap_s, sizeof *a->scalars);
+        a->scalar_float = grow(L, a->scalar_float, a->cap_s, sizeof *a->scalar_float);
+    }
+    uint64_t bits;
+    bool is_float = false;
+    if (lua_isinteger(L, idx)) {
+        bits = (uint64_t)lua_tointeger(L, idx);
+    } else if (lua_type(L, idx) == LUA_TNUMBER) {
+        double d = lua_tonumber(L, idx);
+        memcpy(&bits, &d, sizeof bits);
+        is_float = true;
+    } else if (lua_isboolean(L, idx)) {
+        bits = (uint64_t)lua_toboolean(L, idx);
+    } else {
+        lpto_error(L, who, "a scalar must be an integer, a float or a boolean (got %s)", luaL_typename(L, idx));
+        return;
+    }
+    a->scalars[a->ns] = bits;
+    a->scalar_float[a->ns] = is_float;
+    a->ns++;
+}
+
+static int a_add_tensor(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_tensor");
+    lpto_checktensor(L, 2, "TaskArgs:add_tensor");
+    int tag = lpto_parse_tag(L, 3, "TaskArgs:add_tensor");
+    add_tensor(L, 1, a, 2, tag);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int a_add_scalar(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_scalar");
+    luaL_checkany(L, 2);
+    add_scalar(L, a, 2, "TaskArgs:add_scalar");
+    lua_settop(L, 1);
+    return 1;
+}
+
+static lua_Integer check_pos(lua_State *L, int idx, int32_t n, const char *who, const char *what)
+{
+    int isint;
+    lua_Integer i = lua_tointegerx(L, idx, &isint);
+    if (!isint) lpto_error(L, who, "index must be an integer (got %s)", luaL_typename(L, idx));
+    if (i < 1 || i > n) lpto_error(L, who, "no %s %lld (this TaskArgs has %d, indexed from 1)", what, (long long)i, n);
+    return i;
+}
+
+static int a_tensor(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tensor");
+    lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tensor", "tensor");
+    lua_getiuservalue(L, 1, 1);
+    lua_rawgeti(L, -1, i);
+    return 1;
+}
+
+static int a_tag(lua_State *L)
+{
+    static const char *const names[] = {"in", "out", "inout", "out_existing", "no_dep"};
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tag");
+    lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tag", "tensor");
+    lua_pushstring(L, names[a->tags[i - 1]]);
+    return 1;
+}
+
+static int a_scalar(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar");
+    lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar", "scalar");
+    uint64_t bits = a->scalars[i - 1];
+    if (a->scalar_float[i - 1]) {
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        lua_pushnumber(L, d);
+    } else {
+        lua_pushinteger(L, (lua_Integer)bits);
+    }
+    return 1;
+}
+
+/* The scalar's 64 bits read as a double: how a float travels through a
+ * task (a leaf sees only bits). */
+static int a_scalar_float(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar_float");
+    lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar_float", "scalar");
+    double d;
+    memcpy(&d, &a->scalars[i - 1], sizeof d);
+    lua_pushnumber(L, d);
+    return 1;
+}
+
+static int a_tensor_count(lua_State *L)
+{
+    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:tensor_count")->nt);
+    return 1;
+}
+
+static int a_scalar_count(lua_State *L)
+{
+    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:scalar_count")->ns);
+    return 1;
+}
+
+static int a_clear(lua_State *L)
+{
+    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:clear");
+    a->nt = a->ns = 0;
+    lua_newtable(L);
+    lua_setiuservalue(L, 1, 1);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int a_len(lua_State *L)
+{
+    lua_pushinteger(L, ((lpto_args *)lua_touserdata(L, 1))->nt);
+    return 1;
+}
+
+static int a_tostring(lua_State *L)
+{
+    lpto_args *a = lua_touserdata(L, 1);
+    lua_pushfstring(L, "TaskArgs(%d tensors, %d scalars)", (int)a->nt, (int)a->ns);
+    return 1;
+}
+
+static int l_taskargs(lua_State *L)
+{
+    push_args(L);
+    return 1;
+}
+
+void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx)
+{
+    st_idx = lua_absindex(L, st_idx);
+    lpto_args *a = push_args(L);
+    int self = lua_gettop(L);
+    for (int32_t i = 0; i < v->tensor_count; i++) {
+        lpto_push_tensor(L, &v->tensors[i], st_idx);
+        add_tensor(L, self, a, lua_gettop(L), PTO_INPUT);
+        lua_pop(L, 1);
+    }
+    for (int32_t i = 0; i < v->scalar_count; i++) {
+        lua_pushinteger(L, (lua_Integer)v->scalars[i]);
+        add_scalar(L, a, lua_gettop(L), "TaskArgs");
+        lua_pop(L, 1);
+    }
+}
+
+/* ---- CallConfig --------------------------------------------------------------- */
+
+static const char *const CFG_FIELDS[] = {"block_dim", "aicpu_thread_num", "enable_l2_swimlane", "enable_dump_tensor",
+                                         "enable_pmu", "enable_dep_gen", "output_prefix", NULL};
+static const char CFG_LIST[] = "block_dim, aicpu_thread_num, enable_l2_swimlane, enable_dump_tensor, enable_pmu, "
+                               "enable_dep_gen, output_prefix";
+
+static int cfg_field(lua_State *L, int idx, const char *who)
+{
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        const char *k = lua_tostring(L, idx);
+        for (int i = 0; CFG_FIELDS[i]; i++)
+            if (strcmp(k, CFG_FIELDS[i]) == 0) return i;
+    }
+    return lpto_error(L, who, "unknown field '%s' (fields: %s)", luaL_tolstring(L, idx, NULL), CFG_LIST);
+}
+
+static int32_t *cfg_int(pto_call_config *c, int f)
+{
+    int32_t *v[] = {&c->block_dim, &c->aicpu_thread_num, &c->enable_l2_swimlane, &c->enable_dump_tensor,
+                    &c->enable_pmu, &c->enable_dep_gen};
+    return v[f];
+}
+
+static void cfg_set(lua_State *L, pto_call_config *c, int f, int vidx, const char *who)
+{
+    if (f == 6) {
+        size_t len;
+        const char *s = lua_tolstring(L, vidx, &len);
+        if (!s || lua_type(L, vidx) != LUA_TSTRING)
+            lpto_error(L, who, "output_prefix must be a string (got %s)", luaL_typename(L, vidx));
+        if (len >= sizeof c->output_prefix)
+            lpto_error(L, who, "output_prefix is %zu bytes; at most %zu fit", len, sizeof c->output_prefix - 1);
+        memcpy(c->output_prefix, s, len + 1);
+        return;
+    }
+    int isint;
+    lua_Integer v = lua_isboolean(L, vidx) ? lua_toboolean(L, vidx) : lua_tointegerx(L, vidx, &isint);
+    if (!lua_isboolean(L, vidx) && !isint)
+        lpto_error(L, who, "%s must be an integer (got %s)", CFG_FIELDS[f], luaL_typename(L, vidx));
+    if (v < 0 || v > INT32_MAX) lpto_error(L, who, "%s must be between 0 and %d (got %lld)", CFG_FIELDS[f], INT32_MAX, (long long)v);
+    *cfg_int(c, f) = (int32_t)v;
+}
+
+static int l_callconfig(lua_State *L)
+{
+    const char *who = "pto.CallConfig";
+    if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
+        return lpto_error(L, who, "expected a table of fields like {block_dim = 3} (got %s)", luaL_typename(L, 1));
+    pto_call_config *c = lua_newuserdatauv(L, sizeof *c, 0);
+    memset(c, 0, sizeof *c);
+    c->aicpu_thread_num = 3;
+    luaL_setmetatable(L, LPTO_CONFIG);
+    if (lua_istable(L, 1)) {
+        lua_pushnil(L);
+        while (lua_next(L, 1)) {
+            cfg_set(L, c, cfg_field(L, -2, who), lua_gettop(L), who);
+            lua_pop(L, 1);
+        }
+    }
+    return 1;
+}
+
+const pto_call_config *lpto_optconfig(lua_State *L, int idx, const char *who)
+{
+    if (lua_isnoneornil(L, idx)) return NULL;
+    pto_call_config *c = luaL_testudata(L, idx, LPTO_CONFIG);
+    if (!c) lpto_error(L, who, "expected a CallConfig from pto.CallConfig{...} or nil (got %s)", luaL_typename(L, idx));
+    return c;
+}
+
+static int c_index(lua_State *L)
+{
+    pto_call_config *c = lua_touserdata(L, 1);
+    int f = cfg_field(L, 2, "CallConfig");
+    if (f == 6) lua_pushstring(L, c->output_prefix);
+    else lua_pushinteger(L, *cfg_int(c, f));
+    return 1;
+}
+
+static int c_newindex(lua_State *L)
+{
+    pto_call_config *c = lua_touserdata(L, 1);
+    cfg_set(L, c, cfg_field(L, 2, "CallConfig"), 3, "CallConfig");
+    return 0;
+}
+
+static int c_tostring(lua_State *L)
+{
+    pto_call_config *c = lua_touserdata(L, 1);
+    lua_pushfstring(L, "CallConfig{block_dim = %d, aicpu_thread_num = %d, enable_l2_swimlane = %d, enable_dump_tensor = %d, "
+                       "enable_pmu = %d, enable_dep_gen = %d, output_prefix = \"%s\"}",
+                    (int)c->block_dim, (int)c->aicpu_thread_num, (int)c->enable_l2_swimlane, (int)c->enable_dump_tensor,
+                    (int)c->enable_pmu, (int)c->enable_dep_gen, c->output_prefix);
+    return 1;
+}
+
+void lpto_open_args(lua_State *L)
+{
+    luaL_newmetatable(L, LPTO_ARGS);
+    static const luaL_Reg meta[] = {{"__gc", a_gc}, {"__len", a_len}, {"__tostring", a_tostring}, {NULL, NULL}};
+    luaL_setfuncs(L, meta, 0);
+    static const luaL_Reg methods[] = {
+        {"add_tensor", a_add_tensor}, {"add_scalar", a_add_scalar}, {"tensor", a_tensor},
+        {"scalar", a_scalar},         {"scalar_float", a_scalar_float}, {"tag", a_tag},
+        {"tensor_count", a_tensor_count}, {"scalar_count", a_scalar_count}, {"clear", a_clear},
+        {NULL, NULL}};
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, LPTO_CONFIG);
+    static const luaL_Reg cmeta[] = {
+        {"__index", c_index}, {"__newindex", c_newindex}, {"__tostring", c_tostring}, {NULL, NULL}};
+    luaL_setfuncs(L, cmeta, 0);
+    lua_pop(L, 1);
+
+    lua_pushcfunction(L, l_taskargs);
+    lua_setfield(L, -2, "TaskArgs");
+    lua_pushcfunction(L, l_callconfig);
+    lua_setfield(L, -2, "CallConfig");
+}

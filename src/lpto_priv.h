@@ -1,0 +1,105 @@
+/* lpto_priv.h - shared internals of the Lua binding (lpto*.c).
+ *
+ * Ownership in one paragraph: a Tensor userdata describes a view
+ * (pto_tensor) of a Storage userdata, which it keeps alive through its user
+ * value. A Storage owns arena memory (pto.tensor), or borrows heap-ring
+ * memory (orch:alloc, automatic OUTPUTs) or a task's arguments (inside a sub
+ * callable); borrowed storage is valid only while its scope or call lasts,
+ * and every access checks that flag, so a stale tensor raises instead of
+ * reading recycled memory. */
+#ifndef LPTO_PRIV_H
+#define LPTO_PRIV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lauxlib.h"
+#include "lua.h"
+#include "pto.h"
+
+#define LPTO_TENSOR "pto.Tensor"
+#define LPTO_STORAGE "pto.Storage"
+#define LPTO_ARGS "pto.TaskArgs"
+#define LPTO_CONFIG "pto.CallConfig"
+#define LPTO_WORKER "pto.Worker"
+#define LPTO_ORCH "pto.Orchestrator"
+#define LPTO_HANDLE "pto.Handle"
+#define LPTO_SCOPE "pto.Scope"
+#define LPTO_KERNEL "pto.ChipKernel"
+
+/* ---- the interpreter lock -------------------------------------------------
+ * Sub callables in THREAD mode run on worker threads but share the one Lua
+ * state, so Lua runs under a lock. The thread that loaded the module holds
+ * it whenever it runs Lua and gives it up only inside pto calls that wait
+ * (a run's drain) or that may wait (submits when Lua subs exist). Tickets
+ * make hand-over fair: a waiting sub gets its turn at the next submit. */
+typedef struct lpto_gil {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, serving;
+    _Atomic int waiters;
+} lpto_gil;
+
+void lpto_gil_acquire(lpto_gil *g);
+void lpto_gil_release(lpto_gil *g);
+/* The module's lock for L's main state. */
+lpto_gil *lpto_gil_of(lua_State *L);
+
+/* ---- storage and tensors ------------------------------------------------- */
+enum { LPTO_ST_ARENA, LPTO_ST_RING, LPTO_ST_BORROWED };
+
+typedef struct lpto_storage {
+    uint64_t base;
+    uint64_t nbytes;
+    int kind;
+    bool valid;
+    const char *why_invalid;   /* for the error when !valid */
+} lpto_storage;
+
+typedef struct lpto_tensor {
+    pto_tensor t;              /* t.base == 0 until an unset spec is bound */
+    lpto_storage *st;          /* NULL for an unset spec; kept alive by the user value */
+} lpto_tensor;
+
+lpto_tensor *lpto_checktensor(lua_State *L, int idx, const char *who);
+lpto_tensor *lpto_totensor(lua_State *L, int idx);
+/* Push a tensor for desc over storage at index st_idx (a Storage userdata). */
+lpto_tensor *lpto_push_tensor(lua_State *L, const pto_tensor *desc, int st_idx);
+/* Push a new Storage userdata. */
+lpto_storage *lpto_push_storage(lua_State *L, uint64_t base, uint64_t nbytes, int kind);
+/* Raise unless the tensor's storage can be touched now. */
+void lpto_check_live(lua_State *L, const lpto_tensor *t, const char *who);
+int lpto_parse_dtype(lua_State *L, int idx, const char *who);
+int lpto_parse_tag(lua_State *L, int idx, const char *who);
+/* Read a shape table at idx into shape; returns ndims. */
+int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who);
+void lpto_open_tensor(lua_State *L);
+
+/* ---- TaskArgs and CallConfig ---------------------------------------------- */
+typedef struct lpto_args {
+    int32_t nt, ns, cap_t, cap_s;
+    lpto_tensor **tensors;      /* userdata kept alive in the user value table (index i) */
+    uint8_t *tags;
+    uint64_t *scalars;
+    uint8_t *scalar_float;      /* 1 if scalars[i] holds a double's bits */
+} lpto_args;
+
+lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who);
+/* Push a TaskArgs over a task's argument view (inside a sub callable):
+ * its tensors borrow storage st_idx. */
+void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx);
+void lpto_open_args(lua_State *L);
+const pto_call_config *lpto_optconfig(lua_State *L, int idx, const char *who);
+
+/* ---- Worker ----------------------------------------------------------------- */
+void lpto_open_worker(lua_State *L);
+void lpto_interrupt_all(void);
+
+/* Error with the thread's last engine message (already prefixed). */
+int lpto_engine_error(lua_State *L);
+/* Raise "who: <formatted>" . */
+int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
+
+#endif

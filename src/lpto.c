@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lpto.h"
 #include "lpto_priv.h"
@@ -104,6 +105,15 @@ static int l_shm_stats(lua_State *L)
     return 1;
 }
 
+/* Seconds on the monotonic clock, for timing runs (os.clock is CPU time). */
+static int l_now(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 static void set_int(lua_State *L, const char *name, lua_Integer v)
 {
     lua_pushinteger(L, v);
@@ -151,6 +161,8 @@ int luaopen_pto(lua_State *L)
     set_int(L, "MAX_SCOPE_DEPTH", PTO_MAX_SCOPE_DEPTH);
     lua_pushcfunction(L, l_shm_stats);
     lua_setfield(L, -2, "shm_stats");
+    lua_pushcfunction(L, l_now);
+    lua_setfield(L, -2, "now");
     lpto_open_tensor(L);
     lpto_open_args(L);
     lpto_open_worker(L);

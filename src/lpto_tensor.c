@@ -269,7 +269,9 @@ static int t_index(lua_State *L)
 {
     lpto_tensor *t = lua_touserdata(L, 1);
     if (lua_type(L, 2) == LUA_TNUMBER) {
-        if (!lua_isinteger(L, 2)) return lpto_error(L, "Tensor", "index must be an integer (got %s)", lua_tostring(L, 2));
+        int isint;
+        lua_tointegerx(L, 2, &isint);   /* 3.0 indexes like 3, as for tables */
+        if (!isint) return lpto_error(L, "Tensor", "index must be an integer (got %s)", lua_tostring(L, 2));
         lpto_check_live(L, t, "Tensor");
         push_elem(L, t, check_index(L, t, 2, "Tensor"));
         return 1;
@@ -293,7 +295,9 @@ static int t_index(lua_State *L)
 static int t_newindex(lua_State *L)
 {
     lpto_tensor *t = lua_touserdata(L, 1);
-    if (lua_type(L, 2) != LUA_TNUMBER || !lua_isinteger(L, 2))
+    int isint = 0;
+    if (lua_type(L, 2) == LUA_TNUMBER) lua_tointegerx(L, 2, &isint);
+    if (!isint)
         return lpto_error(L, "Tensor", "only elements can be assigned, as t[i] = v with an integer i (got key %s)",
                           luaL_tolstring(L, 2, NULL));
     lpto_check_live(L, t, "Tensor");

@@ -1,1 +1,217 @@
-typedef int pto_placeholder_chip;
+/*
+ * The process's chip-kernel table: callable ids -> kernels in dlopened chip
+ * runtimes.
+ *
+ * A chip worker looks a kernel up for every task, so lookups take no lock:
+ * an entry is written once, before a release store of the count publishes
+ * it, and never changes. Neither entries nor libraries ever go away (a
+ * kernel may be running while its id is registered again). Registration is
+ * rare and takes a mutex.
+ */
+#include "chip.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "common.h"
+
+#define ERR "pto.chip_kernel: "
+#define PTO_MAX_KERNELS 4096
+
+typedef struct pto_kernel_entry {
+    pto_kernel_fn fn;
+    char *lib;
+    char *symbol;
+} pto_kernel_entry;
+
+typedef struct pto_chip_lib {
+    char *path;
+    void *handle;
+} pto_chip_lib;
+
+static pto_kernel_entry kernels[PTO_MAX_KERNELS];
+static _Atomic uint32_t kernel_count;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pto_chip_lib *libs;          /* under reg_lock */
+static int32_t lib_count, lib_cap;
+
+/* ---- where the built-in runtime lives ---- */
+
+static pthread_once_t chipsim_once = PTHREAD_ONCE_INIT;
+static const char *chipsim_path;
+
+/* An absolute copy of p if it exists, else NULL. */
+static char *existing(const char *p)
+{
+    char buf[PATH_MAX];
+    return realpath(p, buf) ? pto_xstrdup(buf) : NULL;
+}
+
+static void find_chipsim(void)
+{
+    /* Set but missing is still the answer: dlopen then says what is wrong
+     * with the path the user chose, instead of us silently using another. */
+    const char *env = getenv("PTO_CHIP_RUNTIME");
+    if (env && *env) {
+        chipsim_path = pto_xstrdup(env);
+        return;
+    }
+    /* Next to the code that holds this function: an installed libpto.so, or
+     * ptolua in the build tree. A static function cannot be interposed, so
+     * its address is in the object we want. */
+    Dl_info info;
+    if (dladdr((void *)find_chipsim, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash) {
+            char *p = pto_xasprintf("%.*s/libpto_chipsim.so", (int)(slash - info.dli_fname), info.dli_fname);
+            chipsim_path = existing(p);
+            free(p);
+            if (chipsim_path) return;
+        }
+    }
+#ifdef PTO_CHIPSIM_BUILD_PATH
+    if ((chipsim_path = existing(PTO_CHIPSIM_BUILD_PATH))) return;
+#endif
+#ifdef PTO_CHIPSIM_INSTALL_PATH
+    chipsim_path = existing(PTO_CHIPSIM_INSTALL_PATH);
+#endif
+}
+
+const char *pto_chipsim_path(void)
+{
+    pthread_once(&chipsim_once, find_chipsim);
+    return chipsim_path;
+}
+
+/* ---- registration ---- */
+
+/* The name a library is known by: absolute when lib names a file, so
+ * "./k.so" and "/abs/k.so" are one library and a child that changed
+ * directory still finds it; a bare name is left to dlopen's search. */
+static char *lib_key(const char *lib)
+{
+    char *abs = strchr(lib, '/') ? existing(lib) : NULL;
+    return abs ? abs : pto_xstrdup(lib);
+}
+
+static void *open_lib(const char *path, bool builtin)
+{
+    for (int32_t i = 0; i < lib_count; i++)
+        if (strcmp(libs[i].path, path) == 0) return libs[i].handle;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        if (builtin)
+            pto_set_error(ERR "cannot load the built-in chip runtime %s (%s); point $PTO_CHIP_RUNTIME or the "
+                          "Worker's chip_runtime at a built libpto_chipsim.so", path, dlerror());
+        else
+            pto_set_error(ERR "cannot load chip runtime %s (%s); check the `lib` path (or the Worker's "
+                          "chip_runtime)", path, dlerror());
+        return NULL;
+    }
+    pto_grow((void **)&libs, &lib_cap, lib_count + 1, sizeof *libs);
+    libs[lib_count++] = (pto_chip_lib){pto_xstrdup(path), h};
+    return h;
+}
+
+static void missing_symbol(void *h, const char *path, const char *symbol)
+{
+    const char *const *names = dlsym(h, "pto_chip_kernels");
+    if (!names) {
+        pto_set_error(ERR "no kernel '%s' in %s; check the `symbol` name and that the library exports it "
+                      "(not static; extern \"C\" in C++)", symbol, path);
+        return;
+    }
+    char list[1024] = "";
+    size_t len = 0;
+    for (int i = 0; names[i] && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
+    pto_set_error(ERR "no kernel '%s' in %s; it has: %s", symbol, path, list);
+}
+
+/* Called with reg_lock held. */
+static int64_t add_kernel(const char *path, const char *symbol, bool builtin)
+{
+    uint32_t n = atomic_load_explicit(&kernel_count, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(kernels[i].symbol, symbol) == 0 && strcmp(kernels[i].lib, path) == 0) return i;
+    if (n == PTO_MAX_KERNELS) {
+        pto_set_error(ERR "the kernel table is full (%d kernels); register each kernel once and reuse its id",
+                      PTO_MAX_KERNELS);
+        return -1;
+    }
+    void *h = open_lib(path, builtin);
+    if (!h) return -1;
+    void *fn = dlsym(h, symbol);
+    if (!fn) {
+        missing_symbol(h, path, symbol);
+        return -1;
+    }
+    kernels[n] = (pto_kernel_entry){(pto_kernel_fn)fn, pto_xstrdup(path), pto_xstrdup(symbol)};
+    atomic_store_explicit(&kernel_count, n + 1, memory_order_release);
+    return n;
+}
+
+int64_t pto_kernel_register(const char *lib, const char *symbol)
+{
+    if (!symbol || !*symbol) {
+        pto_set_error(ERR "symbol is %s; name the kernel function to run, e.g. symbol = \"vector_add\"",
+                      symbol ? "empty" : "missing");
+        return -1;
+    }
+    bool builtin = lib == NULL;
+    if (builtin && !(lib = pto_chipsim_path())) {
+        pto_set_error(ERR "the built-in chip runtime libpto_chipsim.so was not found (next to libpto, in the "
+                      "build tree or the install prefix); set $PTO_CHIP_RUNTIME to its path or pass `lib`");
+        return -1;
+    }
+    char *path = lib_key(lib);
+    pthread_mutex_lock(&reg_lock);
+    int64_t id = add_kernel(path, symbol, builtin);
+    pthread_mutex_unlock(&reg_lock);
+    free(path);
+    return id;
+}
+
+pto_kernel_fn pto_kernel_lookup(uint64_t callable)
+{
+    uint32_t n = atomic_load_explicit(&kernel_count, memory_order_acquire);
+    return callable < n ? kernels[callable].fn : NULL;
+}
+
+uint32_t pto_kernel_count(void) { return atomic_load_explicit(&kernel_count, memory_order_acquire); }
+
+int pto_kernel_describe(uint64_t id, const char **lib, const char **symbol)
+{
+    if (id >= pto_kernel_count()) return -1;
+    *lib = kernels[id].lib;
+    *symbol = kernels[id].symbol;
+    return 0;
+}
+
+/* ---- the THREAD-mode chip leaf ---- */
+
+static int chip_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                    size_t errlen)
+{
+    (void)ctx;
+    pto_kernel_fn fn = pto_kernel_lookup(callable);
+    if (PTO_UNLIKELY(!fn)) {
+        snprintf(err, errlen, "chip: callable %" PRIu64 " is not a registered kernel; submit an id returned by "
+                 "pto_kernel_register (pto.chip_kernel in Lua)", callable);
+        return 1;
+    }
+    if (errlen) err[0] = 0;
+    int rc = fn(args, cfg, err, errlen);
+    if (rc != 0 && errlen && !err[0]) snprintf(err, errlen, "kernel %s returned %d", kernels[callable].symbol, rc);
+    return rc;
+}
+
+pto_leaf pto_chip_leaf(void) { return (pto_leaf){.run = chip_run, .ctx = NULL, .name = "chip"}; }

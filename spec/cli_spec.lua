@@ -50,7 +50,7 @@ local function interrupt(cmd, delay)
   local p = assert(io.popen(("sh -c %s"):format(q(
     cmd .. " & pid=$!; sleep " .. (delay or 0.5) .. "; kill -INT $pid; " ..
     -- a watchdog turns "never stopped" into a failure instead of a hang
-    "(sleep 20; kill -9 $pid 2>/dev/null) & dog=$!; wait $pid; rc=$?; kill $dog 2>/dev/null; echo $rc"))))
+    "(sleep 20; kill -9 $pid) >/dev/null 2>&1 & dog=$!; wait $pid; rc=$?; kill $dog 2>/dev/null; echo $rc"))))
   local out = p:read("a")
   p:close()
   return tonumber(out:match("(%d+)%s*$"))

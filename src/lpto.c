@@ -72,6 +72,13 @@ int lpto_engine_error(lua_State *L)
     return luaL_error(L, "%s", pto_errmsg());
 }
 
+int lpto_engine_error_as(lua_State *L, const char *who)
+{
+    const char *m = pto_errmsg(), *colon = strstr(m, ": ");
+    if (colon && !memchr(m, ' ', (size_t)(colon - m))) m = colon + 2;   /* the engine's own "name: " */
+    return luaL_error(L, "%s: %s", who, m);
+}
+
 int lpto_error(lua_State *L, const char *who, const char *fmt, ...)
 {
     char buf[1024];

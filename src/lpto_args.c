@@ -97,7 +97,6 @@ static int a_add_tensor(lua_State *L)
 static int a_add_scalar(lua_State *L)
 {
     lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_scalar");
-    luaL_checkany(L, 2);
     add_scalar(L, a, 2, "TaskArgs:add_scalar");
     lua_settop(L, 1);
     return 1;
@@ -243,9 +242,9 @@ static void cfg_set(lua_State *L, pto_call_config *c, int f, int vidx, const cha
 {
     if (f == 6) {
         size_t len;
-        const char *s = lua_tolstring(L, vidx, &len);
-        if (!s || lua_type(L, vidx) != LUA_TSTRING)
+        if (lua_type(L, vidx) != LUA_TSTRING)   /* before lua_tolstring, which would turn a number into a string */
             lpto_error(L, who, "output_prefix must be a string (got %s)", luaL_typename(L, vidx));
+        const char *s = lua_tolstring(L, vidx, &len);
         if (len >= sizeof c->output_prefix)
             lpto_error(L, who, "output_prefix is %zu bytes; at most %zu fit", len, sizeof c->output_prefix - 1);
         memcpy(c->output_prefix, s, len + 1);

@@ -99,6 +99,9 @@ void lpto_interrupt_all(void);
 
 /* Error with the thread's last engine message (already prefixed). */
 int lpto_engine_error(lua_State *L);
+/* The same, with the engine's leading "name: " replaced by "who: " (the
+ * engine names its own function, which is not always the one Lua called). */
+int lpto_engine_error_as(lua_State *L, const char *who);
 /* Raise "who: <formatted>" . */
 int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
 

@@ -336,8 +336,12 @@ static int t_tostring(lua_State *L)
         uint64_t n = numel_of(t), show = n < 8 ? n : 8;
         for (uint64_t i = 0; i < show; i++) {
             if (i) luaL_addstring(&b, ", ");
+            if (t->t.dtype == PTO_BOOL) {   /* luaL_addvalue takes only strings and numbers */
+                luaL_addstring(&b, *(uint8_t *)elem_ptr(t, i) ? "true" : "false");
+                continue;
+            }
             push_elem(L, t, i);
-            luaL_addvalue(&b);   /* tostring of a number or boolean */
+            luaL_addvalue(&b);   /* tostring of a number */
         }
         if (show < n) luaL_addstring(&b, ", ...");
         luaL_addstring(&b, "]");
@@ -350,7 +354,6 @@ static int t_fill(lua_State *L)
 {
     lpto_tensor *t = lpto_checktensor(L, 1, "Tensor:fill");
     lpto_check_live(L, t, "Tensor:fill");
-    luaL_checkany(L, 2);
     uint64_t buf = 0, n = numel_of(t);
     size_t es = pto_dtype_size(t->t.dtype);
     to_elem(L, 2, t->t.dtype, &buf, "Tensor:fill");
@@ -424,7 +427,8 @@ static int t_view(lua_State *L)
     const char *who = "Tensor:view";
     lpto_tensor *t = lpto_checktensor(L, 1, who);
     if (!t->st) return lpto_error(L, who, "an unset pto.tensor_spec has no storage to view; submit it as an OUTPUT first");
-    luaL_checktype(L, 2, LUA_TTABLE);
+    if (!lua_istable(L, 2))
+        return lpto_error(L, who, "expected a table like {offset = k, shape = {...}} (got %s)", luaL_typename(L, 2));
     lua_pushnil(L);
     while (lua_next(L, 2)) {
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;

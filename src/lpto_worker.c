@@ -43,6 +43,7 @@ typedef struct lorch {
     lworker *W;
     pto_orch *o;
     bool valid;
+    pthread_t thread;          /* the thread running the run's function: the engine's orchestrator is single-threaded */
 } lorch;
 
 typedef struct lhandle {
@@ -108,6 +109,9 @@ static lorch *check_orch(lua_State *L, int idx, const char *who)
     if (!O->valid)
         lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only inside the function "
                            "given to Worker:run, while that run lasts");
+    if (!pthread_equal(O->thread, pthread_self()))
+        lpto_error(L, who, "the orchestrator can be used only by the function given to Worker:run, not from a sub "
+                           "callable; return results through the sub's tensors and submit from that function");
     return O;
 }
 
@@ -225,7 +229,8 @@ static void worker_free(lua_State *L, lworker *W)
 
 static int w_close(lua_State *L)
 {
-    lworker *W = luaL_checkudata(L, 1, LPTO_WORKER);
+    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
+    if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
     if (W->state == W_CLOSED) return 0;
     if (W->in_run) return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
     worker_free(L, W);
@@ -310,7 +315,8 @@ static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
 static int w_init(lua_State *L)
 {
     lworker *W = check_worker(L, 1, "Worker:init");
-    if (W->state == W_READY) return lpto_error(L, "Worker:init", "this Worker is already initialised");
+    if (W->state == W_READY) return lpto_error(L, "Worker:init", "this Worker is already initialised; call init once "
+                                                          "(Worker:run initialises a new Worker itself)");
     worker_init(L, 1, W, "Worker:init");
     lua_settop(L, 1);
     return 1;
@@ -322,11 +328,13 @@ static int w_register(lua_State *L)
     const char *who = "Worker:register";
     lworker *W = check_worker(L, 1, who);
     lkernel *k = luaL_testudata(L, 2, LPTO_KERNEL);
-    const char *name = luaL_optstring(L, 3, NULL);
+    if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TSTRING)
+        return lpto_error(L, who, "the optional name must be a string (got %s)", luaL_typename(L, 3));
+    const char *name = lua_tostring(L, 3);
     lhandle *h;
     if (k) {
         int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
-        if (id < 0) return lpto_engine_error(L);
+        if (id < 0) return lpto_engine_error_as(L, who);
         pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
         h = lua_newuserdatauv(L, sizeof *h, 1);
         *h = (lhandle){H_CHIP, (uint64_t)id};
@@ -370,7 +378,9 @@ static int w_run(lua_State *L)
     const char *who = "Worker:run";
     lworker *W = check_worker(L, 1, who);
     if (W->in_run) return lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
-    luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (!lua_isfunction(L, 2))
+        return lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
+                          luaL_typename(L, 2));
     lua_settop(L, 4);
     worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
@@ -378,7 +388,7 @@ static int w_run(lua_State *L)
     W->in_run = true;
     active_add(W->w);
     lorch *O = lua_newuserdatauv(L, sizeof *O, OUV_COUNT);   /* 5 */
-    *O = (lorch){W, o, true};
+    *O = (lorch){W, o, true, pthread_self()};
     luaL_setmetatable(L, LPTO_ORCH);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, 5, OUV_WORKER);
@@ -480,6 +490,7 @@ static int w_stats_report(lua_State *L)
 
 static int w_print_stats(lua_State *L)
 {
+    check_worker(L, 1, "Worker:print_stats");
     w_stats_report(L);
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
@@ -755,6 +766,10 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
         if (!isint || w < 1 || w > nworkers)
             lpto_error(L, who, "workers[%d]: worker %s does not exist: this Worker has %d %s, numbered from 1", i + 1,
                        luaL_tolstring(L, -1, NULL), nworkers, kname);
+        for (int k = 0; k < i; k++)
+            if (pins[k] == w - 1)
+                lpto_error(L, who, "workers[%d] and workers[%d] are both worker %lld; members need distinct workers",
+                           k + 1, i + 1, (long long)w);
         pins[i] = (int32_t)(w - 1);
         lua_pop(L, 1);
     }
@@ -870,9 +885,9 @@ static void invalidate_depth(lua_State *L, int oidx, int depth)
     lua_pop(L, 1);
 }
 
-static int scope_begin(lua_State *L, lorch *O)
+static int scope_begin(lua_State *L, lorch *O, const char *who)
 {
-    if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L);
+    if (pto_scope_begin(O->o) != 0) return lpto_engine_error_as(L, who);
     return pto_scope_depth(O->o);
 }
 
@@ -886,7 +901,7 @@ static void scope_end(lua_State *L, int oidx, lorch *O)
 static int o_scope_begin(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:scope_begin");
-    lua_pushinteger(L, scope_begin(L, O));
+    lua_pushinteger(L, scope_begin(L, O, "orch:scope_begin"));
     return 1;
 }
 
@@ -905,6 +920,9 @@ static int sc_close(lua_State *L)
     lorch *O = lua_touserdata(L, -1);
     int oidx = lua_gettop(L);
     if (!O->valid) return 0;   /* the run ended: its end closed every scope */
+    if (!pthread_equal(O->thread, pthread_self()))
+        return lpto_error(L, "orch:scope", "a scope can be closed only by the function given to Worker:run, not "
+                                           "from a sub callable");
     int depth = S->depth;
     S->depth = 0;
     if (pto_scope_depth(O->o) != depth)
@@ -927,13 +945,13 @@ static int o_scope(lua_State *L)
         luaL_setmetatable(L, LPTO_SCOPE);
         lua_pushvalue(L, 1);
         lua_setiuservalue(L, -2, 1);
-        S->depth = scope_begin(L, O);
+        S->depth = scope_begin(L, O, who);
         return 1;
     }
     if (!lua_isfunction(L, 2))
         return lpto_error(L, who, "expected a function to run inside the scope, or nothing for the <close> form (got %s)",
                           luaL_typename(L, 2));
-    int depth = scope_begin(L, O);
+    int depth = scope_begin(L, O, who);
     int base = lua_gettop(L);
     lua_pushvalue(L, 2);
     lua_pushvalue(L, 1);
@@ -1052,6 +1070,7 @@ static int o_tostring(lua_State *L)
 {
     lorch *O = lua_touserdata(L, 1);
     if (!O->valid) lua_pushliteral(L, "Orchestrator(run ended)");
+    else if (!pthread_equal(O->thread, pthread_self())) lua_pushliteral(L, "Orchestrator(in use by its run)");
     else lua_pushfstring(L, "Orchestrator(%d tasks, scope depth %d)", (int)pto_task_count(O->o), pto_scope_depth(O->o));
     return 1;
 }

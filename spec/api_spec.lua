@@ -1,0 +1,1113 @@
+-- api_spec.lua: every entry point and object of the user contract
+-- (shared/spec/lua-api.md §1-§5), in THREAD mode.
+--
+-- Dependencies are observed two ways: orch:task(id).producers (recorded at
+-- submit, so exact) and the order and time at which Lua sub callables run.
+-- Lua subs run one at a time under the interpreter lock, so a sub appending
+-- to a Lua table needs no further locking. A sub that must not wait shows
+-- it by running before a sub that waits on a sleep_us chip task; a sub
+-- that must wait shows it by starting no earlier than the sleep's length.
+local pto = require "pto"
+local H = require "helpers"
+
+local clock, assert_error, sorted = H.clock, H.assert_error, H.sorted
+local EPS = 0.002   -- clock granularity allowance for lower bounds
+
+local W, K                   -- the shared Worker: 2 chips, 2 sub workers
+local log, T0                -- what the recording subs saw, and when the run began
+local MARK, PEEK             -- recording subs: MARK logs its id, PEEK also tensor 1's first element
+
+local function rec(args, peek)
+  local e = {id = args:scalar(1), t = clock() - T0, thread = coroutine.running()}
+  if peek then e.v = args:tensor(1)[1] end
+  log[#log + 1] = e
+end
+
+-- TaskArgs from {tensor, tag} pairs followed by one integer scalar.
+local function targs(scalar, ...)
+  local a = pto.TaskArgs()
+  for _, p in ipairs{...} do a:add_tensor(p[1], p[2]) end
+  if scalar then a:add_scalar(scalar) end
+  return a
+end
+
+local function run(fn, ...)
+  log, T0 = {}, clock()
+  return W:run(fn, ...)
+end
+
+local function sleep(orch, us, ...) return orch:submit_next_level(K.sleep_us, targs(us, ...)) end
+local function mark(orch, id, ...) return orch:submit_sub(MARK, targs(id, ...)) end
+local function peek(orch, id, ...) return orch:submit_sub(PEEK, targs(id, ...)) end
+local function fill(orch, value, ...)
+  local a = targs(nil, ...)
+  a:add_scalar(value + 0.0)   -- the fill kernel reads its value as a double's bits
+  return orch:submit_next_level(K.fill, a)
+end
+
+-- The log entry of sub id and its position in the log.
+local function entry(id)
+  for i, e in ipairs(log) do
+    if e.id == id then return e, i end
+  end
+  error(("sub %d did not run (log has %d entries)"):format(id, #log), 2)
+end
+
+local function before(id1, id2)
+  local _, i1 = entry(id1)
+  local _, i2 = entry(id2)
+  return i1 < i2
+end
+
+local function producers(orch, id) return sorted(orch:task(id).producers) end
+
+setup(function()
+  W = pto.Worker{chips = 2, num_sub_workers = 2}
+  K = H.kernels(W)
+  MARK = W:register(function(args) rec(args, false) end, "mark")
+  PEEK = W:register(function(args) rec(args, true) end, "peek")
+  W:init()
+end)
+
+teardown(function()
+  if W then W:close() end
+end)
+
+describe("entry points (§1)", function()
+  it("require 'pto' returns the module ptolua preloads", function()
+    local m = require "pto"
+    assert.are.equal(m, pto)
+    assert.are.equal(m, _G.pto)
+    assert.are.equal("string", type(m._VERSION))
+    for _, name in ipairs{"tensor", "tensor_spec", "TaskArgs", "args", "CallConfig", "Worker", "chip_kernel"} do
+      assert.are.equal("function", type(m[name]), name)
+    end
+  end)
+end)
+
+describe("tags (§2)", function()
+  it("are distinct integer constants", function()
+    local seen = {}
+    for _, name in ipairs{"INPUT", "OUTPUT", "INOUT", "OUTPUT_EXISTING", "NO_DEP"} do
+      assert.are.equal("integer", math.type(pto[name]), name)
+      assert.is_nil(seen[pto[name]], name)
+      seen[pto[name]] = true
+    end
+  end)
+
+  it("are accepted as constants or strings, and read back as strings", function()
+    local t = pto.tensor{4}
+    local pairs_ = {{pto.INPUT, "in"}, {pto.OUTPUT, "out"}, {pto.INOUT, "inout"},
+                    {pto.OUTPUT_EXISTING, "out_existing"}, {pto.NO_DEP, "no_dep"}}
+    local a = pto.TaskArgs()
+    for i, p in ipairs(pairs_) do
+      a:add_tensor(t, p[1])
+      a:add_tensor(t, p[2])
+      assert.are.equal(p[2], a:tag(2 * i - 1))
+      assert.are.equal(p[2], a:tag(2 * i))
+    end
+    assert.are.equal("in", pto.TaskArgs():add_tensor(t):tag(1))   -- the default is INPUT
+  end)
+end)
+
+describe("the tag table (seed 000 §TensorMap), observed through task order", function()
+  it("INPUT after OUTPUT waits for the writer (RAW)", function()
+    local t = pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 200000, {t, pto.OUTPUT})
+      local c = mark(orch, 1, {t, pto.INPUT})
+      local d = mark(orch, 2)
+      return {s = s, c = producers(orch, c), cfanin = orch:task(c).fanin, d = producers(orch, d)}
+    end)
+    assert.are.same({r.s}, r.c)
+    assert.are.equal(1, r.cfanin)
+    assert.are.same({}, r.d)
+    assert.is_true(entry(1).t >= 0.2 - EPS, "the reader started before its writer's 200 ms ended")
+    assert.is_true(before(2, 1), "an independent sub should have run before the waiting reader")
+  end)
+
+  it("INPUT sees the data of the last writer, through an INOUT in between", function()
+    local t = pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 100000, {t, "out"})
+      local f = fill(orch, 7, {t, "inout"})
+      local c = peek(orch, 1, {t, "in"})
+      return {s = s, f = f, fp = producers(orch, f), cp = producers(orch, c)}
+    end)
+    assert.are.same({r.s}, r.fp)
+    assert.are.same({r.f}, r.cp)
+    assert.are.equal(7, entry(1).v)
+    assert.is_true(entry(1).t >= 0.1 - EPS)
+    assert.are.same({7, 7, 7, 7}, t:totable())
+  end)
+
+  it("OUTPUT after INPUT of the same tensor does not wait for the reader (WAR is not tracked)", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 300000, {t, "in"}, {u, "out"})   -- a slow reader of t
+      local f = fill(orch, 5, {t, "out"})                    -- then a writer of t
+      local c = peek(orch, 1, {t, "in"})
+      local z = mark(orch, 2, {u, "in"})                     -- waits for the slow reader
+      return {s = s, f = f, fp = producers(orch, f), cp = producers(orch, c), zp = producers(orch, z)}
+    end)
+    assert.are.same({}, r.fp)
+    assert.are.same({r.f}, r.cp)
+    assert.are.same({r.s}, r.zp)
+    assert.are.equal(5, entry(1).v)
+    assert.is_true(before(1, 2), "the writer waited for the earlier reader")
+    assert.is_true(entry(2).t >= 0.3 - EPS)
+  end)
+
+  it("OUTPUT after OUTPUT does not wait for the earlier writer (WAW replaces the producer)", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 300000, {t, "out"}, {u, "out"})
+      local f = fill(orch, 6, {t, "out"})
+      local c = peek(orch, 1, {t, "in"})
+      mark(orch, 2, {u, "in"})
+      return {s = s, f = f, fp = producers(orch, f), cp = producers(orch, c)}
+    end)
+    assert.are.same({}, r.fp)
+    assert.are.same({r.f}, r.cp)   -- only the latest writer
+    assert.are.equal(6, entry(1).v)
+    assert.is_true(before(1, 2))
+  end)
+
+  it("INOUT chains serialise", function()
+    local t = pto.tensor{4}
+    local r = run(function(orch)
+      local s1 = sleep(orch, 150000, {t, "inout"})
+      local a = mark(orch, 1, {t, "inout"})
+      local s2 = sleep(orch, 150000, {t, "inout"})
+      local b = mark(orch, 2, {t, pto.INOUT})
+      return {s1 = s1, a = a, s2 = s2, b = b, ap = producers(orch, a), s2p = producers(orch, s2),
+              bp = producers(orch, b)}
+    end)
+    assert.are.same({r.s1}, r.ap)
+    assert.are.same({r.a}, r.s2p)
+    assert.are.same({r.s2}, r.bp)
+    assert.is_true(before(1, 2))
+    assert.is_true(entry(1).t >= 0.15 - EPS)
+    assert.is_true(entry(2).t >= 0.30 - EPS, "the second INOUT did not wait for the whole chain")
+  end)
+
+  it("INOUT accumulation on chips gives the serial result", function()
+    local acc, one = pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+    one:fill(1)
+    run(function(orch)
+      for _ = 1, 20 do orch:submit_next_level(K.tile_add, pto.args{{acc, "inout"}, {one, "in"}}) end
+    end)
+    for i = 1, 64 do assert.are.equal(20, acc[i]) end
+  end)
+
+  it("OUTPUT_EXISTING skips the lookup: it does not wait for the earlier writer", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 300000, {t, "out"}, {u, "out"})
+      local e = fill(orch, 5, {t, pto.OUTPUT_EXISTING})
+      local c = peek(orch, 1, {t, "in"})
+      mark(orch, 2, {u, "in"})
+      return {e = e, ep = producers(orch, e), cp = producers(orch, c)}
+    end)
+    assert.are.same({}, r.ep)
+    assert.are.same({r.e}, r.cp)
+    assert.are.equal(5, entry(1).v)
+    assert.is_true(before(1, 2))
+  end)
+
+  it("OUTPUT_EXISTING registers the writer: a later INPUT waits for it", function()
+    local t = pto.tensor{4}
+    local r = run(function(orch)
+      local s = sleep(orch, 200000, {t, "out_existing"})
+      local c = mark(orch, 1, {t, "in"})
+      mark(orch, 2)
+      return {s = s, cp = producers(orch, c)}
+    end)
+    assert.are.same({r.s}, r.cp)
+    assert.is_true(entry(1).t >= 0.2 - EPS)
+    assert.is_true(before(2, 1))
+  end)
+
+  it("NO_DEP does not wait for the writer", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      sleep(orch, 300000, {t, "out"}, {u, "out"})
+      local c = mark(orch, 1, {t, pto.NO_DEP})
+      mark(orch, 2, {u, "in"})
+      return producers(orch, c)
+    end)
+    assert.are.same({}, r)
+    assert.is_true(before(1, 2))
+    assert.is_true(entry(2).t >= 0.3 - EPS)
+  end)
+
+  it("NO_DEP does not make its task a producer", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      sleep(orch, 300000, {t, "no_dep"}, {u, "out"})
+      local c = mark(orch, 1, {t, "in"})
+      mark(orch, 2, {u, "in"})
+      return producers(orch, c)
+    end)
+    assert.are.same({}, r)
+    assert.is_true(before(1, 2))
+  end)
+end)
+
+describe("data types (§2)", function()
+  local names = {"f32", "f16", "bf16", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool"}
+  local consts = {FLOAT32 = "f32", FLOAT16 = "f16", BFLOAT16 = "bf16", FLOAT64 = "f64", INT8 = "i8", INT16 = "i16",
+                  INT32 = "i32", INT64 = "i64", UINT8 = "u8", UINT16 = "u16", UINT32 = "u32", UINT64 = "u64",
+                  BOOL = "bool"}
+  local sizes = {f32 = 4, f16 = 2, bf16 = 2, f64 = 8, i8 = 1, i16 = 2, i32 = 4, i64 = 8, u8 = 1, u16 = 2, u32 = 4,
+                 u64 = 8, bool = 1}
+
+  it("has all 13 names, each with its size, and the constants", function()
+    for _, n in ipairs(names) do
+      local t = pto.tensor({3}, n)
+      assert.are.equal(n, t.dtype)
+      assert.are.equal(3 * sizes[n], t.nbytes)
+    end
+    local count = 0
+    for c, n in pairs(consts) do
+      assert.are.equal(n, pto[c], c)
+      assert.are.equal(n, pto.tensor({2}, pto[c]).dtype)
+      count = count + 1
+    end
+    assert.are.equal(13, count)
+    assert.are.equal("f32", pto.tensor{2}.dtype)   -- the default
+  end)
+
+  it("zero-fills, reading integers as integers, floats as floats, bools as booleans", function()
+    for _, n in ipairs(names) do
+      local v = pto.tensor({2}, n)[2]
+      if n == "bool" then
+        assert.are.equal(false, v)
+      elseif n:match("^[iu]") then
+        assert.are.equal("integer", math.type(v), n)
+        assert.are.equal(0, v)
+      else
+        assert.are.equal("float", math.type(v), n)
+        assert.are.equal(0.0, v)
+      end
+    end
+  end)
+
+  it("round-trips floats with f32/f64 precision", function()
+    local f32, f64 = pto.tensor({2}, "f32"), pto.tensor({2}, "f64")
+    f32[1], f64[1] = 0.1, 0.1
+    assert.are.equal(string.unpack("f", string.pack("f", 0.1)), f32[1])
+    assert.are_not.equal(0.1, f32[1])
+    assert.are.equal(0.1, f64[1])
+    f32[2], f64[2] = -1.5, 1e300
+    assert.are.equal(-1.5, f32[2])
+    assert.are.equal(1e300, f64[2])
+    f32[1] = 1e300
+    assert.are.equal(math.huge, f32[1])
+  end)
+
+  it("rounds f16 to nearest even, with subnormals, overflow and NaN", function()
+    local t = pto.tensor({1}, "f16")
+    local cases = {
+      {1.0, 1.0}, {-2.0, -2.0}, {0.5, 0.5}, {65504, 65504}, {1 / 3, 0.333251953125},
+      {2049, 2048}, {2051, 2052},                     -- ties to even at the 11-bit significand
+      {65520, math.huge}, {-1e6, -math.huge},          -- overflow
+      {2 ^ -24, 2 ^ -24}, {3 * 2 ^ -25, 2 ^ -23},      -- smallest subnormal; a tie rounds to even
+      {1e-8, 0.0},
+    }
+    for _, c in ipairs(cases) do
+      t[1] = c[1]
+      assert.are.equal(c[2], t[1], ("f16 of %.17g"):format(c[1]))
+    end
+    t[1] = 0 / 0
+    assert.is_true(t[1] ~= t[1], "NaN survives")
+  end)
+
+  it("rounds bf16 to nearest even", function()
+    local t = pto.tensor({1}, "bf16")
+    local cases = {{1.0, 1.0}, {1 / 3, 0.333984375}, {1 + 2 ^ -8, 1.0}, {1 + 3 * 2 ^ -8, 1 + 2 ^ -6},
+                   {256.5, 256}, {-3.0, -3.0}, {3e38, (1 + 98 / 128) * 2 ^ 127}}
+    for _, c in ipairs(cases) do
+      t[1] = c[1]
+      assert.are.equal(c[2], t[1], ("bf16 of %.17g"):format(c[1]))
+    end
+    t[1] = 0 / 0
+    assert.is_true(t[1] ~= t[1])
+  end)
+
+  it("wraps integers as two's complement", function()
+    local cases = {
+      i8 = {{127, 127}, {128, -128}, {200, -56}, {-129, 127}},
+      u8 = {{255, 255}, {-1, 255}, {256, 0}},
+      i16 = {{40000, -25536}, {-32768, -32768}},
+      u16 = {{70000, 4464}, {-1, 65535}},
+      i32 = {{2 ^ 31 // 1, -2 ^ 31 // 1}, {-1, -1}},
+      u32 = {{-1, 4294967295}, {(1 << 32) + 5, 5}},
+      i64 = {{math.maxinteger, math.maxinteger}, {math.mininteger, math.mininteger}},
+      u64 = {{1 << 62, 1 << 62}, {-1, -1}},   -- above math.maxinteger reads back as the same 64 bits
+    }
+    for dtype, list in pairs(cases) do
+      local t = pto.tensor({1}, dtype)
+      for _, c in ipairs(list) do
+        t[1] = c[1]
+        assert.are.equal(c[2], t[1], ("%s of %d"):format(dtype, c[1]))
+        assert.are.equal("integer", math.type(t[1]))
+      end
+    end
+    local t = pto.tensor({1}, "i32")
+    t[1] = 3.0   -- a float with an integer value is accepted
+    assert.are.equal(3, t[1])
+    assert.are.equal("integer", math.type(t[1]))
+  end)
+
+  it("stores bools from booleans and numbers", function()
+    local t = pto.tensor({4}, "bool")
+    t[1], t[2], t[3], t[4] = true, false, 2, 0
+    assert.are.same({true, false, true, false}, t:totable())
+    t:fill(true)
+    assert.are.same({true, true, true, true}, t:totable())
+  end)
+end)
+
+describe("tensors (§2)", function()
+  it("have shape, dtype, ndims, nbytes, numel and #t", function()
+    local t = pto.tensor({2, 3}, "i16")
+    assert.are.same({2, 3}, t.shape)
+    local s = t.shape
+    s[1] = 99
+    assert.are.same({2, 3}, t.shape)   -- shape is a copy
+    assert.are.equal("i16", t.dtype)
+    assert.are.equal(2, t.ndims)
+    assert.are.equal(6, t.numel)
+    assert.are.equal(12, t.nbytes)
+    assert.are.equal(6, #t)
+    local t5 = pto.tensor{1, 2, 1, 2, 1}
+    assert.are.equal(5, t5.ndims)
+    assert.are.equal(4, t5.numel)
+    local e = pto.tensor{0}
+    assert.are.equal(0, #e)
+    assert.are.equal(0, e.nbytes)
+    assert.are.same({}, e:totable())
+    assert.is_true(pto.is_tensor(t))
+    assert.is_false(pto.is_tensor({}))
+  end)
+
+  it("index flat from 1, fill, totable and copy_from", function()
+    local t = pto.tensor({2, 3}, "i32")
+    for i = 1, #t do t[i] = i * 10 end
+    assert.are.same({10, 20, 30, 40, 50, 60}, t:totable())
+    assert.are.equal(t, t:fill(7))
+    assert.are.same({7, 7, 7, 7, 7, 7}, t:totable())
+    assert.are.equal(t, t:copy_from{1, 2, 3, 4, 5, 6})
+    assert.are.same({1, 2, 3, 4, 5, 6}, t:totable())
+    local f = pto.tensor({6}, "f32")
+    f:copy_from(t)   -- converts i32 to f32
+    assert.are.same({1, 2, 3, 4, 5, 6}, f:totable())
+    assert.are.equal("float", math.type(f[1]))
+    local g = pto.tensor({3, 2}, "i32")
+    g:copy_from(t)   -- same element count, any shape
+    assert.are.same(t:totable(), g:totable())
+    t[1] = 100
+    assert.are.equal(1, g[1])   -- a copy, not an alias
+  end)
+
+  it("view{offset, shape} shares storage", function()
+    local base = pto.tensor({4, 4}, "f32")
+    for i = 1, 16 do base[i] = i end
+    local v = base:view{offset = 4, shape = {2, 4}}
+    assert.are.same({2, 4}, v.shape)
+    assert.are.equal(8, #v)
+    assert.are.equal(5, v[1])
+    assert.are.equal(12, v[8])
+    v[1] = 100
+    assert.are.equal(100, base[5])
+    base[6] = 200
+    assert.are.equal(200, v[2])
+    local rest = base:view{offset = 10}
+    assert.are.same({6}, rest.shape)
+    assert.are.equal(11, rest[1])
+    local vv = v:view{offset = 2, shape = {3}}   -- offsets count from the start of the view
+    assert.are.equal(base[7], vv[1])
+    assert.are.equal(6, vv.offset)
+    local whole = base:view{offset = 0, shape = {16}}
+    assert.are.same(base:totable(), whole:totable())
+  end)
+
+  it("views keep their storage alive", function()
+    local v = pto.tensor({64}, "i32"):view{offset = 8, shape = {8}}
+    collectgarbage()
+    collectgarbage()
+    v:fill(3)
+    assert.are.same({3, 3, 3, 3, 3, 3, 3, 3}, v:totable())
+  end)
+
+  it("disjoint views of one tensor do not serialise; overlapping views do", function()
+    local base, u = pto.tensor{64}, pto.tensor{4}
+    local lo = base:view{offset = 0, shape = {32}}
+    local hi = base:view{offset = 32, shape = {32}}
+    local mid = base:view{offset = 16, shape = {8}}   -- inside lo
+    local r = run(function(orch)
+      local s = sleep(orch, 300000, {lo, "out"}, {u, "out"})
+      local c1 = mark(orch, 1, {hi, "in"})
+      local c2 = mark(orch, 2, {mid, "in"})
+      mark(orch, 3, {u, "in"})
+      local c4 = mark(orch, 4, {base, "in"})   -- the whole base overlaps lo
+      return {s = s, c1 = producers(orch, c1), c2 = producers(orch, c2), c4 = producers(orch, c4)}
+    end)
+    assert.are.same({}, r.c1)
+    assert.are.same({r.s}, r.c2)
+    assert.are.same({r.s}, r.c4)
+    assert.is_true(before(1, 3), "a reader of a disjoint view waited")
+    assert.is_true(entry(2).t >= 0.3 - EPS, "a reader of an overlapping view did not wait")
+    assert.is_true(entry(4).t >= 0.3 - EPS)
+  end)
+
+  it("writers of disjoint views run in parallel; a reader of the whole waits for both", function()
+    local base = pto.tensor{64}
+    local lo = base:view{offset = 0, shape = {32}}
+    local hi = base:view{offset = 32, shape = {32}}
+    local r = run(function(orch)
+      local a = sleep(orch, 250000, {lo, "out"})
+      local b = sleep(orch, 250000, {hi, "inout"})
+      local c = mark(orch, 1, {base, "in"})
+      return {a = a, b = b, bp = producers(orch, b), cp = producers(orch, c)}
+    end)
+    assert.are.same({}, r.bp)
+    assert.are.same(sorted{r.a, r.b}, r.cp)
+    assert.is_true(entry(1).t >= 0.25 - EPS)
+    assert.is_true(entry(1).t < 0.5, ("disjoint writers serialised (%.3f s)"):format(entry(1).t))
+  end)
+
+  it("print with tostring", function()
+    local t = pto.tensor({2, 2}, "i32")
+    t:copy_from{1, 2, 3, 4}
+    assert.are.equal("tensor(i32, {2, 2}) [1, 2, 3, 4]", tostring(t))
+    assert.are.equal("tensor(f32, {3}) [0.0, 0.0, 0.0]", tostring(pto.tensor{3}))
+    local long = tostring(pto.tensor({10}, "u8"))
+    assert.truthy(long:find("^tensor%(u8, {10}%) %[0, 0, 0, 0, 0, 0, 0, 0, %.%.%.%]$"), long)
+    assert.are.equal("tensor(bool, {1}) [false]", tostring(pto.tensor({1}, "bool")))
+    assert.truthy(tostring(pto.tensor_spec({4}, "f16")):find("unset"))
+  end)
+end)
+
+describe("TaskArgs (§2)", function()
+  it("builds tensors with tags and 64-bit scalars", function()
+    local t1, t2 = pto.tensor{4}, pto.tensor{4}
+    local a = pto.TaskArgs()
+    assert.are.equal(0, #a)
+    assert.are.equal(a, a:add_tensor(t1))
+    assert.are.equal(a, a:add_tensor(t2, pto.OUTPUT))
+    a:add_tensor(t1, "inout")
+    assert.are.equal(3, #a)
+    assert.are.equal(3, a:tensor_count())
+    assert.are.equal(t1, a:tensor(1))
+    assert.are.equal(t2, a:tensor(2))
+    assert.are.same({"in", "out", "inout"}, {a:tag(1), a:tag(2), a:tag(3)})
+    assert.are.equal(a, a:add_scalar(42))
+    a:add_scalar(2.5)
+    a:add_scalar(math.mininteger)
+    a:add_scalar(true)
+    assert.are.equal(4, a:scalar_count())
+    assert.are.equal(42, a:scalar(1))
+    assert.are.equal("integer", math.type(a:scalar(1)))
+    assert.are.equal(2.5, a:scalar(2))
+    assert.are.equal(math.mininteger, a:scalar(3))
+    assert.are.equal(1, a:scalar(4))
+    assert.are.equal("TaskArgs(3 tensors, 4 scalars)", tostring(a))
+    assert.are.equal(a, a:clear())
+    assert.are.equal(0, #a)
+    assert.are.equal(0, a:scalar_count())
+  end)
+
+  it("has the pto.args shorthand", function()
+    local a, b, c = pto.tensor{4}, pto.tensor{4}, pto.tensor{4}
+    local args = pto.args{{a, "in"}, {b, pto.INPUT}, {c, "out"}, scalars = {42, 0.5}}
+    assert.are.equal(3, #args)
+    assert.are.same({"in", "in", "out"}, {args:tag(1), args:tag(2), args:tag(3)})
+    assert.are.equal(c, args:tensor(3))
+    assert.are.equal(2, args:scalar_count())
+    assert.are.equal(42, args:scalar(1))
+    assert.are.equal(0.5, args:scalar(2))
+    local bare = pto.args{a, {b, "no_dep"}}   -- a bare tensor is an INPUT
+    assert.are.same({"in", "no_dep"}, {bare:tag(1), bare:tag(2)})
+    assert.are.equal(0, #pto.args{})
+  end)
+end)
+
+describe("CallConfig (§2)", function()
+  it("has the documented defaults", function()
+    local c = pto.CallConfig()
+    assert.are.equal(0, c.block_dim)
+    assert.are.equal(3, c.aicpu_thread_num)
+    assert.are.equal(0, c.enable_l2_swimlane)
+    assert.are.equal(0, c.enable_dump_tensor)
+    assert.are.equal(0, c.enable_pmu)
+    assert.are.equal(0, c.enable_dep_gen)
+    assert.are.equal("", c.output_prefix)
+    assert.are.equal(3, pto.CallConfig{}.aicpu_thread_num)
+  end)
+
+  it("takes every field in the constructor and by assignment", function()
+    local c = pto.CallConfig{block_dim = 24, aicpu_thread_num = 4, enable_l2_swimlane = 1, enable_dump_tensor = true,
+                             enable_pmu = 1, enable_dep_gen = 1, output_prefix = "out/run1"}
+    assert.are.same({24, 4, 1, 1, 1, 1, "out/run1"},
+      {c.block_dim, c.aicpu_thread_num, c.enable_l2_swimlane, c.enable_dump_tensor, c.enable_pmu, c.enable_dep_gen,
+       c.output_prefix})
+    c.block_dim = 8
+    c.output_prefix = "x"
+    assert.are.equal(8, c.block_dim)
+    assert.are.equal("x", c.output_prefix)
+    assert.truthy(tostring(c):find("block_dim = 8", 1, true))
+  end)
+
+  it("rejects unknown fields", function()
+    assert_error(function() pto.CallConfig{block_dims = 1} end, "pto.CallConfig: ", "unknown field 'block_dims'")
+    local c = pto.CallConfig()
+    assert_error(function() return c.nope end, "CallConfig: ", "unknown field 'nope'")
+    assert_error(function() c.nope = 1 end, "CallConfig: ", "unknown field 'nope'")
+  end)
+end)
+
+describe("Worker (§3)", function()
+  it("has the documented defaults", function()
+    local w = pto.Worker{}
+    assert.are.equal(3, w.level)
+    assert.are.equal("thread", w.mode)   -- the only mode of this build
+    assert.are.equal(0, w.chips)
+    assert.are.equal(0, w.num_sub_workers)
+    assert.is_false(w.initialized)
+    assert.truthy(tostring(w):find("not initialised"))
+    assert.are.equal(w, w:init())
+    assert.is_true(w.initialized)
+    local s = w:stats()
+    assert.are.equal(4, #s.rings)
+    for _, ring in ipairs(s.rings) do assert.are.equal(1 << 30, ring.capacity_bytes) end   -- 1 GiB per ring
+    w:close()
+    local w0 = pto.Worker()
+    assert.are.equal(3, w0.level)
+    w0:close()
+  end)
+
+  it("takes every construction option", function()
+    local w = pto.Worker{level = 3, mode = "thread", chips = 2, num_sub_workers = 1, heap_ring_size = 1 << 20,
+                         alloc_timeout_ms = 500, chip_runtime = H.CHIPSIM, queue_depth = 1}
+    assert.are.same({3, "thread", 2, 1}, {w.level, w.mode, w.chips, w.num_sub_workers})
+    H.check_vector_add(w, w:register(pto.chip_kernel("vector_add")))
+    local s = w:stats()
+    assert.are.equal(2, s.chips)
+    assert.are.equal(1, s.sub_workers)
+    assert.are.equal(1 << 20, s.rings[1].capacity_bytes)
+    w:close()
+  end)
+
+  it("registers Lua functions and chip kernels by name or by library and symbol", function()
+    local w = pto.Worker{chips = 1, num_sub_workers = 1}
+    local seen
+    local hs = w:register(function(args) seen = args:scalar(1) end)
+    local hk = w:register(pto.chip_kernel("vector_add"))
+    local hl = w:register(pto.chip_kernel{lib = H.CHIPSIM, symbol = "vector_add"})
+    local hd = w:register(pto.chip_kernel{symbol = "vector_mul"})   -- lib defaults to the Worker's runtime
+    assert.truthy(tostring(hs):find("^handle%(sub %d+%)$"), tostring(hs))
+    assert.truthy(tostring(hk):find("^handle%(chip %d+%)$"), tostring(hk))
+    assert.are.equal("chip_kernel(vector_add)", tostring(pto.chip_kernel("vector_add")))
+    H.check_vector_add(w, hk)
+    H.check_vector_add(w, hl)
+    local a, b, c = pto.tensor{8}, pto.tensor{8}, pto.tensor{8}
+    a:fill(3)
+    b:fill(4)
+    w:run(function(orch)
+      orch:submit_sub(hs, pto.args{scalars = {77}})
+      orch:submit_next_level(hd, pto.args{a, b, {c, "out"}})
+    end)
+    assert.are.equal(77, seen)
+    assert.are.same({12, 12, 12, 12, 12, 12, 12, 12}, c:totable())
+    w:close()
+  end)
+
+  it("runs fn(orch, args, cfg) in the outer scope and returns what fn returned", function()
+    local A, C = pto.TaskArgs(), pto.CallConfig()
+    local n, x, y, z = (function(...) return select("#", ...), ... end)(W:run(function(orch, args, cfg)
+      assert.are.equal(A, args)
+      assert.are.equal(C, cfg)
+      assert.are.equal(0, orch:scope_depth())
+      assert.are.equal(W, orch:worker())
+      return 1, nil, "three"
+    end, A, C))
+    assert.are.same({3, 1, nil, "three"}, {n, x, y, z})
+    assert.are.equal(0, select("#", W:run(function() end)))
+  end)
+
+  it("raises the first failure naming the task, callable, worker and cause; the next run succeeds", function()
+    local t, u = pto.tensor{4}, pto.tensor{4}
+    local failed0 = W:stats().tasks_failed
+    local ok, err = pcall(run, function(orch)
+      sleep(orch, 1000)                                                          -- task 0
+      orch:submit_next_level(K.fail, pto.args{{t, "out"}, scalars = {7}}, nil, {worker = 2})   -- task 1
+      mark(orch, 1, {t, "in"})                                                   -- never runs
+      local s = sleep(orch, 100000, {u, "out"})
+      orch:submit_next_level(K.fail, pto.args{{u, "in"}, scalars = {8}})        -- fails later
+      return s
+    end)
+    assert.is_false(ok)
+    assert.are.equal("string", type(err))
+    assert.are.equal("Worker:run: ", err:sub(1, 12), err)
+    assert.truthy(err:find("task 1", 1, true), err)
+    assert.truthy(err:find("'fail'", 1, true), err)
+    assert.truthy(err:find("chip 2", 1, true), err)
+    assert.truthy(err:find("fail kernel called with code 7", 1, true), err)
+    assert.is_nil(err:find("code 8", 1, true))
+    assert.are.equal(0, #log)   -- the failed task's consumer did not run
+    assert.are.equal(failed0 + 3, W:stats().tasks_failed)   -- both failures and the consumer not run
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("reports a Lua error in a sub callable with its message and traceback", function()
+    local bad = W:register(function(args) error("sub exploded with " .. args:scalar(1)) end, "exploder")
+    local ok, err = pcall(W.run, W, function(orch) orch:submit_sub(bad, pto.args{scalars = {42}}) end)
+    assert.is_false(ok)
+    assert.are.equal("Worker:run: ", err:sub(1, 12), err)
+    assert.truthy(err:find("callable 'exploder' on sub %d"), err)
+    assert.truthy(err:find("sub exploded with 42", 1, true), err)
+    assert.truthy(err:find("api_spec.lua:%d+:"), err)
+    assert.truthy(err:find("stack traceback", 1, true), err)
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("propagates an error raised by fn unchanged, after draining in-flight tasks", function()
+    local t = pto.tensor{4}
+    local obj = setmetatable({}, {__tostring = function() return "my error object" end})
+    local start = clock()
+    local ok, err = pcall(W.run, W, function(orch)
+      sleep(orch, 200000, {t, "out"})
+      fill(orch, 7, {t, "inout"})
+      error(obj)
+    end)
+    assert.is_false(ok)
+    assert.is_true(rawequal(obj, err))
+    assert.is_true(clock() - start >= 0.2 - EPS, "run returned before its tasks drained")
+    assert.are.same({7, 7, 7, 7}, t:totable())
+    ok, err = pcall(W.run, W, function() error("plain text", 0) end)
+    assert.are.equal("plain text", err)
+    -- fn's own error wins over a task failure
+    ok, err = pcall(W.run, W, function(orch)
+      orch:submit_next_level(K.fail, pto.args{scalars = {1}})
+      error(obj)
+    end)
+    assert.is_true(rawequal(obj, err))
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("closes idempotently, as a to-be-closed value, and by __gc", function()
+    local w = pto.Worker{chips = 1}
+    local h = w:register(pto.chip_kernel("vector_add"))
+    H.check_vector_add(w, h)
+    w:close()
+    assert.is_true(w.closed)
+    w:close()
+    assert.truthy(tostring(w):find("closed"))
+    assert_error(function() w:run(function() end) end, "Worker:run: ", "closed")
+    local ref
+    do
+      local w2 <close> = pto.Worker{chips = 1, num_sub_workers = 1}
+      ref = w2
+      H.check_vector_add(w2, w2:register(pto.chip_kernel("vector_add")))
+      assert.is_false(w2.closed)
+    end
+    assert.is_true(ref.closed)
+    do
+      local w3 = pto.Worker{chips = 1}
+      w3:init()
+    end
+    collectgarbage()
+    collectgarbage()
+  end)
+
+  it("reports flow-control statistics", function()
+    local w = pto.Worker{chips = 1, num_sub_workers = 1, heap_ring_size = 1 << 20}
+    local hadd = w:register(pto.chip_kernel("vector_add"))
+    local hsub = w:register(function() end)
+    local s0 = w:stats()
+    assert.are.equal(0, s0.tasks_submitted)
+    local a, b = pto.tensor{16}, pto.tensor{16}
+    w:run(function(orch)
+      local c = pto.tensor_spec{16}
+      orch:submit_next_level(hadd, pto.args{a, b, {c, "out"}})
+      orch:submit_sub(hsub, pto.args{c})
+      orch:alloc({16}, "f32")
+    end)
+    local s = w:stats()
+    assert.are.equal(2, s.tasks_submitted)
+    assert.are.equal(2, s.tasks_completed)
+    assert.are.equal(0, s.tasks_failed)
+    assert.are.equal(1, s.allocs)
+    assert.are.equal(1, s.runs)
+    assert.are.equal(3, s.level)
+    assert.are.equal(1, s.chips)
+    assert.are.equal(1, s.sub_workers)
+    assert.are.equal(0, s.tasks_live)
+    for _, k in ipairs{"tasks_live_hwm", "ready_hwm", "tensormap_hwm", "tensormap_live"} do
+      assert.are.equal("integer", math.type(s[k]), k)
+    end
+    assert.is_true(s.tasks_live_hwm >= 2)
+    assert.are.equal(4, #s.rings)
+    for i, r in ipairs(s.rings) do
+      assert.are.equal(i - 1, r.ring)
+      assert.are.equal(1 << 20, r.capacity_bytes)
+      assert.are.equal(0, r.stalls)
+      assert.are.equal(0, r.stall_ms)
+      assert.are.equal(0, r.used_bytes)
+      assert.are.equal(0, r.live_slabs)
+    end
+    assert.is_true(s.rings[1].hwm_bytes >= 2 * 1024)   -- the automatic OUTPUT's slab and the alloc
+    local report = w:stats_report()
+    assert.truthy(report:find("Flow Control Statistics", 1, true))
+    assert.truthy(report:find("Tasks: 2 submitted, 2 completed, 0 failed", 1, true), report)
+    assert.truthy(report:find("Heap Ring 3", 1, true))
+    assert.truthy(report:find("Sizing Recommendations", 1, true))
+    w:close()
+  end)
+
+  it("prints the same report with print_stats", function()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+      local w = pto.Worker{chips = 1}
+      local h = w:register(pto.chip_kernel("fill"))
+      w:run(function(orch) orch:submit_next_level(h, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}}) end)
+      io.stdout:write(w:stats_report(), "<<END>>\n")
+      io.stdout:flush()
+      w:print_stats()
+      w:close()
+    ]])
+    f:close()
+    local p = assert(io.popen(("%q %q 2>&1"):format(assert(os.getenv("PTOLUA")), script)))
+    local out = p:read("a")
+    local ok = p:close()
+    os.remove(script)
+    assert.is_true(ok, out)
+    local report, printed = out:match("^(.*)<<END>>\n(.*)$")
+    assert.truthy(report, out)
+    assert.truthy(report:find("Tasks: 1 submitted, 1 completed", 1, true), report)
+    assert.are.equal(report, printed)
+  end)
+
+  it("runs tasks on tensors created after init", function()
+    local w = pto.Worker{chips = 1, num_sub_workers = 1}
+    local h = w:register(pto.chip_kernel("vector_add"))
+    local hs = w:register(function(args) local t = args:tensor(1); for i = 1, #t do t[i] = t[i] + 1 end end)
+    w:init()
+    local a, b, c = pto.tensor({32}, "i32"), pto.tensor({32}, "i32"), pto.tensor({32}, "i32")
+    a:fill(1)
+    b:fill(2)
+    w:run(function(orch)
+      orch:submit_next_level(h, pto.args{a, b, {c, "out"}})
+      orch:submit_sub(hs, pto.args{{c, "inout"}})
+    end)
+    for i = 1, 32 do assert.are.equal(4, c[i]) end
+    w:close()
+  end)
+end)
+
+describe("orchestrator (§4)", function()
+  it("submits next-level tasks with and without a CallConfig; ids count from 0 in each run", function()
+    local a, b, c, d = pto.tensor{8}, pto.tensor{8}, pto.tensor{8}, pto.tensor{8}
+    for i = 1, 8 do a[i] = i; b[i] = 10 end
+    for _ = 1, 2 do
+      local ids = {W:run(function(orch)
+        local i1 = orch:submit_next_level(K.vector_add, pto.args{a, b, {c, "out"}})
+        local i2 = orch:submit_next_level(K.vector_mul, pto.args{c, b, {d, "out"}}, pto.CallConfig{block_dim = 4})
+        local i3 = orch:submit_next_level(K.vector_scale, pto.args{d, {d, "out_existing"}, scalars = {0.5}}, nil)
+        return i1, i2, i3
+      end)}
+      assert.are.same({0, 1, 2}, ids)
+    end
+    for i = 1, 8 do
+      assert.are.equal(i + 10, c[i])
+      assert.are.equal((i + 10) * 5, d[i])
+    end
+  end)
+
+  it("pins next-level tasks with {worker = id}: pinned to one chip they serialise", function()
+    local u1, u2 = pto.tensor{4}, pto.tensor{4}
+    local function twice(p1, p2)
+      run(function(orch)
+        orch:submit_next_level(K.sleep_us, targs(200000, {u1, "out"}), nil, p1)
+        orch:submit_next_level(K.sleep_us, targs(200000, {u2, "out"}), nil, p2)
+        mark(orch, 1, {u1, "in"}, {u2, "in"})
+      end)
+      return entry(1).t
+    end
+    local same = twice({worker = 2}, {worker = 2})
+    assert.is_true(same >= 0.4 - EPS, ("two tasks pinned to chip 2 overlapped (%.3f s)"):format(same))
+    local apart = twice({worker = 1}, {worker = 2})
+    assert.is_true(apart >= 0.2 - EPS and apart < 0.4, ("pinned to chips 1 and 2: %.3f s"):format(apart))
+    local free = twice(nil, nil)
+    assert.is_true(free >= 0.2 - EPS and free < 0.4, ("unpinned: %.3f s"):format(free))
+  end)
+
+  it("pins sub tasks with {worker = id}", function()
+    run(function(orch)
+      orch:submit_sub(MARK, targs(1), {worker = 1})
+      orch:submit_sub(MARK, targs(2), {worker = 2})
+      orch:submit_sub(MARK, targs(3), {worker = 1})
+      orch:submit_sub(MARK, targs(4), {worker = 2})
+    end)
+    assert.are.equal(entry(1).thread, entry(3).thread)
+    assert.are.equal(entry(2).thread, entry(4).thread)
+    assert.are_not.equal(entry(1).thread, entry(2).thread)
+  end)
+
+  it("submit_next_level_group runs members on distinct chips; a consumer waits for all", function()
+    local u1, u2 = pto.tensor{4}, pto.tensor{4}
+    for _, opts in ipairs{{}, {workers = {2, 1}}} do
+      local r = run(function(orch)
+        local g = orch:submit_next_level_group(K.sleep_us,
+          {targs(300000, {u1, "out"}), targs(250000, {u2, "out"})}, pto.CallConfig(), opts.workers and opts)
+        local c = mark(orch, 1, {u2, "in"})   -- reads only the faster member's output
+        return {g = g, size = orch:task(g).group_size, kind = orch:task(g).kind, cp = producers(orch, c)}
+      end)
+      assert.are.equal(2, r.size)
+      assert.are.equal("next_level", r.kind)
+      assert.are.same({r.g}, r.cp)
+      local t = entry(1).t
+      assert.is_true(t >= 0.3 - EPS, ("the consumer did not wait for every member (%.3f s)"):format(t))
+      assert.is_true(t < 0.55, ("the members did not run in parallel (%.3f s)"):format(t))
+    end
+  end)
+
+  it("submit_sub_group runs members on distinct sub workers; a consumer waits for all", function()
+    local u1, u2 = pto.tensor{4}, pto.tensor{4}
+    local r = run(function(orch)
+      local g = orch:submit_sub_group(MARK, {targs(1, {u1, "out"}), targs(2, {u2, "out"})})
+      local c = mark(orch, 3, {u1, "in"})
+      local p = orch:submit_sub_group(MARK, {targs(4), targs(5)}, {workers = {2, 1}})
+      orch:submit_sub(MARK, targs(6), {worker = 2})
+      return {g = g, cp = producers(orch, c), size = orch:task(g).group_size, p = p}
+    end)
+    assert.are.equal(2, r.size)
+    assert.are.same({r.g}, r.cp)
+    assert.are_not.equal(entry(1).thread, entry(2).thread)
+    assert.is_true(before(1, 3) and before(2, 3))
+    assert.are.equal(entry(6).thread, entry(4).thread)   -- member 1 was pinned to sub worker 2
+    assert.are_not.equal(entry(4).thread, entry(5).thread)
+  end)
+
+  it("submits sub tasks with and without args; sub tensors alias the submitted storage", function()
+    local t, res = pto.tensor({8}, "i32"), pto.tensor({8}, "i32")
+    local seen = {}
+    local writer = W:register(function(args)
+      local x = args:tensor(1)
+      seen.n, seen.dtype, seen.shape = #args, x.dtype, x.shape
+      seen.i, seen.f, seen.count = args:scalar(1), args:scalar_float(2), args:scalar_count()
+      for i = 1, #x do x[i] = i * args:scalar(1) end
+    end)
+    local noargs = W:register(function(args) seen.empty = #args + args:scalar_count() end)
+    run(function(orch)
+      orch:submit_sub(noargs)
+      orch:submit_sub(writer, pto.args{{t, "out"}, scalars = {3, 2.5}})
+      orch:submit_next_level(K.copy, pto.args{t, {res, "out"}})
+    end)
+    assert.are.equal(0, seen.empty)
+    assert.are.same({1, "i32", {8}, 3, 2.5, 2}, {seen.n, seen.dtype, seen.shape, seen.i, seen.f, seen.count})
+    for i = 1, 8 do
+      assert.are.equal(3 * i, t[i])
+      assert.are.equal(3 * i, res[i])
+    end
+  end)
+
+  it("invalidates a sub's argument tensors after the call", function()
+    local kept
+    local keeper = W:register(function(args) kept = args:tensor(1) end)
+    run(function(orch) orch:submit_sub(keeper, pto.args{pto.tensor{4}}) end)
+    assert_error(function() return kept[1] end, "Tensor: ", "valid only during that call")
+  end)
+
+  it("allocates from the scope's heap ring with orch:alloc", function()
+    local res = pto.tensor({16}, "f32")
+    local kept, inner
+    run(function(orch)
+      local x = orch:alloc({16}, "f32")
+      assert.are.same({16}, x.shape)
+      assert.are.equal("f32", x.dtype)
+      x:fill(2)
+      x[16] = 5
+      assert.are.equal(5, x[16])
+      orch:submit_next_level(K.copy, pto.args{x, {res, "out"}})
+      orch:scope(function()
+        inner = orch:alloc({4}, "i32")
+        inner[1] = 9
+        assert.are.equal(9, inner[1])
+      end)
+      assert_error(function() return inner[1] end, "Tensor: ", "lives only until its scope ends")
+      assert.are.equal(2, x[1])   -- the outer scope's alloc is still alive
+      kept = x
+    end)
+    for i = 1, 15 do assert.are.equal(2, res[i]) end
+    assert.are.equal(5, res[16])
+    assert_error(function() return kept[1] end, "Tensor: ", "lives only until its scope ends")
+    assert_error(function() kept:fill(0) end, "Tensor:fill: ", "lives only until its scope ends")
+  end)
+
+  it("keeps an alloc'd tensor alive while a task writes it, whatever its tag, after its scope ended", function()
+    local w = pto.Worker{chips = 1, heap_ring_size = 4096}
+    local sl = w:register(pto.chip_kernel("sleep_us"))
+    local xa, ya, dt
+    w:run(function(orch)
+      do
+        local s <close> = orch:scope()
+        local x = orch:alloc({512}, "f32")   -- 2 KiB of the 4 KiB ring
+        xa = x.address
+        orch:submit_next_level(sl, targs(200000, {x, "out"}))   -- an OUTPUT writer, still running at scope end
+      end
+      local t0 = clock()
+      do
+        local s <close> = orch:scope()
+        ya = orch:alloc({768}, "f32").address   -- 3 KiB: fits only once the writer is done
+      end
+      dt = clock() - t0
+    end)
+    assert.is_true(dt >= 0.2 - EPS, ("the writer's slab was recycled while it ran (%.3f s)"):format(dt))
+    assert.are.equal(1, w:stats().rings[2].stalls)
+    assert.are.equal(xa, ya)   -- the same ring memory, once free
+    w:close()
+  end)
+
+  it("allocates unset OUTPUTs (pto.tensor_spec) at submit, readable inside their scope", function()
+    local a, b, res = pto.tensor{16}, pto.tensor{16}, pto.tensor{16}
+    for i = 1, 16 do a[i] = i; b[i] = 2 * i end
+    local spec = pto.tensor_spec({16}, "f32")
+    local s1, s2 = pto.tensor_spec({16}, "f32"), pto.tensor_spec({4, 4}, "i32")
+    assert.is_false(spec.is_set)
+    assert.are.same({16}, spec.shape)
+    local r = run(function(orch)
+      local id = orch:submit_next_level(K.vector_add, pto.args{a, b, {spec, "out"}})
+      assert.is_true(spec.is_set)
+      assert.are.same({16}, spec.shape)
+      local info = H.wait_state(orch, id, {"completed"})
+      local vals = spec:totable()
+      local c = orch:submit_next_level(K.copy, pto.args{spec, {res, "out"}})
+      local two = sleep(orch, 1, {s1, "out"}, {s2, "out"})   -- two unset OUTPUTs of one submit
+      return {id = id, info = info, vals = vals, cp = producers(orch, c), a1 = s1.address, a2 = s2.address,
+              two = orch:task(two), s2shape = s2.shape, s2dtype = s2.dtype}
+    end)
+    for i = 1, 16 do
+      assert.are.equal(3 * i, r.vals[i])
+      assert.are.equal(3 * i, res[i])
+    end
+    assert.are.same({r.id}, r.cp)
+    assert.are.equal("integer", math.type(r.info.ring))
+    assert.is_true(r.info.slab_bytes >= 64)
+    -- one packed slab, each OUTPUT 1024-byte aligned in it (seed 000 §8b)
+    assert.are.same({4, 4}, r.s2shape)
+    assert.are.equal("i32", r.s2dtype)
+    assert.is_true(r.two.slab_bytes >= 2 * 1024, r.two.slab_bytes)
+    assert.is_true(r.a2 > r.a1 and (r.a2 - r.a1) % 1024 == 0 and r.a2 - r.a1 < r.two.slab_bytes)
+    assert_error(function() return spec[1] end, "Tensor: ", "scope ends")
+  end)
+
+  it("opens scopes as a function, a to-be-closed value and raw begin/end", function()
+    local r = run(function(orch)
+      local out = {}
+      out.d0 = orch:scope_depth()
+      out.ret = {orch:scope(function(o)
+        assert.are.equal(orch, o)
+        return orch:scope_depth(), "b"
+      end)}
+      do
+        local s <close> = orch:scope()
+        out.d1 = orch:scope_depth()
+        do
+          local s2 <close> = orch:scope()
+          out.d2 = orch:scope_depth()
+        end
+        out.d1b = orch:scope_depth()
+      end
+      out.after = orch:scope_depth()
+      out.raw = orch:scope_begin()
+      orch:scope_end()
+      out.rawafter = orch:scope_depth()
+      local ok = pcall(orch.scope, orch, function() error("inside") end)
+      out.err_ok, out.err_depth = ok, orch:scope_depth()
+      for i = 1, pto.MAX_SCOPE_DEPTH do assert.are.equal(i, orch:scope_begin()) end
+      out.max = orch:scope_depth()
+      assert_error(function() orch:scope_begin() end, "orch:scope_begin: ", "64")
+      for _ = 1, pto.MAX_SCOPE_DEPTH do orch:scope_end() end
+      assert_error(function() orch:scope_end() end, "orch:scope_end: ", "scope_begin")
+      return out
+    end)
+    assert.are.same({d0 = 0, ret = {1, "b"}, d1 = 1, d2 = 2, d1b = 1, after = 0, raw = 1, rawafter = 0, err_ok = false,
+                     err_depth = 0, max = 64}, r)
+    assert.are.equal(64, pto.MAX_SCOPE_DEPTH)
+  end)
+
+  it("inspects tasks: orch:task, orch:tasks, orch:dag, orch:dot", function()
+    local x, y, z = pto.tensor{4}, pto.tensor{4}, pto.tensor{4}
+    local ok, err = pcall(run, function(orch)
+      local a = orch:submit_next_level(K.vector_add, pto.args{x, y, {z, "out"}})
+      local b = mark(orch, 1, {z, "in"})
+      orch:alloc({4}, "f32")                 -- id 2, an alloc slot
+      local spec = pto.tensor_spec{4}
+      local d = orch:submit_next_level(K.copy, pto.args{z, {spec, "out"}})
+      local ta, tb, td = orch:task(a), orch:task(b), orch:task(d)
+      assert.are.same({0, 1, 3}, {a, b, d})
+      for _, t in ipairs{ta, tb, td} do
+        assert.truthy(({pending = 1, ready = 1, running = 1, completed = 1, consumed = 1})[t.state], t.state)
+        assert.are.equal("integer", math.type(t.callable))
+        assert.are.equal("integer", math.type(t.fanout))
+        assert.is_nil(t.error)
+      end
+      assert.are.equal(a, ta.id)
+      assert.are.equal("next_level", ta.kind)
+      assert.are.equal("sub", tb.kind)
+      assert.are.equal(0, ta.fanin)
+      assert.are.same({}, ta.producers)
+      assert.are.same({b, d}, sorted(ta.consumers))
+      assert.are.equal(1, tb.fanin)
+      assert.are.same({a}, tb.producers)
+      assert.are.same({}, tb.consumers)
+      assert.is_nil(ta.ring)                 -- no slab
+      assert.are.equal("integer", math.type(td.ring))
+      local list = orch:tasks()
+      assert.are.equal(4, #list)
+      assert.are.equal(orch:task_count(), #list)
+      for i, t in ipairs(list) do assert.are.equal(i - 1, t.id) end
+      assert.are.equal("alloc", list[3].kind)
+      local dag = orch:dag()
+      assert.are.equal(4, #dag.nodes)
+      local edges = {}
+      for _, e in ipairs(dag.edges) do edges[#edges + 1] = e.from .. "->" .. e.to end
+      table.sort(edges)
+      assert.are.same({"0->1", "0->3"}, edges)
+      local dot = orch:dot()
+      assert.truthy(dot:find("^digraph pto {\n"), dot)
+      assert.truthy(dot:find("\n}\n$"), dot)
+      local nodes, arrows = 0, 0
+      for line in dot:gmatch("[^\n]+") do
+        if line:find("^  t%d+ %[label=\".*\", fillcolor=%w+%];$") then nodes = nodes + 1
+        elseif line:find("^  t%d+ %-> t%d+;$") then arrows = arrows + 1
+        else assert.truthy(line == "digraph pto {" or line == "}" or line:find("^  %w+ ?%[?.*;$"), line) end
+      end
+      assert.are.equal(4, nodes)
+      assert.are.equal(2, arrows)
+      assert.truthy(dot:find("  t0 -> t1;", 1, true))
+      assert.truthy(dot:find("  t0 -> t3;", 1, true))
+      -- a failed task carries its error while the run lasts
+      local f = orch:submit_next_level(K.fail, pto.args{scalars = {3}})
+      local tf = H.wait_state(orch, f, {"failed"})
+      assert.truthy(tf.error and tf.error:find("fail kernel called with code 3", 1, true), tf.error)
+      assert.truthy(orch:dot():find("fillcolor=tomato", 1, true))
+    end)
+    assert.is_false(ok)
+    assert.truthy(err:find("code 3", 1, true), err)
+  end)
+
+  it("is unusable after its run", function()
+    local kept = W:run(function(orch) return orch end)
+    assert.truthy(tostring(kept):find("run ended", 1, true))
+    assert_error(function() kept:submit_sub(MARK, targs(1)) end, "orch:submit_sub: ", "run has ended")
+    assert_error(function() kept:task(0) end, "orch:task: ", "run has ended")
+    assert_error(function() kept:tasks() end, "orch:tasks: ", "run has ended")
+    assert_error(function() kept:dag() end, "orch:dag: ", "run has ended")
+    assert_error(function() kept:dot() end, "orch:dot: ", "run has ended")
+  end)
+end)

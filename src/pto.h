@@ -113,10 +113,20 @@ typedef struct pto_task_args {
 typedef int (*pto_leaf_fn)(void *ctx, uint64_t callable, const pto_args_view *args,
                            const pto_call_config *cfg, char *err, size_t errlen);
 
+/* PROCESS mode, in the child: prepare before the first task (e.g. dlopen a
+ * chip runtime); 0, or non-zero with a reason in err (init then fails). */
+typedef int (*pto_leaf_start_fn)(void *ctx, char *err, size_t errlen);
+/* PROCESS mode, in the child: install a callable shipped after the fork
+ * (pto_worker_ship_callable) before its first task; 0 or non-zero with err. */
+typedef int (*pto_leaf_load_fn)(void *ctx, uint64_t callable, const void *blob, size_t len, char *err,
+                                size_t errlen);
+
 typedef struct pto_leaf {
     pto_leaf_fn run;
     void *ctx;
-    const char *name;     /* for messages, e.g. "chip"; may be NULL */
+    const char *name;          /* for messages, e.g. "chip 1"; may be NULL */
+    pto_leaf_start_fn start;   /* may be NULL */
+    pto_leaf_load_fn load;     /* may be NULL: shipped callables then fail */
 } pto_leaf;
 
 typedef struct pto_worker_config {
@@ -125,6 +135,7 @@ typedef struct pto_worker_config {
     uint64_t heap_ring_size;     /* bytes per ring; 0 = 1 GiB */
     uint32_t alloc_timeout_ms;   /* 0 = 10000 */
     int32_t queue_depth;         /* tasks staged per worker thread; 0 = 2 */
+    uint32_t start_timeout_ms;   /* PROCESS mode: children must report ready within this at init; 0 = 10000 */
 } pto_worker_config;
 
 /* Flow-control statistics of one Worker (seed 002 §Stall Tracking). */
@@ -205,6 +216,10 @@ void pto_worker_close(pto_worker *w);
 void pto_worker_shutdown(pto_worker *w);
 /* Async-signal-safe: the current run stops dispatching, fails what has not started, and its end reports "interrupted"; the next run is normal. */
 void pto_worker_interrupt(pto_worker *w);
+/* PROCESS mode: children forked before callable existed get blob (copied into shared memory) through their leaf's load hook before its first task. 0 or -1. */
+int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob, size_t len);
+/* PROCESS mode: pid of the child serving worker index of kind now, or -1. */
+int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index);
 /* Name a callable of kind for failure messages ("task 3 (callable 'name' on chip 1) failed: ..."). */
 void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name);
 /* Copy the Worker's flow-control statistics into out. */

@@ -10,6 +10,9 @@
  * same name (ptolua links with -E) would interpose on it.
  */
 #include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +22,7 @@
 
 const char *const pto_chip_kernels[] = {
     "vector_add", "vector_mul", "vector_scale", "fill", "copy", "gemm_tile",
-    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", NULL,
+    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", NULL,
 };
 
 /* One definition of the ABI, so no kernel can drift from pto_kernel_fn. */
@@ -426,4 +429,18 @@ KERNEL(fail)
     if (args->scalar_count >= 1)
         return fail_with(err, errlen, "fail kernel called with code %lld", (long long)(int64_t)args->scalars[0]);
     return fail_with(err, errlen, "fail kernel called");
+}
+
+/* Dies the way a broken kernel does, for failure tests: scalar 0 picks how
+ * (0 or none: a SIGSEGV from a null write, 1: abort(), 2: _exit(3)). In
+ * PROCESS mode only the chip's child dies; in THREAD mode it takes the
+ * whole process with it, as a real crash would. */
+KERNEL(crash)
+{
+    (void)err, (void)errlen;
+    int64_t how = args->scalar_count >= 1 ? (int64_t)args->scalars[0] : 0;
+    if (how == 1) abort();
+    if (how == 2) _exit(3);
+    raise(SIGSEGV);
+    return 1;
 }

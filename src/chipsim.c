@@ -22,7 +22,7 @@
 
 const char *const pto_chip_kernels[] = {
     "vector_add", "vector_mul", "vector_scale", "fill", "copy", "gemm_tile",
-    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", NULL,
+    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", "noop", NULL,
 };
 
 /* One definition of the ABI, so no kernel can drift from pto_kernel_fn. */
@@ -443,4 +443,11 @@ KERNEL(crash)
     if (how == 2) _exit(3);
     raise(SIGSEGV);
     return 1;
+}
+
+/* Does nothing: the engine's own per-task cost, for benchmarks. */
+KERNEL(noop)
+{
+    (void)args, (void)err, (void)errlen;
+    return 0;
 }

@@ -407,6 +407,14 @@ int pto_shm_init(uint64_t bytes)
     return 0;
 }
 
+int pto_shm_is_child(void)
+{
+    pthread_mutex_lock(&A.lock);
+    int child = A.child;
+    pthread_mutex_unlock(&A.lock);
+    return child;
+}
+
 void *pto_shm_alloc(uint64_t nbytes)
 {
     char b1[32], b2[32], b3[32], b4[32];

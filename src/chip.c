@@ -93,6 +93,13 @@ const char *pto_chipsim_path(void)
 
 /* ---- registration ---- */
 
+/* PROCESS mode forks while other threads may register kernels: hold the
+ * registry's lock across every fork so a child never inherits it taken. */
+static void atfork_prepare(void) { pthread_mutex_lock(&reg_lock); }
+static void atfork_release(void) { pthread_mutex_unlock(&reg_lock); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_release, atfork_release); }
+
 /* The name a library is known by: absolute when lib names a file, so
  * "./k.so" and "/abs/k.so" are one library and a child that changed
  * directory still finds it; a bare name is left to dlopen's search. */
@@ -140,8 +147,8 @@ static void missing_symbol(void *h, const char *path, const char *symbol)
 static int64_t add_kernel(const char *path, const char *symbol, bool builtin)
 {
     uint32_t n = atomic_load_explicit(&kernel_count, memory_order_relaxed);
-    for (uint32_t i = 0; i < n; i++)
-        if (strcmp(kernels[i].symbol, symbol) == 0 && strcmp(kernels[i].lib, path) == 0) return i;
+    for (uint32_t i = 0; i < n; i++)   /* a child's table may have holes (install_kernel) */
+        if (kernels[i].fn && strcmp(kernels[i].symbol, symbol) == 0 && strcmp(kernels[i].lib, path) == 0) return i;
     if (n == PTO_MAX_KERNELS) {
         pto_set_error(ERR "the kernel table is full (%d kernels); register each kernel once and reuse its id",
                       PTO_MAX_KERNELS);
@@ -173,6 +180,7 @@ int64_t pto_kernel_register(const char *lib, const char *symbol)
         return -1;
     }
     char *path = lib_key(lib);
+    pthread_once(&atfork_once, atfork_register);
     pthread_mutex_lock(&reg_lock);
     int64_t id = add_kernel(path, symbol, builtin);
     pthread_mutex_unlock(&reg_lock);
@@ -190,7 +198,7 @@ uint32_t pto_kernel_count(void) { return atomic_load_explicit(&kernel_count, mem
 
 int pto_kernel_describe(uint64_t id, const char **lib, const char **symbol)
 {
-    if (id >= pto_kernel_count()) return -1;
+    if (id >= pto_kernel_count() || !kernels[id].fn) return -1;
     *lib = kernels[id].lib;
     *symbol = kernels[id].symbol;
     return 0;
@@ -214,4 +222,67 @@ static int chip_run(void *ctx, uint64_t callable, const pto_args_view *args, con
     return rc;
 }
 
-pto_leaf pto_chip_leaf(void) { return (pto_leaf){.run = chip_run, .ctx = NULL, .name = "chip"}; }
+/* ---- the chip leaf in a child process (PROCESS mode) ----
+ * ctx is the runtime the Worker's kernels come from by default (a path, or
+ * NULL for the built-in one). Kernels registered before init are in the
+ * table the child inherited; later ones arrive through the load hook. */
+
+/* Load the Worker's runtime in the child, so a runtime that cannot be
+ * loaded there fails init with dlopen's reason, not the first task. */
+static int chip_start(void *ctx, char *err, size_t errlen)
+{
+    if (!ctx) return 0;   /* the built-in runtime is loaded when a kernel needs it */
+    char *path = lib_key(ctx);
+    pthread_mutex_lock(&reg_lock);
+    void *h = open_lib(path, false);
+    pthread_mutex_unlock(&reg_lock);
+    free(path);
+    if (!h) snprintf(err, errlen, "%s", pto_errmsg());
+    return h ? 0 : 1;
+}
+
+/* blob: "lib\0symbol\0" (lib "" = ctx, or the built-in runtime): install the
+ * kernel as `callable`, the id the parent gave it. The blob came through
+ * shared memory: check its shape before trusting a string in it. */
+static int chip_load(void *ctx, uint64_t callable, const void *blob, size_t len, char *err, size_t errlen)
+{
+    const char *lib = blob, *end = lib + len;
+    const char *nul = memchr(lib, 0, len);
+    const char *symbol = nul ? nul + 1 : NULL;
+    if (!symbol || symbol >= end || !memchr(symbol, 0, (size_t)(end - symbol)) || !*symbol) {
+        snprintf(err, errlen, "chip: the shipped kernel %" PRIu64 " is malformed (expected \"lib\\0symbol\\0\")",
+                 callable);
+        return 1;
+    }
+    if (callable >= PTO_MAX_KERNELS) {
+        snprintf(err, errlen, "chip: kernel id %" PRIu64 " is beyond the table (%d kernels)", callable, PTO_MAX_KERNELS);
+        return 1;
+    }
+    bool builtin = !*lib && !ctx;
+    if (!*lib) lib = ctx ? ctx : pto_chipsim_path();
+    if (!lib) {
+        snprintf(err, errlen, "chip: the built-in chip runtime libpto_chipsim.so was not found in the child; set "
+                 "$PTO_CHIP_RUNTIME");
+        return 1;
+    }
+    char *path = lib_key(lib);
+    pthread_mutex_lock(&reg_lock);
+    void *h = open_lib(path, builtin);
+    void *fn = h ? dlsym(h, symbol) : NULL;
+    if (h && !fn) missing_symbol(h, path, symbol);
+    if (fn) {
+        uint32_t n = atomic_load_explicit(&kernel_count, memory_order_relaxed);
+        if (!kernels[callable].fn)
+            kernels[callable] = (pto_kernel_entry){(pto_kernel_fn)fn, pto_xstrdup(path), pto_xstrdup(symbol)};
+        if (callable >= n) atomic_store_explicit(&kernel_count, (uint32_t)callable + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    free(path);
+    if (!fn) snprintf(err, errlen, "%s", pto_errmsg());
+    return fn ? 0 : 1;
+}
+
+pto_leaf pto_chip_leaf(void)
+{
+    return (pto_leaf){.run = chip_run, .ctx = NULL, .name = "chip", .start = chip_start, .load = chip_load};
+}

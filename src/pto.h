@@ -276,6 +276,8 @@ int pto_shm_init(uint64_t bytes);
 void *pto_shm_alloc(uint64_t nbytes);
 /* Give back a block from pto_shm_alloc (NULL is a no-op); its whole pages are returned to the OS. */
 void pto_shm_free(void *p);
+/* 1 in a process forked from the arena's owner: it may use tensors but not allocate them. */
+int pto_shm_is_child(void);
 /* 1 if p lies inside the arena, else 0. */
 int pto_shm_contains(const void *p);
 /* Usable size of the block starting at p, or 0 if p is not a live block. */
@@ -294,7 +296,9 @@ const char *pto_chipsim_path(void);
 int64_t pto_kernel_register(const char *lib, const char *symbol);
 /* The kernel behind callable id, or NULL. */
 pto_kernel_fn pto_kernel_lookup(uint64_t callable);
-/* A leaf that runs kernel-table callables: what a THREAD-mode chip worker executes. */
+/* A leaf that runs kernel-table callables: what a chip worker executes. ctx: the runtime path kernels default to
+ * (NULL = built-in). PROCESS mode: its start hook dlopens ctx in the child; its load hook installs a kernel registered
+ * after init, shipped as "lib\0symbol\0" (lib "" = ctx or the built-in runtime), under the same callable id. */
 pto_leaf pto_chip_leaf(void);
 
 /* ffi-end */

@@ -2,13 +2,20 @@
 #include "common.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Lock order, coarse to fine, for every lock the engine takes (none is held
- * across a fork today): callable registry -> worker manager -> worker thread
- * -> scheduler (fail_mu) -> allocator -> tensormap. The handlers are landing
- * pads so that a lock added later has a documented place to be taken. */
+/* Lock order, coarse to fine, for every lock the engine takes: callable
+ * registry (chip reg_lock, the ship table's mutex) -> worker manager ->
+ * worker thread -> scheduler (fail_mu) -> allocator (arena, whose own
+ * atfork handlers take it across every fork) -> tensormap. The process
+ * module's fork_mu is held across the zygote's fork on purpose (no other
+ * fork may inherit the zygote's socket end); the zygote never takes it.
+ * PROCESS mode forks the zygote before this Worker has threads, and every
+ * child is forked by the single-threaded zygote, so no engine lock is ever
+ * held in a child. The handlers are landing pads so that a lock added
+ * later has a documented place to be taken. */
 static void atfork_prepare(void) {}
 static void atfork_parent(void) {}
 static void atfork_child(void) {}
@@ -61,7 +68,8 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
             return NULL;
         }
     }
-    pto_wm_init(&w->wm, c.mode, c.queue_depth);
+    if (c.start_timeout_ms == 0) c.start_timeout_ms = 10000;
+    pto_wm_init(&w->wm, c.mode, c.queue_depth, c.start_timeout_ms);
     pto_sched_init(&w->sched, &w->wm);
     return w;
 }
@@ -101,7 +109,8 @@ int pto_worker_init(pto_worker *w)
         return -1;
     }
     /* Children (PROCESS mode) are forked inside pto_wm_start before its
-     * threads exist; the scheduler thread comes last. */
+     * threads exist, and have all started when it returns; the scheduler
+     * thread comes last. */
     if (!pto_wm_start(&w->wm, &w->sched.ev)) return -1;
     pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
     if (!pto_sched_start(&w->sched)) {
@@ -128,6 +137,7 @@ pto_orch *pto_run_begin(pto_worker *w)
         return NULL;
     }
     pto_orch_begin(&w->orch);
+    atomic_store(&w->interrupts, 0);
     w->runs++;
     return &w->orch;
 }
@@ -138,7 +148,11 @@ int pto_run_end(pto_worker *w)
         pto_set_error("Worker:run: no run is open on this Worker");
         return -1;
     }
-    return pto_orch_end(&w->orch);
+    int rc = pto_orch_end(&w->orch);
+    /* Children that died in this run are back before it returns, so the
+     * next run starts with as many live children as the first. */
+    pto_wm_settle(&w->wm);
+    return rc;
 }
 
 void pto_worker_interrupt(pto_worker *w)
@@ -147,6 +161,10 @@ void pto_worker_interrupt(pto_worker *w)
     atomic_store(&w->sched.cancel, true);
     pto_event_notify(&w->sched.ev);
     pto_event_notify(&w->orch.ev);
+    /* A second interrupt of the same run stops tasks that are still running
+     * in child processes (they fail and their children are replaced). */
+    pto_proc *p = atomic_load(&w->wm.proc);
+    if (atomic_fetch_add(&w->interrupts, 1) >= 1 && p) pto_proc_kill_busy(p, PTO_KILL_INTERRUPT);
 }
 
 void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
@@ -159,6 +177,9 @@ void pto_worker_shutdown(pto_worker *w)
     if (!w) return;
     atomic_store(&w->shutdown, true);
     pto_event_notify(&w->orch.ev);
+    /* Nothing will wait for a task still running in a child. */
+    pto_proc *p = atomic_load(&w->wm.proc);
+    if (p) pto_proc_kill_busy(p, PTO_KILL_SHUTDOWN);
 }
 
 void pto_worker_close(pto_worker *w)
@@ -184,4 +205,38 @@ void *pto_worker_ring_base(pto_worker *w, int32_t r)
 int pto_worker_count(pto_worker *w, int32_t kind)
 {
     return w && (kind == PTO_NEXT_LEVEL || kind == PTO_SUB) ? w->wm.count[kind] : 0;
+}
+
+int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob, size_t len)
+{
+    const char *who = "Worker:register";
+    if (!w) {
+        pto_set_error("%s: no Worker", who);
+        return -1;
+    }
+    if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
+        pto_set_error("%s: unknown worker kind %d", who, kind);
+        return -1;
+    }
+    if (!blob || len == 0) {
+        pto_set_error("%s: nothing to ship for callable %llu (empty blob)", who, (unsigned long long)callable);
+        return -1;
+    }
+    /* THREAD mode runs every leaf in this process: nothing to ship. */
+    if (w->cfg.mode != PTO_MODE_PROCESS) return 0;
+    if (pto_ship_add(&w->wm.ships, kind, callable, blob, len) != 0) {
+        char why[PTO_ERRLEN];
+        snprintf(why, sizeof why, "%s", pto_errmsg());
+        pto_set_error("%s: %s", who, why);
+        return -1;
+    }
+    return 0;
+}
+
+int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
+{
+    if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) return -1;
+    pto_child *c = w->wm.threads[kind][index]->child;
+    pto_proc *p = atomic_load(&w->wm.proc);
+    return c && p ? pto_proc_child_pid(p, c->slot) : -1;
 }

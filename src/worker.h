@@ -19,6 +19,7 @@ struct pto_worker {
     struct pto_orch orch;
     bool inited;
     _Atomic bool shutdown;
+    _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;
 };
 

@@ -12,11 +12,13 @@
  * a core from the orchestrator on a 2-core machine. */
 #define WT_SPIN_NS 20000
 
-void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth)
+void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms)
 {
     memset(wm, 0, sizeof *wm);
     wm->mode = mode;
     wm->depth = depth < 1 ? 1 : depth > PTO_WT_QCAP ? PTO_WT_QCAP : depth;
+    wm->start_timeout_ms = start_timeout_ms;
+    pto_ship_init(&wm->ships);
 }
 
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
@@ -25,6 +27,8 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
     wt->kind = kind;
     wt->index = wm->count[kind];
     wt->leaf = *leaf;
+    wt->call = leaf->run;
+    wt->call_ctx = leaf->ctx;
     if (leaf->name) snprintf(wt->name, sizeof wt->name, "%s", leaf->name);
     else snprintf(wt->name, sizeof wt->name, "%s worker %d", kind == PTO_SUB ? "sub" : "next-level", wt->index);
     wt->wm = wm;
@@ -51,10 +55,10 @@ static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
     } else {
         const pto_member *m = &s->members[d->member];
         pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
-        char err[1024];
+        char err[PTO_MB_ERR_CAP];   /* room for a child's message with a Lua traceback */
         err[0] = 0;
         atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
-        int rc = wt->leaf.run(wt->leaf.ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
         if (rc != 0) {
             c.status = PTO_DONE_FAILED;
@@ -66,6 +70,9 @@ static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
     wt->cq[t & (PTO_WT_QCAP - 1)] = c;
     atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);
     pto_event_notify(wt->wm->sched_ev);
+    /* Reported first (a death must fail its task at once), then the
+     * replacement must be up before this thread takes its next task. */
+    if (wt->child) pto_proc_after_task(wt->child);
 }
 
 static void *wt_main(void *arg)
@@ -85,9 +92,45 @@ static void *wt_main(void *arg)
     return NULL;
 }
 
+/* PROCESS mode: the zygote and one child per worker thread, all started
+ * before any thread of this Worker exists (seed 004 §4.1). */
+static bool start_children(pto_worker_manager *wm)
+{
+    int32_t n = wm->count[0] + wm->count[1];
+    if (n == 0) return true;
+    const pto_leaf **leaves = pto_xcalloc((size_t)n, sizeof *leaves);
+    const char **names = pto_xcalloc((size_t)n, sizeof *names);
+    int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);
+    int32_t slot = 0;
+    for (int k = 0; k < 2; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
+            leaves[slot] = &wm->threads[k][i]->leaf;   /* lives as long as the Worker: the children read it */
+            names[slot] = wm->threads[k][i]->name;
+            kinds[slot] = k;
+        }
+    pto_proc_config pc = {.n = n, .leaves = leaves, .names = names, .kinds = kinds,
+                          .start_timeout_ms = wm->start_timeout_ms, .stopping = &wm->stopping, .ships = &wm->ships};
+    pto_proc *p = pto_proc_start(&pc);
+    free(leaves);
+    free(names);
+    free(kinds);
+    if (!p) return false;
+    slot = 0;
+    for (int k = 0; k < 2; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
+            pto_worker_thread *wt = wm->threads[k][i];
+            wt->child = pto_proc_child(p, slot);
+            wt->call = pto_proc_run;
+            wt->call_ctx = wt->child;
+        }
+    atomic_store(&wm->proc, p);
+    return true;
+}
+
 bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
 {
     wm->sched_ev = sched_ev;
+    if (wm->mode == PTO_MODE_PROCESS && !start_children(wm)) return false;
     for (int k = 0; k < 2; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
@@ -105,7 +148,9 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
 
 void pto_wm_stop(pto_worker_manager *wm)
 {
-    atomic_store_explicit(&wm->stopping, true, memory_order_release);
+    atomic_store_explicit(&wm->stopping, true, memory_order_seq_cst);
+    pto_proc *p = atomic_load(&wm->proc);
+    if (p) pto_proc_wake(p);   /* threads waiting on a child give up */
     for (int k = 0; k < 2; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
@@ -115,6 +160,18 @@ void pto_wm_stop(pto_worker_manager *wm)
             wt->started = false;
         }
     }
+    if (p) {
+        atomic_store(&wm->proc, NULL);
+        pto_proc_stop(p);
+        for (int k = 0; k < 2; k++)
+            for (int32_t i = 0; i < wm->count[k]; i++) wm->threads[k][i]->child = NULL;
+    }
+}
+
+void pto_wm_settle(pto_worker_manager *wm)
+{
+    pto_proc *p = atomic_load(&wm->proc);
+    if (p) pto_proc_settle(p);
 }
 
 void pto_wm_destroy(pto_worker_manager *wm)
@@ -129,6 +186,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
         }
         free(wm->threads[k]);
     }
+    pto_ship_destroy(&wm->ships);
     memset(wm, 0, sizeof *wm);
 }
 

@@ -1,8 +1,9 @@
 /* WorkerManager and WorkerThread (seed 004): one thread per child leaf
  * (chip, sub worker or nested Worker), fed by the scheduler through a
  * bounded single-producer queue and answering through another. In THREAD
- * mode the thread calls the leaf itself; PROCESS mode swaps the leaf for one
- * that talks to a forked child over a mailbox, and nothing here changes. */
+ * mode the thread calls the leaf itself; in PROCESS mode it calls the proc
+ * leaf (process.h), which ships the task to a forked child over a mailbox,
+ * and the user's leaf runs in that child. The scheduler cannot tell. */
 #ifndef PTO_WORKER_MANAGER_H
 #define PTO_WORKER_MANAGER_H
 
@@ -10,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include "event.h"
+#include "process.h"
 #include "pto.h"
 
 struct pto_slot;
@@ -33,7 +35,10 @@ typedef struct pto_completion {
 
 typedef struct pto_worker_thread {
     int32_t kind, index;
-    pto_leaf leaf;
+    pto_leaf leaf;                /* the user's: runs here (THREAD) or in the child (PROCESS) */
+    pto_leaf_fn call;             /* what this thread calls per task: leaf.run or pto_proc_run */
+    void *call_ctx;
+    pto_child *child;             /* PROCESS mode: its child's parent-side state */
     char name[32];
     struct pto_worker_manager *wm;
     pthread_t thread;
@@ -61,15 +66,23 @@ typedef struct pto_worker_manager {
     int32_t count[2], cap[2];
     _Atomic bool stopping;
     pto_event *sched_ev;          /* woken on every completion */
+    /* PROCESS mode */
+    uint32_t start_timeout_ms;
+    pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */
+    pto_ship_table ships;         /* callables shipped after the fork */
 } pto_worker_manager;
 
-void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth);
+void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);
 /* Register a leaf of kind before start; returns its index. */
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf);
-/* Start every worker thread; false with pto_errmsg set. */
+/* PROCESS mode: fork the zygote and every child and wait until they started;
+ * then (both modes) start every worker thread. false with pto_errmsg set. */
 bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
-/* Stop and join every worker thread (tasks still queued are abandoned). */
+/* Stop and join every worker thread (tasks still queued are abandoned), then
+ * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);
+/* PROCESS mode: wait until children that died in the run are replaced. */
+void pto_wm_settle(pto_worker_manager *wm);
 void pto_wm_destroy(pto_worker_manager *wm);
 
 /* Scheduler side: stage one member of slot on wt (wt->inflight < depth). */

@@ -1,0 +1,134 @@
+/* The shared-memory mailbox between one WorkerThread (the parent side) and
+ * the child process that runs its leaf in PROCESS mode (seed 004 §4.2-4.4).
+ *
+ * One mailbox per WorkerThread, each its own MAP_SHARED|MAP_ANONYMOUS
+ * mapping taken before any fork, so the zygote and every child it forks see
+ * it at the same address. Three processes write to it, each only in the
+ * states that give it ownership:
+ *
+ *   state        owner of the other fields      next state (by whom)
+ *   EMPTY        parent                         STARTING (parent, then asks the zygote to fork)
+ *   STARTING     child (rc, err: start failure) IDLE (child) or DEAD (zygote)
+ *   IDLE         parent (task fields)           TASK_READY / SHUTDOWN (parent) or DEAD (zygote)
+ *   TASK_READY   child (rc, err, loaded)        TASK_DONE (child) or DEAD (zygote)
+ *   TASK_DONE    parent                         IDLE (parent) or DEAD (zygote)
+ *   SHUTDOWN     -                              DEAD (zygote)
+ *   DEAD         parent (pid, exit fields are   STARTING (parent)
+ *                final: the zygote reaped it)
+ *
+ * Every transition is a CAS or an exchange, so a DEAD written by the zygote
+ * is never overwritten by a late parent store. A child whose start hook
+ * fails writes rc != 0 and the message, then exits: the zygote's DEAD
+ * (died_in = STARTING) is the one signal the parent waits for.
+ *
+ * Waiting: each side spins briefly (an adaptive budget, see pto_mb_spin)
+ * and then sleeps on a futex in the mailbox (pto_event, shared futexes, no
+ * PRIVATE flag); the other side issues FUTEX_WAKE only when the sleeper
+ * announced itself (Dekker, seq_cst), so a hand-off to a spinning peer
+ * costs no system call. */
+#ifndef PTO_MAILBOX_H
+#define PTO_MAILBOX_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "event.h"
+#include "pto.h"
+
+#define PTO_MB_BLOB_CAP (256u * 1024u)   /* bytes of args blob a task may carry */
+#define PTO_MB_ERR_CAP 4096u             /* error message incl. a Lua traceback */
+
+enum {
+    PTO_MB_EMPTY = 0,
+    PTO_MB_STARTING,
+    PTO_MB_IDLE,
+    PTO_MB_TASK_READY,
+    PTO_MB_TASK_DONE,
+    PTO_MB_SHUTDOWN,
+    PTO_MB_DEAD,
+    PTO_MB_NSTATES
+};
+
+/* Why the zygote killed a child (kill_reason), for the parent's message. */
+enum {
+    PTO_KILL_NONE = 0,
+    PTO_KILL_START_TIMEOUT,    /* start hook did not report in time */
+    PTO_KILL_INTERRUPT,        /* second interrupt of a run */
+    PTO_KILL_SHUTDOWN,         /* pto_worker_shutdown / close */
+};
+
+typedef struct pto_mailbox {
+    _Alignas(64) _Atomic uint32_t state;
+    _Atomic int32_t pid;             /* the child serving it (zygote and child write it) */
+    _Atomic int32_t wait_status;     /* waitpid status, final in DEAD */
+    _Atomic uint32_t died_in;        /* the state the child was reaped in */
+    _Atomic uint32_t kill_reason;    /* PTO_KILL_*, written by the zygote before it kills */
+    _Alignas(64) pto_event to_child;    /* the child sleeps here */
+    _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
+    /* The task: written by the parent before TASK_READY. */
+    _Alignas(64) uint64_t callable;
+    uint64_t load_addr, load_len;    /* shipped callable to install first (shared memory), or 0 */
+    uint32_t blob_len;
+    uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
+    pto_call_config cfg;
+    /* The result: written by the child before TASK_DONE (or before it exits
+     * when its start hook failed). */
+    int32_t rc;
+    uint32_t loaded;                 /* 1 if load_addr was installed */
+    uint64_t done_ns;                /* pto_now_ns() when the result was posted */
+    char err[PTO_MB_ERR_CAP];
+    _Alignas(64) unsigned char blob[PTO_MB_BLOB_CAP];
+} pto_mailbox;
+
+/* An adaptive spin budget: spin about twice the recent wait when that is
+ * short, not at all when waits are long (a futex wake-up then costs little
+ * next to the wait, and a spinner would take a core from the peer). A wait
+ * is measured up to the peer's post timestamp, not to the wake-up, so
+ * sleeping does not inflate it and spinning resumes when waits shrink. */
+typedef struct pto_mb_spin {
+    uint32_t ewma_ns;     /* recent waits, 1/8 smoothing */
+    uint32_t max_ns;      /* never spin longer than this */
+} pto_mb_spin;
+
+void pto_mb_spin_init(pto_mb_spin *s, uint32_t max_ns);
+int64_t pto_mb_spin_budget(const pto_mb_spin *s);
+void pto_mb_spin_observe(pto_mb_spin *s, uint64_t waited_ns);
+
+/* A zero-filled mailbox in its own shared mapping; NULL with pto_errmsg. */
+pto_mailbox *pto_mb_map(void);
+void pto_mb_unmap(pto_mailbox *mb);
+
+static inline uint32_t pto_mb_state(pto_mailbox *mb)
+{
+    return atomic_load_explicit(&mb->state, memory_order_acquire);
+}
+
+/* CAS from -> to (release); false, with the state seen in *seen, if the state was not from. */
+bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen);
+
+/* ---- parent side ---- */
+
+/* Copy a task into mb and hand it to the child (IDLE -> TASK_READY).
+ * Returns 0; -1 (errmsg set) if the args blob does not fit; or the state
+ * found instead of IDLE (PTO_MB_DEAD ...), nothing handed over. */
+int pto_mb_post(pto_mailbox *mb, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                const void *load, uint64_t load_len);
+
+/* Wait while the state is in while_mask (bit 1 << state), until abort(arg)
+ * (may be NULL) or timeout_ns (< 0: none). Spins spin_ns first. Returns the
+ * state seen last. */
+uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *), void *arg, int64_t spin_ns,
+                     int64_t timeout_ns);
+
+/* ---- child side ---- */
+
+/* Run leaf->start, then IDLE; on failure write rc and the message (the
+ * caller exits). 0 or the start hook's result. */
+int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf);
+
+/* Serve tasks until SHUTDOWN: decode (the mailbox is untrusted bytes: bad
+ * lengths fail the task), install a shipped callable, run the leaf, post the
+ * result. Returns when told to shut down. */
+void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns);
+
+#endif

@@ -1,0 +1,667 @@
+#include "process.h"
+#include "arena.h"
+#include "common.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PARENT_SPIN_MAX_NS 20000u   /* a WorkerThread waiting for a result */
+#define CHILD_SPIN_MAX_NS 20000u    /* a child waiting for its next task */
+/* While blocked on a mailbox the parent looks at the zygote this often:
+ * nothing else tells it the zygote died (its children die with it and
+ * cannot mark their mailboxes DEAD). A timed futex wait, not a sleep. */
+#define TICK_NS 50000000ll
+#define EXIT_GRACE_MS 1000          /* at close, idle children get this long to exit */
+/* Sent to the zygote when the thread that forked it exits (PR_SET_PDEATHSIG
+ * counts threads): it then checks whether the whole parent is gone. */
+#define ZYGOTE_PDEATH_SIG SIGUSR2
+
+enum { Z_SPAWN = 1, Z_KILL, Z_KILL_BUSY, Z_EXIT };
+
+typedef struct zmsg {
+    uint32_t op;
+    int32_t slot;
+    uint32_t reason;
+} zmsg;
+
+/* Outcomes of a parent-side wait besides a mailbox state. */
+enum { W_ABORTED = PTO_MB_NSTATES, W_TIMEOUT, W_ZYGOTE_GONE };
+
+struct pto_proc {
+    int32_t n;
+    pto_child *children;
+    pto_mailbox **mbs;
+    const pto_leaf **leaves;
+    uint32_t start_timeout_ms;
+    const _Atomic bool *stopping;
+    const pto_ship_table *ships;
+    pid_t parent_pid, zygote_pid;
+    int sock;                     /* the parent's end; in the zygote, the zygote's */
+    sigset_t child_mask;          /* the init thread's signal mask, restored in children */
+    _Atomic bool zygote_gone;
+    _Atomic int32_t replacing;    /* replacements under way */
+    pto_event settle_ev;          /* pto_proc_settle sleeps here */
+    /* The zygote's own (its copy of this struct is private after the fork). */
+    pid_t *zpids;                 /* live child per slot, 0 if none */
+    int sfd;
+};
+
+/* Held from socketpair to closing the zygote's end in the parent, so no
+ * other Worker's fork in between inherits that end (the parent would then
+ * not see the zygote's death as a hang-up). */
+static pthread_mutex_t fork_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- shipped callables ---- */
+
+void pto_ship_init(pto_ship_table *t)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_init(&t->mu, NULL);
+}
+
+void pto_ship_destroy(pto_ship_table *t)
+{
+    uint32_t n = atomic_load(&t->count);
+    for (uint32_t i = 0; i < n; i++) pto_shm_free(t->entries[i].blob);
+    free(t->entries);
+    pthread_mutex_destroy(&t->mu);
+}
+
+int pto_ship_add(pto_ship_table *t, int32_t kind, uint64_t callable, const void *blob, uint64_t len)
+{
+    if (pto_shm_init(0) != 0) return -1;
+    void *copy = pto_shm_alloc(len);
+    if (!copy) {
+        char why[PTO_ERRLEN];
+        snprintf(why, sizeof why, "%s", pto_errmsg());
+        pto_set_error("cannot copy the callable (%llu bytes) into shared memory: %s", (unsigned long long)len, why);
+        return -1;
+    }
+    memcpy(copy, blob, len);
+    pthread_mutex_lock(&t->mu);
+    uint32_t n = atomic_load_explicit(&t->count, memory_order_relaxed);
+    if (n == PTO_MAX_SHIPPED) {
+        pthread_mutex_unlock(&t->mu);
+        pto_shm_free(copy);
+        pto_set_error("at most %d callables can be shipped to a Worker's children; register them before Worker:init",
+                      PTO_MAX_SHIPPED);
+        return -1;
+    }
+    if (!t->entries) t->entries = pto_xcalloc(PTO_MAX_SHIPPED, sizeof *t->entries);
+    t->entries[n] = (pto_shipped){kind, callable, copy, len};
+    atomic_store_explicit(&t->count, n + 1, memory_order_release);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+static int32_t ship_find(const pto_ship_table *t, int32_t kind, uint64_t callable)
+{
+    uint32_t n = atomic_load_explicit(&t->count, memory_order_acquire);
+    for (uint32_t i = n; i-- > 0;)
+        if (t->entries[i].callable == callable && t->entries[i].kind == kind) return (int32_t)i;
+    return -1;
+}
+
+/* ---- the zygote (single-threaded: no locks, no allocation) ---- */
+
+static void zygote_mark_dead(pto_proc *p, int32_t slot, int status)
+{
+    pto_mailbox *mb = p->mbs[slot];
+    atomic_store_explicit(&mb->wait_status, status, memory_order_relaxed);
+    /* died_in must match the state this CAS replaces: the parent may move
+     * IDLE -> TASK_READY (or similar) at any moment. */
+    uint32_t prev = atomic_load_explicit(&mb->state, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&mb->died_in, prev, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(&mb->state, &prev, PTO_MB_DEAD, memory_order_release,
+                                                    memory_order_relaxed));
+    pto_event_notify(&mb->to_parent);
+}
+
+static int32_t zygote_live(const pto_proc *p)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < p->n; i++) n += p->zpids[i] > 0;
+    return n;
+}
+
+static void zygote_reap(pto_proc *p, int flags)
+{
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, flags)) > 0) {
+        for (int32_t i = 0; i < p->n; i++) {
+            if (p->zpids[i] != pid) continue;
+            p->zpids[i] = 0;
+            zygote_mark_dead(p, i, st);
+            break;
+        }
+    }
+}
+
+/* Read every pending signal; true if one was the parent-death signal. */
+static bool zygote_drain_signals(pto_proc *p)
+{
+    bool pdeath = false;
+    struct signalfd_siginfo si;
+    while (read(p->sfd, &si, sizeof si) == (ssize_t)sizeof si)
+        if (si.ssi_signo == ZYGOTE_PDEATH_SIG) pdeath = true;
+    return pdeath;
+}
+
+static void zygote_kill(pto_proc *p, int32_t slot, uint32_t reason)
+{
+    if (p->zpids[slot] <= 0) return;   /* already reaped: its pid may belong to someone else now */
+    atomic_store_explicit(&p->mbs[slot]->kill_reason, reason, memory_order_relaxed);
+    kill(p->zpids[slot], SIGKILL);
+}
+
+/* The parent is gone (or lost us): take every child down now. */
+static _Noreturn void zygote_die(pto_proc *p)
+{
+    for (int32_t i = 0; i < p->n; i++)
+        if (p->zpids[i] > 0) kill(p->zpids[i], SIGKILL);
+    zygote_reap(p, 0);
+    _exit(0);
+}
+
+/* pto_proc_stop: children told SHUTDOWN exit by themselves; any other
+ * (running a task, starting) is killed; stragglers after EXIT_GRACE_MS too. */
+static _Noreturn void zygote_exit(pto_proc *p)
+{
+    for (int32_t i = 0; i < p->n; i++)
+        if (p->zpids[i] > 0 && atomic_load(&p->mbs[i]->state) != PTO_MB_SHUTDOWN)
+            zygote_kill(p, i, PTO_KILL_SHUTDOWN);
+    uint64_t deadline = pto_now_ns() + EXIT_GRACE_MS * 1000000ull;
+    zygote_reap(p, WNOHANG);
+    while (zygote_live(p)) {
+        uint64_t now = pto_now_ns();
+        if (now >= deadline) break;
+        struct pollfd f = {p->sfd, POLLIN, 0};
+        poll(&f, 1, (int)((deadline - now) / 1000000 + 1));
+        zygote_drain_signals(p);
+        zygote_reap(p, WNOHANG);
+    }
+    zygote_die(p);
+}
+
+static _Noreturn void child_main(pto_proc *p, int32_t slot)
+{
+    /* Die with the zygote; it may already be gone by the time we ask. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != p->zygote_pid) _exit(1);
+    close(p->sock);
+    close(p->sfd);
+    signal(ZYGOTE_PDEATH_SIG, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &p->child_mask, NULL);   /* SIGINT stays ignored */
+    pto_mailbox *mb = p->mbs[slot];
+    atomic_store(&mb->pid, (int32_t)getpid());
+    if (pto_mb_child_start(mb, p->leaves[slot]) != 0) _exit(1);   /* the zygote's DEAD tells the parent */
+    pto_mb_child_loop(mb, p->leaves[slot], CHILD_SPIN_MAX_NS);
+    _exit(0);
+}
+
+static void zygote_spawn(pto_proc *p, int32_t slot)
+{
+    if (p->zpids[slot] > 0) return;   /* the parent asks only for dead slots */
+    pto_mailbox *mb = p->mbs[slot];
+    pid_t pid = fork();
+    if (pid == 0) child_main(p, slot);
+    if (pid < 0) {
+        snprintf(mb->err, PTO_MB_ERR_CAP, "the forkserver could not fork it (%s)", strerror(errno));
+        mb->rc = -1;
+        atomic_store(&mb->pid, -1);
+        zygote_mark_dead(p, slot, 0);
+        return;
+    }
+    p->zpids[slot] = pid;
+    atomic_store(&mb->pid, (int32_t)pid);
+}
+
+static void zygote_handle(pto_proc *p, const zmsg *m)
+{
+    bool one = m->slot >= 0 && m->slot < p->n;
+    switch (m->op) {
+    case Z_SPAWN:
+        if (one) zygote_spawn(p, m->slot);
+        break;
+    case Z_KILL:
+        if (one) zygote_kill(p, m->slot, m->reason);
+        break;
+    case Z_KILL_BUSY:
+        for (int32_t i = 0; i < p->n; i++)
+            if (atomic_load(&p->mbs[i]->state) == PTO_MB_TASK_READY) zygote_kill(p, i, m->reason);
+        break;
+    case Z_EXIT:
+        zygote_exit(p);
+    default:
+        break;
+    }
+}
+
+static _Noreturn void zygote_main(pto_proc *p, int sock)
+{
+    p->sock = sock;
+    p->zygote_pid = getpid();
+    signal(SIGINT, SIG_IGN);     /* inherited by the children */
+    signal(SIGCHLD, SIG_DFL);    /* SIG_IGN would auto-reap and lose exit statuses */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, ZYGOTE_PDEATH_SIG);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    if (prctl(PR_SET_PDEATHSIG, ZYGOTE_PDEATH_SIG) != 0 || getppid() != p->parent_pid) _exit(0);
+    p->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (p->sfd < 0) _exit(127);   /* the parent sees the hang-up and fails init */
+    for (;;) {
+        struct pollfd f[2] = {{sock, POLLIN, 0}, {p->sfd, POLLIN, 0}};
+        if (poll(f, 2, -1) < 0) continue;
+        if (f[1].revents) {
+            /* The forking thread may have exited while the process lives on:
+             * only a changed parent means the parent is gone. */
+            if (zygote_drain_signals(p) && getppid() != p->parent_pid) zygote_die(p);
+            zygote_reap(p, WNOHANG);
+        }
+        if (f[0].revents) {
+            zmsg m;
+            ssize_t r = recv(sock, &m, sizeof m, MSG_DONTWAIT);
+            if (r == 0) zygote_die(p);   /* the parent closed its end without EXIT */
+            if (r < 0 && errno != EAGAIN && errno != EINTR) zygote_die(p);
+            if (r == (ssize_t)sizeof m) zygote_handle(p, &m);
+        }
+    }
+}
+
+/* ---- the parent side ---- */
+
+static bool send_msg(pto_proc *p, uint32_t op, int32_t slot, uint32_t reason)
+{
+    zmsg m = {op, slot, reason};
+    for (;;) {
+        ssize_t r = send(p->sock, &m, sizeof m, MSG_NOSIGNAL);
+        if (r == (ssize_t)sizeof m) return true;
+        if (r < 0 && errno == EINTR) continue;
+        atomic_store(&p->zygote_gone, true);
+        return false;
+    }
+}
+
+static bool is_stopping(void *arg)
+{
+    pto_proc *p = arg;
+    return atomic_load_explicit(p->stopping, memory_order_acquire);
+}
+
+/* The zygote never writes to the socket: readable or hung up means gone. */
+static bool zygote_alive(pto_proc *p)
+{
+    if (atomic_load_explicit(&p->zygote_gone, memory_order_relaxed)) return false;
+    struct pollfd f = {p->sock, POLLIN, 0};
+    if (poll(&f, 1, 0) > 0 && (f.revents & (POLLIN | POLLHUP | POLLERR))) {
+        atomic_store(&p->zygote_gone, true);
+        return false;
+    }
+    return true;
+}
+
+/* Wait while c's state is in mask. Returns the state, or W_ABORTED (the
+ * Worker stops; only if abortable), W_TIMEOUT (deadline_ns, 0 = none) or
+ * W_ZYGOTE_GONE. */
+static uint32_t await(pto_child *c, uint32_t mask, uint64_t deadline_ns, int64_t spin_ns, bool abortable)
+{
+    pto_proc *p = c->proc;
+    for (;;) {
+        int64_t tick = TICK_NS;
+        if (deadline_ns) {
+            uint64_t now = pto_now_ns();
+            tick = now >= deadline_ns ? 0 : (int64_t)(deadline_ns - now) < tick ? (int64_t)(deadline_ns - now) : tick;
+        }
+        uint32_t st = pto_mb_wait(c->mb, mask, abortable ? is_stopping : NULL, p, spin_ns, tick);
+        if (!((1u << st) & mask)) return st;
+        if (abortable && is_stopping(p)) return W_ABORTED;
+        if (!zygote_alive(p)) return W_ZYGOTE_GONE;
+        if (deadline_ns && pto_now_ns() >= deadline_ns) return W_TIMEOUT;
+        spin_ns = 0;
+    }
+}
+
+/* "chip 1 (pid 42)" */
+static void label(char *buf, size_t cap, const pto_child *c)
+{
+    int pid = atomic_load(&c->mb->pid);
+    if (pid > 0) snprintf(buf, cap, "%s (pid %d)", c->name, pid);
+    else snprintf(buf, cap, "%s", c->name);
+}
+
+/* How a child ended: "exited with status 3", "was killed by signal 11 (Segmentation fault)". */
+static void describe_end(char *buf, size_t cap, const pto_mailbox *mb)
+{
+    int st = atomic_load(&mb->wait_status);
+    switch (atomic_load(&mb->kill_reason)) {
+    case PTO_KILL_INTERRUPT:
+        snprintf(buf, cap, "was killed (SIGKILL) because the run was interrupted again");
+        return;
+    case PTO_KILL_SHUTDOWN:
+        snprintf(buf, cap, "was killed (SIGKILL) because the Worker was shut down");
+        return;
+    default:
+        break;
+    }
+    if (WIFEXITED(st)) {
+        snprintf(buf, cap, "exited with status %d", WEXITSTATUS(st));
+    } else if (WIFSIGNALED(st)) {
+        const char *d = sigdescr_np(WTERMSIG(st));
+        snprintf(buf, cap, "was killed by signal %d (%s)%s", WTERMSIG(st), d ? d : "unknown signal",
+                 WCOREDUMP(st) ? ", core dumped" : "");
+    } else {
+        snprintf(buf, cap, "ended with wait status %#x", (unsigned)st);
+    }
+}
+
+static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
+{
+    snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
+             "create a new one", (int)c->proc->zygote_pid, c->name);
+}
+
+/* Ask the zygote for a new child in c's slot (its mailbox EMPTY or DEAD). */
+static bool request_spawn(pto_child *c)
+{
+    pto_mailbox *mb = c->mb;
+    uint32_t st = pto_mb_state(mb);
+    if (st != PTO_MB_EMPTY && st != PTO_MB_DEAD) return false;
+    mb->rc = 0;
+    mb->err[0] = 0;
+    atomic_store(&mb->pid, 0);
+    atomic_store(&mb->kill_reason, PTO_KILL_NONE);
+    atomic_store(&mb->wait_status, 0);
+    memset(c->loaded, 0, sizeof c->loaded);
+    if (!pto_mb_cas(mb, st, PTO_MB_STARTING, NULL)) return false;
+    return send_msg(c->proc, Z_SPAWN, c->slot, 0);
+}
+
+/* Wait for a requested child to report started; false with the reason in
+ * why ("chip 1 (pid 42) failed to start: ..."). */
+static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
+{
+    pto_proc *p = c->proc;
+    uint64_t deadline = pto_now_ns() + (uint64_t)p->start_timeout_ms * 1000000ull;
+    uint32_t st = await(c, 1u << PTO_MB_STARTING, deadline, 0, abortable);
+    if (st == PTO_MB_IDLE) return true;
+    char who[96], how[256];
+    label(who, sizeof who, c);
+    if (st == W_TIMEOUT) {
+        send_msg(p, Z_KILL, c->slot, PTO_KILL_START_TIMEOUT);
+        /* Reaped within milliseconds; then the slot is free for a retry. */
+        await(c, ((1u << PTO_MB_NSTATES) - 1) & ~(1u << PTO_MB_DEAD), 0, 0, false);
+        snprintf(why, cap, "%s did not report ready within %u ms; raise start_timeout_ms if its start hook needs "
+                 "longer (it was killed)", who, p->start_timeout_ms);
+    } else if (st == PTO_MB_DEAD) {
+        const pto_mailbox *mb = c->mb;
+        if (atomic_load(&mb->died_in) == PTO_MB_STARTING && mb->rc != 0) {
+            snprintf(why, cap, "%s failed to start: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
+        } else {
+            describe_end(how, sizeof how, mb);
+            snprintf(why, cap, "%s %s while starting", who, how);
+        }
+    } else if (st == W_ZYGOTE_GONE) {
+        zygote_gone_msg(why, cap, c);
+    } else if (st == W_ABORTED) {
+        snprintf(why, cap, "the Worker was shut down while %s was starting", who);
+    } else {
+        snprintf(why, cap, "%s: unexpected mailbox state %u while starting", who, st);
+    }
+    return false;
+}
+
+/* Make sure c has a live, idle child before a task: replace one that died
+ * while idle, finish a replacement under way. false with the reason in err. */
+static bool ensure_child(pto_child *c, char *err, size_t errlen)
+{
+    uint32_t st = pto_mb_state(c->mb);
+    if (st == PTO_MB_IDLE) return true;
+    char why[PTO_MB_ERR_CAP];
+    bool ok;
+    if (!zygote_alive(c->proc)) {
+        zygote_gone_msg(why, sizeof why, c);
+        ok = false;
+    } else if (st == PTO_MB_STARTING) {
+        ok = await_start(c, true, why, sizeof why);
+    } else if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {
+        ok = request_spawn(c) && await_start(c, true, why, sizeof why);
+        if (!ok && atomic_load(&c->proc->zygote_gone)) zygote_gone_msg(why, sizeof why, c);
+    } else {
+        snprintf(why, sizeof why, "unexpected mailbox state %u", st);
+        ok = false;
+    }
+    if (!ok) snprintf(err, errlen, "%s has no live child process to run the task: %s", c->name, why);
+    return ok;
+}
+
+int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                 size_t errlen)
+{
+    pto_child *c = ctx;
+    pto_proc *p = c->proc;
+    pto_mailbox *mb = c->mb;
+    int32_t e = -1;
+    for (int attempt = 0;; attempt++) {
+        if (pto_mb_state(mb) != PTO_MB_IDLE && !ensure_child(c, err, errlen)) return 1;
+        e = ship_find(p->ships, c->kind, callable);
+        const pto_shipped *sh = e >= 0 && !(c->loaded[e / 8] & (1u << (e % 8))) ? &p->ships->entries[e] : NULL;
+        int r = pto_mb_post(mb, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0);
+        if (r == 0) break;
+        if (r < 0) {
+            snprintf(err, errlen, "%s", pto_errmsg());
+            return 1;
+        }
+        /* r is the state found: the child died after ensure_child. Once more. */
+        if (attempt) {
+            snprintf(err, errlen, "%s has no live child process to run the task (mailbox state %d)", c->name, r);
+            return 1;
+        }
+    }
+    uint64_t t0 = pto_now_ns();
+    uint32_t st = await(c, 1u << PTO_MB_TASK_READY, 0, pto_mb_spin_budget(&c->spin), true);
+    char who[96], how[256];
+    label(who, sizeof who, c);
+    if (st == PTO_MB_TASK_DONE) {
+        uint64_t done = mb->done_ns;
+        pto_mb_spin_observe(&c->spin, done > t0 ? done - t0 : 0);
+        int rc = mb->rc;
+        if (e >= 0 && mb->loaded) c->loaded[e / 8] |= (uint8_t)(1u << (e % 8));
+        if (rc != 0) {
+            /* Name the process too: its logs, core or debugger need the pid. */
+            if (mb->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
+            else snprintf(err, errlen, "%s: the leaf returned %d", who, rc);
+        }
+        /* Fails only if the child died since: the next task replaces it. */
+        pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL);
+        return rc;
+    }
+    if (st == PTO_MB_DEAD) {
+        describe_end(how, sizeof how, mb);
+        snprintf(err, errlen, "%s %s while running the task", who, how);
+        /* Start the replacement now; pto_proc_after_task waits for it once
+         * the failure is reported. Not when the Worker is going away. */
+        if (atomic_load(&mb->kill_reason) != PTO_KILL_SHUTDOWN && request_spawn(c)) {
+            c->replacing = true;
+            atomic_fetch_add(&p->replacing, 1);
+        }
+    } else if (st == W_ZYGOTE_GONE) {
+        zygote_gone_msg(err, errlen, c);
+    } else if (st == W_ABORTED) {
+        snprintf(err, errlen, "the Worker shut down while %s was running the task (the child is killed)", who);
+    } else {
+        snprintf(err, errlen, "%s: unexpected mailbox state %u after a task", who, st);
+    }
+    return 1;
+}
+
+void pto_proc_after_task(pto_child *c)
+{
+    if (!c->replacing) return;
+    char why[PTO_MB_ERR_CAP];
+    /* A failed replacement is retried, and reported, by the next task. */
+    (void)await_start(c, true, why, sizeof why);
+    c->replacing = false;
+    pto_proc *p = c->proc;
+    if (atomic_fetch_sub(&p->replacing, 1) == 1) pto_event_notify(&p->settle_ev);
+}
+
+static bool settled(void *arg)
+{
+    pto_proc *p = arg;
+    return atomic_load(&p->replacing) == 0 || is_stopping(p);
+}
+
+void pto_proc_settle(pto_proc *p)
+{
+    while (!settled(p)) pto_event_wait(&p->settle_ev, settled, p, 0, TICK_NS);
+}
+
+void pto_proc_wake(pto_proc *p)
+{
+    for (int32_t i = 0; i < p->n; i++) pto_event_notify(&p->mbs[i]->to_parent);
+    pto_event_notify(&p->settle_ev);
+}
+
+void pto_proc_kill_busy(pto_proc *p, uint32_t reason)
+{
+    /* send() is async-signal-safe; never block or raise SIGPIPE here. */
+    int saved = errno;
+    zmsg m = {Z_KILL_BUSY, -1, reason};
+    (void)send(p->sock, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    errno = saved;
+}
+
+int pto_proc_child_pid(pto_proc *p, int32_t slot)
+{
+    if (!p || slot < 0 || slot >= p->n || !zygote_alive(p)) return -1;   /* children die with the zygote */
+    pto_mailbox *mb = p->mbs[slot];
+    uint32_t st = pto_mb_state(mb);
+    int pid = atomic_load(&mb->pid);
+    return st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0 ? pid : -1;
+}
+
+int pto_proc_zygote_pid(pto_proc *p) { return p ? (int)p->zygote_pid : -1; }
+
+pto_child *pto_proc_child(pto_proc *p, int32_t slot) { return &p->children[slot]; }
+
+static void proc_free(pto_proc *p)
+{
+    for (int32_t i = 0; i < p->n; i++) pto_mb_unmap(p->mbs[i]);
+    free(p->mbs);
+    free(p->children);
+    free(p->leaves);
+    free(p->zpids);
+    free(p);
+}
+
+void pto_proc_stop(pto_proc *p)
+{
+    if (!p) return;
+    for (int32_t i = 0; i < p->n; i++)
+        if (pto_mb_cas(p->mbs[i], PTO_MB_IDLE, PTO_MB_SHUTDOWN, NULL)) pto_event_notify(&p->mbs[i]->to_child);
+    if (p->zygote_pid > 0) {
+        /* The zygote kills what did not take SHUTDOWN, reaps every child
+         * (EXIT_GRACE_MS at most) and exits; without it, the children died
+         * with it (PR_SET_PDEATHSIG). */
+        send_msg(p, Z_EXIT, 0, 0);
+        while (waitpid(p->zygote_pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    }
+    if (p->sock >= 0) close(p->sock);
+    proc_free(p);
+}
+
+static pid_t fork_zygote(pto_proc *p)
+{
+    int sv[2];
+    pthread_mutex_lock(&fork_mu);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        pthread_mutex_unlock(&fork_mu);
+        pto_set_error("Worker:init: cannot create the forkserver's socket (%s)", strerror(errno));
+        return -1;
+    }
+    /* Buffered output would otherwise be printed again by each child. */
+    fflush(NULL);
+    pid_t z = fork();
+    if (z == 0) {
+        close(sv[0]);
+        zygote_main(p, sv[1]);
+    }
+    int e = errno;
+    close(sv[1]);
+    pthread_mutex_unlock(&fork_mu);
+    if (z < 0) {
+        close(sv[0]);
+        pto_set_error("Worker:init: cannot fork the forkserver process (%s)", strerror(e));
+        return -1;
+    }
+    p->sock = sv[0];
+    return z;
+}
+
+pto_proc *pto_proc_start(const pto_proc_config *cfg)
+{
+    if (pto_shm_init(0) != 0) {
+        char why[PTO_ERRLEN];
+        snprintf(why, sizeof why, "%s", pto_errmsg());
+        pto_set_error("Worker:init: PROCESS mode needs the shared tensor memory: %s", why);
+        return NULL;
+    }
+    pto_proc *p = pto_xcalloc(1, sizeof *p);
+    p->n = cfg->n;
+    p->start_timeout_ms = cfg->start_timeout_ms;
+    p->stopping = cfg->stopping;
+    p->ships = cfg->ships;
+    p->sock = -1;
+    p->sfd = -1;
+    p->parent_pid = getpid();
+    p->mbs = pto_xcalloc((size_t)p->n, sizeof *p->mbs);
+    p->children = pto_xcalloc((size_t)p->n, sizeof *p->children);
+    p->leaves = pto_xcalloc((size_t)p->n, sizeof *p->leaves);
+    p->zpids = pto_xcalloc((size_t)p->n, sizeof *p->zpids);
+    for (int32_t i = 0; i < p->n; i++) {
+        if (!(p->mbs[i] = pto_mb_map())) {
+            proc_free(p);
+            return NULL;
+        }
+        p->leaves[i] = cfg->leaves[i];
+        pto_child *c = &p->children[i];
+        *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i]};
+        pto_mb_spin_init(&c->spin, PARENT_SPIN_MAX_NS);
+    }
+    pthread_sigmask(SIG_SETMASK, NULL, &p->child_mask);
+    p->zygote_pid = fork_zygote(p);
+    if (p->zygote_pid < 0) {
+        proc_free(p);
+        return NULL;
+    }
+    /* All children start at once, then are awaited in order, each within
+     * start_timeout_ms of when its wait began; the first failure ends init. */
+    char why[PTO_MB_ERR_CAP];
+    bool ok = true;
+    for (int32_t i = 0; i < p->n && ok; i++) {
+        if (!request_spawn(&p->children[i])) {
+            zygote_gone_msg(why, sizeof why, &p->children[i]);
+            ok = false;
+        }
+    }
+    for (int32_t i = 0; i < p->n && ok; i++) ok = await_start(&p->children[i], false, why, sizeof why);
+    if (!ok) {
+        pto_proc_stop(p);
+        pto_set_error("Worker:init: %s", why);
+        return NULL;
+    }
+    return p;
+}

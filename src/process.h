@@ -1,0 +1,109 @@
+/* PROCESS mode (seed 004 §4): every WorkerThread drives one child process
+ * through a shared-memory mailbox (mailbox.h). The WorkerThread's leaf is
+ * pto_proc_run, a mailbox client; the user's pto_leaf runs in the child.
+ *
+ * Children are forked by a forkserver (the "zygote"): one single-threaded
+ * process forked at init before any engine thread of the Worker exists.
+ * Initial children and every replacement are forked by it on request (a
+ * SOCK_SEQPACKET socketpair), so a replacement is a clean copy of the
+ * process as it was at init even though the parent has threads by then.
+ * The zygote reaps its children (signalfd) and marks their mailbox DEAD with
+ * the wait status, which wakes the WorkerThread waiting on that mailbox.
+ *
+ * Process tree and lifetimes:
+ *   parent (threads) ── zygote ── child × N
+ * The zygote dies with the parent (PR_SET_PDEATHSIG plus a getppid check,
+ * so the exit of the thread that called init does not count); children die
+ * with the zygote (PR_SET_PDEATHSIG, SIGKILL). Both ignore SIGINT: Ctrl-C
+ * reaches the whole process group and the parent decides. */
+#ifndef PTO_PROCESS_H
+#define PTO_PROCESS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "event.h"
+#include "mailbox.h"
+#include "pto.h"
+
+/* ---- callables shipped after the fork (pto_worker_ship_callable) ----
+ * An append-only table: readers (WorkerThreads) take no lock; a callable
+ * shipped again gets a new entry, the newest one wins. Blobs live in the
+ * shared arena, so every child can read them. */
+#define PTO_MAX_SHIPPED 4096
+
+typedef struct pto_shipped {
+    int32_t kind;
+    uint64_t callable;
+    void *blob;              /* pto_shm_alloc'ed copy */
+    uint64_t len;
+} pto_shipped;
+
+typedef struct pto_ship_table {
+    pthread_mutex_t mu;      /* writers */
+    pto_shipped *entries;    /* PTO_MAX_SHIPPED, allocated on the first ship, never moves */
+    _Atomic uint32_t count;  /* entries published (release) */
+} pto_ship_table;
+
+void pto_ship_init(pto_ship_table *t);
+void pto_ship_destroy(pto_ship_table *t);
+/* Copy blob into shared memory and publish it for (kind, callable). 0 or -1 with errmsg. */
+int pto_ship_add(pto_ship_table *t, int32_t kind, uint64_t callable, const void *blob, uint64_t len);
+
+/* ---- children ---- */
+
+typedef struct pto_proc pto_proc;
+
+/* The parent-side state of one child, owned by its WorkerThread: the ctx of
+ * pto_proc_run. */
+typedef struct pto_child {
+    pto_proc *proc;
+    pto_mailbox *mb;
+    int32_t slot, kind;
+    const char *name;                        /* the worker's label ("chip 1") */
+    pto_mb_spin spin;                        /* waits for results */
+    bool replacing;                          /* asked for a replacement after a death */
+    uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
+} pto_child;
+
+typedef struct pto_proc_config {
+    int32_t n;                               /* children (one per WorkerThread) */
+    const pto_leaf *const *leaves;           /* what child i runs: memory that outlives the Worker */
+    const char *const *names;                /* labels for messages */
+    const int32_t *kinds;
+    uint32_t start_timeout_ms;
+    const _Atomic bool *stopping;            /* set when the Worker stops: waits give up */
+    const pto_ship_table *ships;
+} pto_proc_config;
+
+/* Map the mailboxes, fork the zygote, have it fork every child and wait
+ * until all report started (start_timeout_ms). NULL with pto_errmsg naming
+ * the worker, its pid and the reason; nothing is left running then. Call
+ * before the Worker starts any thread. */
+pto_proc *pto_proc_start(const pto_proc_config *cfg);
+/* Shut every child and the zygote down (SIGKILL for any still running a
+ * task), reap the zygote, unmap, free. Call after the WorkerThreads stopped. */
+void pto_proc_stop(pto_proc *p);
+
+pto_child *pto_proc_child(pto_proc *p, int32_t slot);
+
+/* The proc leaf (a pto_leaf_fn, ctx = pto_child): ship the task to the
+ * child and wait for its result, its death or the Worker stopping. */
+int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                 size_t errlen);
+/* After the WorkerThread reported a task: if its child died, wait for the
+ * replacement to start, so the next task finds a live child. */
+void pto_proc_after_task(pto_child *c);
+/* Wait until no replacement is under way (the end of a run). */
+void pto_proc_settle(pto_proc *p);
+/* Wake every WorkerThread waiting on a mailbox (the Worker is stopping). */
+void pto_proc_wake(pto_proc *p);
+/* Async-signal-safe: have the zygote SIGKILL every child running a task. */
+void pto_proc_kill_busy(pto_proc *p, uint32_t reason);
+/* Pid of the live child in slot, or -1. */
+int pto_proc_child_pid(pto_proc *p, int32_t slot);
+/* Pid of the zygote (tests). */
+int pto_proc_zygote_pid(pto_proc *p);
+
+#endif

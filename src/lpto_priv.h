@@ -48,7 +48,7 @@ void lpto_gil_release(lpto_gil *g);
 lpto_gil *lpto_gil_of(lua_State *L);
 
 /* ---- storage and tensors ------------------------------------------------- */
-enum { LPTO_ST_ARENA, LPTO_ST_RING, LPTO_ST_BORROWED };
+enum { LPTO_ST_ARENA, LPTO_ST_RING, LPTO_ST_BORROWED, LPTO_ST_PRIVATE };
 
 typedef struct lpto_storage {
     uint64_t base;

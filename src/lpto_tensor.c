@@ -1,6 +1,7 @@
 /* lpto_tensor.c - pto.tensor, pto.tensor_spec and the Tensor methods.
  * Element access converts between Lua numbers and the tensor's dtype. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -76,6 +77,7 @@ static int storage_gc(lua_State *L)
 {
     lpto_storage *s = lua_touserdata(L, 1);
     if (s->kind == LPTO_ST_ARENA && s->base) pto_shm_free((void *)(uintptr_t)s->base);
+    if (s->kind == LPTO_ST_PRIVATE) free((void *)(uintptr_t)s->base);
     s->base = 0;
     s->valid = false;
     return 0;
@@ -475,10 +477,20 @@ static int new_tensor(lua_State *L, bool spec)
         return 1;
     }
     uint64_t nbytes = pto_tensor_nbytes(&d);
-    void *p = pto_shm_alloc(nbytes ? nbytes : 1);
-    if (!p) return lpto_engine_error(L);
+    int kind = LPTO_ST_ARENA;
+    void *p;
+    if (pto_shm_is_child()) {
+        /* Inside a PROCESS-mode sub: scratch memory of this child only
+         * (a sub cannot submit, so nobody else could use a shared one). */
+        kind = LPTO_ST_PRIVATE;
+        p = calloc(1, nbytes ? nbytes : 1);
+        if (!p) return lpto_error(L, who, "out of memory for %llu bytes", (unsigned long long)nbytes);
+    } else {
+        p = pto_shm_alloc(nbytes ? nbytes : 1);
+        if (!p) return lpto_engine_error(L);
+    }
     d.base = (uint64_t)(uintptr_t)p;
-    lpto_push_storage(L, d.base, nbytes, LPTO_ST_ARENA);
+    lpto_push_storage(L, d.base, nbytes, kind);
     lpto_push_tensor(L, &d, -1);
     return 1;
 }

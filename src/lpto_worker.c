@@ -146,8 +146,18 @@ static void check_fields(lua_State *L, int t, const char *const *known, const ch
 
 /* ---- Worker ------------------------------------------------------------------------ */
 
+/* $PTO_MODE picks the default mode, so a whole script or test suite can
+ * switch without editing each pto.Worker{...}. */
+static int default_mode(lua_State *L, const char *who)
+{
+    const char *m = getenv("PTO_MODE");
+    if (!m || !*m || strcmp(m, "process") == 0) return PTO_MODE_PROCESS;
+    if (strcmp(m, "thread") == 0) return PTO_MODE_THREAD;
+    return lpto_error(L, who, "the environment variable PTO_MODE is '%s'; set it to \"thread\" or \"process\", or unset it", m);
+}
+
 static const char *const WORKER_FIELDS[] = {"level", "mode", "chips", "num_sub_workers", "heap_ring_size",
-                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", NULL};
+                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", "start_timeout_ms", NULL};
 
 static int l_worker(lua_State *L)
 {
@@ -159,25 +169,26 @@ static int l_worker(lua_State *L)
         lua_newtable(L);
     }
     check_fields(L, 1, WORKER_FIELDS,
-                 "level, mode, chips, num_sub_workers, heap_ring_size, alloc_timeout_ms, chip_runtime, queue_depth", who);
-    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0;
+                 "level, mode, chips, num_sub_workers, heap_ring_size, alloc_timeout_ms, chip_runtime, queue_depth, "
+                 "start_timeout_ms", who);
+    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0, start_timeout = 0;
     get_int_field(L, 1, "level", &level, 3, 64, who);
     get_int_field(L, 1, "chips", &chips, 0, 1024, who);
     get_int_field(L, 1, "num_sub_workers", &subs, 0, 1024, who);
     get_int_field(L, 1, "heap_ring_size", &heap, PTO_HEAP_ALIGN, (lua_Integer)1 << 46, who);
     get_int_field(L, 1, "alloc_timeout_ms", &timeout, 1, 24 * 3600 * 1000, who);
     get_int_field(L, 1, "queue_depth", &depth, 1, 64, who);
+    get_int_field(L, 1, "start_timeout_ms", &start_timeout, 1, 24 * 3600 * 1000, who);
     if (level >= 4)
         return lpto_error(L, who, "level %lld: Workers of Workers (level 4 and above) are not available yet; use level = 3",
                           (long long)level);
     lua_getfield(L, 1, "mode");
-    int mode = PTO_MODE_THREAD;
+    int mode = default_mode(L, who);
     if (!lua_isnil(L, -1)) {
         const char *m = lua_tostring(L, -1);
         if (lua_type(L, -1) != LUA_TSTRING || (strcmp(m, "thread") && strcmp(m, "process")))
             return lpto_error(L, who, "mode must be \"thread\" or \"process\" (got %s)", luaL_tolstring(L, -1, NULL));
-        if (strcmp(m, "process") == 0)
-            return lpto_error(L, who, "mode \"process\" is not available in this build yet; use mode = \"thread\"");
+        mode = strcmp(m, "process") == 0 ? PTO_MODE_PROCESS : PTO_MODE_THREAD;
     }
     lua_pop(L, 1);
     lua_getfield(L, 1, "chip_runtime");
@@ -186,7 +197,8 @@ static int l_worker(lua_State *L)
     const char *rt = lua_tostring(L, -1);
 
     pto_worker_config cfg = {.level = (int32_t)level, .mode = mode, .heap_ring_size = (uint64_t)heap,
-                             .alloc_timeout_ms = (uint32_t)timeout, .queue_depth = (int32_t)depth};
+                             .alloc_timeout_ms = (uint32_t)timeout, .queue_depth = (int32_t)depth,
+                             .start_timeout_ms = (uint32_t)start_timeout};
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) return lpto_engine_error(L);
     lworker *W = lua_newuserdatauv(L, sizeof *W, UV_COUNT);
@@ -244,15 +256,15 @@ static int w_gc(lua_State *L)
     return 0;
 }
 
-/* A sub callable in THREAD mode: runs on the sub's worker thread, holding
- * the interpreter lock for the call. */
-static int sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
-                    size_t errlen)
+/* A sub callable: fn(args) with a TaskArgs over the task's arguments. In
+ * THREAD mode it runs on the sub's worker thread, holding the interpreter
+ * lock for the call. */
+static int run_sub(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                   size_t errlen)
 {
     (void)cfg;
     sub_ctx *S = ctx;
     lworker *W = S->W;
-    lpto_gil_acquire(W->gil);
     lua_State *T = S->T;
     int rc = 0;
     lua_settop(T, 0);
@@ -279,8 +291,181 @@ static int sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, con
         st->valid = false;
     }
     lua_settop(T, 0);
-    lpto_gil_release(W->gil);
     return rc;
+}
+
+static int sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                    size_t errlen)
+{
+    lpto_gil *g = ((sub_ctx *)ctx)->W->gil;
+    lpto_gil_acquire(g);
+    int rc = run_sub(ctx, callable, args, cfg, err, errlen);
+    lpto_gil_release(g);
+    return rc;
+}
+
+
+/* The same in PROCESS mode, inside the sub's forked child: the child has
+ * its own copy of the Lua state and one thread, so no lock. */
+static int sub_leaf_child(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                          char *err, size_t errlen)
+{
+    return run_sub(ctx, callable, args, cfg, err, errlen);
+}
+
+/* ---- shipping functions to children forked before they were registered ----
+ * Format: "PTOF" | u32 code length | code (lua_dump, with debug info) |
+ * u32 upvalue count | per upvalue: u8 kind, then i64 / f64 / u32 len + bytes.
+ * Only plain values travel; _ENV becomes the child's globals. */
+enum { UP_NIL, UP_FALSE, UP_TRUE, UP_INT, UP_FLOAT, UP_STRING, UP_ENV };
+
+/* The buffer starts inside the writer, as string.dump does: luaL_buffinit
+ * pushes a placeholder, and lua_dump must find the function on top. */
+typedef struct dump_state {
+    bool started;
+    luaL_Buffer b;
+} dump_state;
+
+static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud)
+{
+    dump_state *d = ud;
+    if (!d->started) {
+        d->started = true;
+        luaL_buffinit(L, &d->b);
+    }
+    luaL_addlstring(&d->b, p, sz);
+    return 0;
+}
+
+static void put_bytes(luaL_Buffer *b, const void *p, size_t n) { luaL_addlstring(b, (const char *)p, n); }
+
+/* Push the shipped form of the function at idx, or raise saying what cannot travel. */
+static void ship_function(lua_State *L, int idx, const char *who)
+{
+    idx = lua_absindex(L, idx);
+    if (lua_iscfunction(L, idx))
+        lpto_error(L, who, "a C function cannot be shipped to sub workers forked before it was registered; "
+                           "register it before Worker:init, or wrap it in a Lua function registered before init");
+    /* Check the upvalues before building anything. */
+    int n = 0;
+    for (const char *name; (name = lua_getupvalue(L, idx, n + 1)) != NULL; n++) {
+        int t = lua_type(L, -1);
+        lua_pop(L, 1);
+        if (strcmp(name, "_ENV") == 0 || t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER || t == LUA_TSTRING)
+            continue;
+        lpto_error(L, who, "this function is registered after Worker:init, so it must be shipped to the sub workers "
+                           "forked before it existed, but its upvalue '%s' is a %s; only nil, booleans, numbers and "
+                           "strings can be shipped: register it before init, or pass the value in the task's args",
+                   name, lua_typename(L, t));
+    }
+    dump_state code = {0};
+    lua_pushvalue(L, idx);
+    if (lua_dump(L, dump_writer, &code, 0) != 0 || !code.started)
+        lpto_error(L, who, "cannot dump this function to ship it to the sub workers; register it before Worker:init");
+    luaL_pushresult(&code.b);
+    lua_remove(L, -2);
+    size_t clen;
+    const char *c = lua_tolstring(L, -1, &clen);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, "PTOF");
+    uint32_t u = (uint32_t)clen;
+    put_bytes(&b, &u, 4);
+    luaL_addlstring(&b, c, clen);
+    u = (uint32_t)n;
+    put_bytes(&b, &u, 4);
+    for (int i = 1; i <= n; i++) {
+        const char *name = lua_getupvalue(L, idx, i);
+        uint8_t kind;
+        switch (lua_type(L, -1)) {
+        case LUA_TNIL: kind = UP_NIL; break;
+        case LUA_TBOOLEAN: kind = lua_toboolean(L, -1) ? UP_TRUE : UP_FALSE; break;
+        case LUA_TNUMBER: kind = lua_isinteger(L, -1) ? UP_INT : UP_FLOAT; break;
+        case LUA_TSTRING: kind = UP_STRING; break;
+        default: kind = UP_ENV; break;
+        }
+        if (strcmp(name, "_ENV") == 0) kind = UP_ENV;
+        put_bytes(&b, &kind, 1);
+        if (kind == UP_INT) {
+            lua_Integer v = lua_tointeger(L, -1);
+            put_bytes(&b, &v, 8);
+        } else if (kind == UP_FLOAT) {
+            lua_Number v = lua_tonumber(L, -1);
+            put_bytes(&b, &v, 8);
+        } else if (kind == UP_STRING) {
+            size_t len;
+            const char *s = lua_tolstring(L, -1, &len);
+            u = (uint32_t)len;
+            put_bytes(&b, &u, 4);
+            luaL_addlstring(&b, s, len);
+        }
+        lua_pop(L, 1);
+    }
+    luaL_pushresult(&b);
+    lua_remove(L, -2);
+}
+
+static bool take(const char **p, const char *end, void *out, size_t n)
+{
+    if ((size_t)(end - *p) < n) return false;
+    memcpy(out, *p, n);
+    *p += n;
+    return true;
+}
+
+/* In the child: install a shipped function as callable (the blob is
+ * untrusted bytes as far as the child knows: check every length). */
+static int sub_load_child(void *ctx, uint64_t callable, const void *blob, size_t len, char *err, size_t errlen)
+{
+    sub_ctx *S = ctx;
+    lua_State *T = S->T;
+    const char *p = blob, *end = p + len;
+    uint32_t clen, n;
+    char magic[4];
+    lua_settop(T, 0);
+    if (!take(&p, end, magic, 4) || memcmp(magic, "PTOF", 4) || !take(&p, end, &clen, 4) || (size_t)(end - p) < clen)
+        goto bad;
+    if (luaL_loadbufferx(T, p, clen, "=shipped", "b") != LUA_OK) {
+        snprintf(err, errlen, "shipped function %llu does not load: %s", (unsigned long long)callable, lua_tostring(T, -1));
+        lua_settop(T, 0);
+        return 1;
+    }
+    p += clen;
+    if (!take(&p, end, &n, 4)) goto bad;
+    for (uint32_t i = 1; i <= n; i++) {
+        uint8_t kind;
+        if (!take(&p, end, &kind, 1)) goto bad;
+        if (kind == UP_NIL) lua_pushnil(T);
+        else if (kind == UP_FALSE || kind == UP_TRUE) lua_pushboolean(T, kind == UP_TRUE);
+        else if (kind == UP_INT) {
+            lua_Integer v;
+            if (!take(&p, end, &v, 8)) goto bad;
+            lua_pushinteger(T, v);
+        } else if (kind == UP_FLOAT) {
+            lua_Number v;
+            if (!take(&p, end, &v, 8)) goto bad;
+            lua_pushnumber(T, v);
+        } else if (kind == UP_STRING) {
+            uint32_t sl;
+            if (!take(&p, end, &sl, 4) || (size_t)(end - p) < sl) goto bad;
+            lua_pushlstring(T, p, sl);
+            p += sl;
+        } else if (kind == UP_ENV) {
+            lua_rawgeti(T, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
+        } else {
+            goto bad;
+        }
+        if (!lua_setupvalue(T, 1, (int)i)) lua_pop(T, 1);
+    }
+    lua_rawgeti(T, LUA_REGISTRYINDEX, S->W->fns_ref);
+    lua_pushvalue(T, 1);
+    lua_rawseti(T, -2, (lua_Integer)callable);
+    lua_settop(T, 0);
+    return 0;
+bad:
+    lua_settop(T, 0);
+    snprintf(err, errlen, "shipped function %llu is malformed", (unsigned long long)callable);
+    return 1;
 }
 
 static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
@@ -294,6 +479,7 @@ static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
         pto_leaf leaf = pto_chip_leaf();
         snprintf(W->chip_names[i], sizeof W->chip_names[i], "chip %d", i + 1);
         leaf.name = W->chip_names[i];
+        leaf.ctx = W->chip_runtime;   /* the child dlopens this runtime (NULL: the built-in one) */
         if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
     }
     lua_getiuservalue(L, idx, UV_THREADS);
@@ -305,6 +491,10 @@ static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
         S->T = lua_newthread(L);
         lua_rawseti(L, -2, i + 1);
         pto_leaf leaf = {.run = sub_leaf, .ctx = S, .name = S->name};
+        if (W->mode == PTO_MODE_PROCESS) {
+            leaf.run = sub_leaf_child;
+            leaf.load = sub_load_child;
+        }
         if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L);
     }
     lua_pop(L, 1);
@@ -336,10 +526,32 @@ static int w_register(lua_State *L)
         int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
         if (id < 0) return lpto_engine_error_as(L, who);
         pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
+        if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) {
+            /* children forked before this kernel resolve it themselves: "lib\0symbol\0" */
+            const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
+            size_t ll = strlen(lib), sl = strlen(k->symbol);
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            luaL_addlstring(&b, lib, ll + 1);
+            luaL_addlstring(&b, k->symbol, sl + 1);
+            luaL_pushresult(&b);
+            if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
+                return lpto_engine_error_as(L, who);
+            lua_pop(L, 1);
+        }
         h = lua_newuserdatauv(L, sizeof *h, 1);
         *h = (lhandle){H_CHIP, (uint64_t)id};
     } else if (lua_isfunction(L, 2)) {
+        /* Children forked at init cannot see a function registered later. */
+        bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && W->nsubs > 0;
+        if (ship) ship_function(L, 2, who);
         uint64_t id = ++W->next_fn;
+        if (ship) {
+            size_t len;
+            const char *blob = lua_tolstring(L, -1, &len);
+            if (pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) return lpto_engine_error_as(L, who);
+            lua_pop(L, 1);
+        }
         lua_getiuservalue(L, 1, UV_FNS);
         lua_pushvalue(L, 2);
         lua_rawseti(L, -2, (lua_Integer)id);
@@ -474,6 +686,27 @@ static int w_stats(lua_State *L)
     lua_setfield(L, -2, "sub_workers");
     lua_pushinteger(L, W->level);
     lua_setfield(L, -2, "level");
+    return 1;
+}
+
+/* w:child_pids() -> {chips = {pid, ...}, subs = {pid, ...}}: the processes
+ * serving each worker now (empty in THREAD mode); for tests and tools. */
+static int w_child_pids(lua_State *L)
+{
+    lworker *W = check_worker(L, 1, "Worker:child_pids");
+    lua_createtable(L, 0, 2);
+    int counts[2] = {W->nchips, W->nsubs};
+    const char *names[2] = {"chips", "subs"};
+    for (int kind = 0; kind < 2; kind++) {
+        lua_createtable(L, counts[kind], 0);
+        for (int i = 0; W->state == W_READY && i < counts[kind]; i++) {
+            int pid = pto_worker_child_pid(W->w, kind, i);
+            if (pid <= 0) continue;
+            lua_pushinteger(L, pid);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, names[kind]);
+    }
     return 1;
 }
 
@@ -691,7 +924,8 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         fill_args(L, as[i], descs + off, &targs[i], who, n > 1 ? i + 1 : 0);
         off += as[i]->nt;
     }
-    bool release = W->nsubs > 0;   /* a submit blocked on ring space must let Lua subs run */
+    /* a submit blocked on ring space must let THREAD-mode Lua subs run */
+    bool release = W->nsubs > 0 && W->mode == PTO_MODE_THREAD;
     if (release) lpto_gil_release(W->gil);
     int64_t id;
     if (kind == PTO_SUB)
@@ -845,7 +1079,7 @@ static int o_alloc(lua_State *L)
     pto_tensor d = {0};
     d.ndims = (uint8_t)lpto_parse_shape(L, 2, d.shape, who);
     d.dtype = (uint8_t)lpto_parse_dtype(L, 3, who);
-    bool release = O->W->nsubs > 0;
+    bool release = O->W->nsubs > 0 && O->W->mode == PTO_MODE_THREAD;
     if (release) lpto_gil_release(O->W->gil);
     int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
     if (release) lpto_gil_acquire(O->W->gil);
@@ -1106,7 +1340,7 @@ void lpto_open_worker(lua_State *L)
     luaL_setfuncs(L, wmeta, 0);
     static const luaL_Reg wmethods[] = {
         {"init", w_init}, {"register", w_register}, {"add_worker", w_add_worker}, {"run", w_run},
-        {"close", w_close}, {"stats", w_stats}, {"stats_report", w_stats_report}, {"print_stats", w_print_stats},
+        {"close", w_close}, {"stats", w_stats}, {"child_pids", w_child_pids}, {"stats_report", w_stats_report}, {"print_stats", w_print_stats},
         {NULL, NULL}};
     luaL_newlib(L, wmethods);
     lua_setfield(L, -2, "methods");

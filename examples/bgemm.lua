@@ -45,7 +45,7 @@ end
 for i = 1, #A do A[i] = rand() end
 for i = 1, #B do B[i] = rand() end
 
-local w <close> = pto.Worker{level = 3, mode = "thread", chips = chips, heap_ring_size = 64 << 20}
+local w <close> = pto.Worker{level = 3, chips = chips, heap_ring_size = 64 << 20}
 local gemm = w:register(pto.chip_kernel("gemm_tile"))
 local add = w:register(pto.chip_kernel("tile_add"))
 w:init()

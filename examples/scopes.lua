@@ -5,7 +5,7 @@
 local pto = require "pto"
 
 local N, ROUNDS = 4096, 64
-local w <close> = pto.Worker{level = 3, mode = "thread", chips = 2, heap_ring_size = 1 << 20}
+local w <close> = pto.Worker{level = 3, chips = 2, heap_ring_size = 1 << 20}
 local fill = w:register(pto.chip_kernel("fill"))
 local add = w:register(pto.chip_kernel("vector_add"))
 local acc = pto.tensor({N}, "f32")

@@ -20,7 +20,7 @@ local function my_orch(orch, view, cfg)
   return orch:submit_next_level(vector_add, chip_args, cfg)
 end
 
-local w3 <close> = pto.Worker{level = 3, mode = "thread", chips = 1}
+local w3 <close> = pto.Worker{level = 3, chips = 1}
 vector_add = w3:register(pto.chip_kernel("vector_add"))
 w3:init()
 local id = w3:run(my_orch, args, pto.CallConfig{block_dim = 3})

@@ -1,26 +1,45 @@
 -- api_spec.lua: every entry point and object of the user contract
--- (shared/spec/lua-api.md §1-§5), in THREAD mode.
+-- (shared/spec/lua-api.md §1-§5), in both modes: no Worker here names a
+-- mode unless the test is about modes, so $PTO_MODE decides (CTest runs
+-- this file once per mode).
 --
 -- Dependencies are observed two ways: orch:task(id).producers (recorded at
--- submit, so exact) and the order and time at which Lua sub callables run.
--- Lua subs run one at a time under the interpreter lock, so a sub appending
--- to a Lua table needs no further locking. A sub that must not wait shows
--- it by running before a sub that waits on a sleep_us chip task; a sub
--- that must wait shows it by starting no earlier than the sleep's length.
+-- submit, so exact) and the order and time at which Lua sub callables start.
+-- A sub in process mode runs in a forked copy of the Lua state and cannot
+-- change the parent's Lua variables, so the recording subs write shared
+-- tensors instead: the pto.now() at which each started (CLOCK_MONOTONIC,
+-- the same clock in every process), what it read, and which sub worker
+-- (Lua thread and process) ran it. A sub that must not wait shows it by
+-- starting before a sub that waits on a sleep_us chip task; a sub that must
+-- wait shows it by starting no earlier than the sleep's length.
 local pto = require "pto"
 local H = require "helpers"
 
-local clock, assert_error, sorted = H.clock, H.assert_error, H.sorted
+local assert_error, sorted = H.assert_error, H.sorted
+local now = pto.now
 local EPS = 0.002   -- clock granularity allowance for lower bounds
 
 local W, K                   -- the shared Worker: 2 chips, 2 sub workers
-local log, T0                -- what the recording subs saw, and when the run began
-local MARK, PEEK             -- recording subs: MARK logs its id, PEEK also tensor 1's first element
+local T0                     -- pto.now() when the current run began
+local MARK, PEEK             -- recording subs: MARK stamps its id, PEEK also tensor 1's first element
+local WRITER, NOARGS, KEEPER -- subs that report what they saw through BOX
+
+-- What the recording subs saw, indexed by the sub's id (its scalar 1).
+-- Created before W:init, so every forked child shares them.
+local NREC = 64
+local START = pto.tensor({NREC}, "f64")   -- pto.now() when sub id started; -1: it did not run
+local VALUE = pto.tensor({NREC}, "f64")   -- PEEK: tensor 1's first element
+local THREAD = pto.tensor({NREC}, "i64")  -- the Lua thread (address) of the sub worker that ran it
+local PID = pto.tensor({NREC}, "i64")     -- and its process
+local BOX = {H.box(), H.box(), H.box()}   -- helpers.send/recv
 
 local function rec(args, peek)
-  local e = {id = args:scalar(1), t = clock() - T0, thread = coroutine.running()}
-  if peek then e.v = args:tensor(1)[1] end
-  log[#log + 1] = e
+  local t = now()
+  local id = args:scalar(1)
+  if peek then VALUE[id] = args:tensor(1)[1] end
+  THREAD[id] = tonumber(tostring(coroutine.running()):match("(%x+)$"), 16)
+  PID[id] = H.getpid()
+  START[id] = t
 end
 
 -- TaskArgs from {tensor, tag} pairs followed by one integer scalar.
@@ -32,7 +51,11 @@ local function targs(scalar, ...)
 end
 
 local function run(fn, ...)
-  log, T0 = {}, clock()
+  START:fill(-1)
+  VALUE:fill(0)
+  THREAD:fill(0)
+  PID:fill(0)
+  T0 = now()
   return W:run(fn, ...)
 end
 
@@ -45,18 +68,26 @@ local function fill(orch, value, ...)
   return orch:submit_next_level(K.fill, a)
 end
 
--- The log entry of sub id and its position in the log.
-local function entry(id)
-  for i, e in ipairs(log) do
-    if e.id == id then return e, i end
-  end
-  error(("sub %d did not run (log has %d entries)"):format(id, #log), 2)
+-- What sub id recorded: t (seconds from the run's start), v (PEEK's value),
+-- thread (which sub worker ran it). Raises if it did not run.
+local function entry(id, level)
+  local s = START[id]
+  if s < 0 then error(("sub %d did not run"):format(id), (level or 1) + 1) end
+  return {id = id, t = s - T0, v = VALUE[id], thread = THREAD[id] .. "/" .. PID[id]}
 end
 
+-- Sub id1 started before sub id2 (both must have run).
 local function before(id1, id2)
-  local _, i1 = entry(id1)
-  local _, i2 = entry(id2)
-  return i1 < i2
+  return entry(id1, 2).t < entry(id2, 2).t
+end
+
+-- How many recording subs ran in the last run.
+local function ran()
+  local n = 0
+  for i = 1, NREC do
+    if START[i] >= 0 then n = n + 1 end
+  end
+  return n
 end
 
 local function producers(orch, id) return sorted(orch:task(id).producers) end
@@ -66,6 +97,23 @@ setup(function()
   K = H.kernels(W)
   MARK = W:register(function(args) rec(args, false) end, "mark")
   PEEK = W:register(function(args) rec(args, true) end, "peek")
+  WRITER = W:register(function(args)
+    local x = args:tensor(1)
+    H.send(BOX[1], {n = #args, dtype = x.dtype, shape = x.shape, i = args:scalar(1), f = args:scalar_float(2),
+                    count = args:scalar_count()})
+    for i = 1, #x do x[i] = i * args:scalar(1) end
+  end, "writer")
+  NOARGS = W:register(function(args) H.send(BOX[2], {empty = #args + args:scalar_count()}) end, "noargs")
+  -- call 1 keeps its tensor argument; call 2 reports what touching it does
+  local kept
+  KEEPER = W:register(function(args)
+    if args:scalar(1) == 1 then
+      kept = args:tensor(1)
+    else
+      local ok, err = pcall(function() return kept[1] end)
+      H.send(BOX[3], {ok = ok, err = err})
+    end
+  end, "keeper")
   W:init()
 end)
 
@@ -155,6 +203,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
     assert.are.same({r.s}, r.zp)
     assert.are.equal(5, entry(1).v)
     assert.is_true(before(1, 2), "the writer waited for the earlier reader")
+    assert.is_true(entry(1).t < 0.3, "the writer waited for the earlier reader")
     assert.is_true(entry(2).t >= 0.3 - EPS)
   end)
 
@@ -171,6 +220,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
     assert.are.same({r.f}, r.cp)   -- only the latest writer
     assert.are.equal(6, entry(1).v)
     assert.is_true(before(1, 2))
+    assert.is_true(entry(1).t < 0.3, "the second writer waited for the first")
   end)
 
   it("INOUT chains serialise", function()
@@ -213,6 +263,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
     assert.are.same({r.e}, r.cp)
     assert.are.equal(5, entry(1).v)
     assert.is_true(before(1, 2))
+    assert.is_true(entry(1).t < 0.3, "the OUTPUT_EXISTING writer waited for the earlier writer")
   end)
 
   it("OUTPUT_EXISTING registers the writer: a later INPUT waits for it", function()
@@ -238,6 +289,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
     end)
     assert.are.same({}, r)
     assert.is_true(before(1, 2))
+    assert.is_true(entry(1).t < 0.3, "the NO_DEP reader waited for the writer")
     assert.is_true(entry(2).t >= 0.3 - EPS)
   end)
 
@@ -251,6 +303,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
     end)
     assert.are.same({}, r)
     assert.is_true(before(1, 2))
+    assert.is_true(entry(1).t < 0.3, "the reader waited for a NO_DEP task")
   end)
 end)
 
@@ -458,6 +511,7 @@ describe("tensors (§2)", function()
     assert.are.same({r.s}, r.c2)
     assert.are.same({r.s}, r.c4)
     assert.is_true(before(1, 3), "a reader of a disjoint view waited")
+    assert.is_true(entry(1).t < 0.3, "a reader of a disjoint view waited")
     assert.is_true(entry(2).t >= 0.3 - EPS, "a reader of an overlapping view did not wait")
     assert.is_true(entry(4).t >= 0.3 - EPS)
   end)
@@ -572,7 +626,7 @@ describe("Worker (§3)", function()
   it("has the documented defaults", function()
     local w = pto.Worker{}
     assert.are.equal(3, w.level)
-    assert.are.equal("thread", w.mode)   -- the only mode of this build
+    assert.are.equal(H.MODE, w.mode)   -- $PTO_MODE, else "process"
     assert.are.equal(0, w.chips)
     assert.are.equal(0, w.num_sub_workers)
     assert.is_false(w.initialized)
@@ -588,22 +642,39 @@ describe("Worker (§3)", function()
     w0:close()
   end)
 
-  it("takes every construction option", function()
-    local w = pto.Worker{level = 3, mode = "thread", chips = 2, num_sub_workers = 1, heap_ring_size = 1 << 20,
-                         alloc_timeout_ms = 500, chip_runtime = H.CHIPSIM, queue_depth = 1}
-    assert.are.same({3, "thread", 2, 1}, {w.level, w.mode, w.chips, w.num_sub_workers})
-    H.check_vector_add(w, w:register(pto.chip_kernel("vector_add")))
-    local s = w:stats()
-    assert.are.equal(2, s.chips)
-    assert.are.equal(1, s.sub_workers)
-    assert.are.equal(1 << 20, s.rings[1].capacity_bytes)
-    w:close()
+  it("takes every construction option; a mode named here wins over $PTO_MODE", function()
+    for _, mode in ipairs{"thread", "process"} do
+      local w = pto.Worker{level = 3, mode = mode, chips = 2, num_sub_workers = 1, heap_ring_size = 1 << 20,
+                           alloc_timeout_ms = 500, chip_runtime = H.CHIPSIM, queue_depth = 1, start_timeout_ms = 5000}
+      assert.are.same({3, mode, 2, 1}, {w.level, w.mode, w.chips, w.num_sub_workers})
+      H.check_vector_add(w, w:register(pto.chip_kernel("vector_add")))
+      local s = w:stats()
+      assert.are.equal(2, s.chips)
+      assert.are.equal(1, s.sub_workers)
+      assert.are.equal(1 << 20, s.rings[1].capacity_bytes)
+      w:close()
+    end
+  end)
+
+  it("takes its default mode from $PTO_MODE: process when unset or empty", function()
+    local chunk = "io.write(pto.Worker{}.mode, ' ', pto.Worker{mode = 'thread'}.mode, ' ', " ..
+                  "pto.Worker{mode = 'process'}.mode)"
+    local function modes(env)
+      local p = assert(io.popen(("env %s %q -e %q 2>&1"):format(env, assert(os.getenv("PTOLUA")), chunk)))
+      local out = p:read("a")
+      p:close()
+      return out
+    end
+    assert.are.equal("process thread process", modes("-u PTO_MODE"))
+    assert.are.equal("process thread process", modes("PTO_MODE="))
+    assert.are.equal("process thread process", modes("PTO_MODE=process"))
+    assert.are.equal("thread thread process", modes("PTO_MODE=thread"))
   end)
 
   it("registers Lua functions and chip kernels by name or by library and symbol", function()
     local w = pto.Worker{chips = 1, num_sub_workers = 1}
-    local seen
-    local hs = w:register(function(args) seen = args:scalar(1) end)
+    local seen = pto.tensor({1}, "i64")   -- shared: the sub may run in a forked child
+    local hs = w:register(function(args) seen[1] = args:scalar(1) end)
     local hk = w:register(pto.chip_kernel("vector_add"))
     local hl = w:register(pto.chip_kernel{lib = H.CHIPSIM, symbol = "vector_add"})
     local hd = w:register(pto.chip_kernel{symbol = "vector_mul"})   -- lib defaults to the Worker's runtime
@@ -619,7 +690,7 @@ describe("Worker (§3)", function()
       orch:submit_sub(hs, pto.args{scalars = {77}})
       orch:submit_next_level(hd, pto.args{a, b, {c, "out"}})
     end)
-    assert.are.equal(77, seen)
+    assert.are.equal(77, seen[1])
     assert.are.same({12, 12, 12, 12, 12, 12, 12, 12}, c:totable())
     w:close()
   end)
@@ -656,7 +727,7 @@ describe("Worker (§3)", function()
     assert.truthy(err:find("chip 2", 1, true), err)
     assert.truthy(err:find("fail kernel called with code 7", 1, true), err)
     assert.is_nil(err:find("code 8", 1, true))
-    assert.are.equal(0, #log)   -- the failed task's consumer did not run
+    assert.are.equal(0, ran())   -- the failed task's consumer did not run
     assert.are.equal(failed0 + 3, W:stats().tasks_failed)   -- both failures and the consumer not run
     H.check_vector_add(W, K.vector_add)
   end)
@@ -676,7 +747,7 @@ describe("Worker (§3)", function()
   it("propagates an error raised by fn unchanged, after draining in-flight tasks", function()
     local t = pto.tensor{4}
     local obj = setmetatable({}, {__tostring = function() return "my error object" end})
-    local start = clock()
+    local start = now()
     local ok, err = pcall(W.run, W, function(orch)
       sleep(orch, 200000, {t, "out"})
       fill(orch, 7, {t, "inout"})
@@ -684,7 +755,7 @@ describe("Worker (§3)", function()
     end)
     assert.is_false(ok)
     assert.is_true(rawequal(obj, err))
-    assert.is_true(clock() - start >= 0.2 - EPS, "run returned before its tasks drained")
+    assert.is_true(now() - start >= 0.2 - EPS, "run returned before its tasks drained")
     assert.are.same({7, 7, 7, 7}, t:totable())
     ok, err = pcall(W.run, W, function() error("plain text", 0) end)
     assert.are.equal("plain text", err)
@@ -894,20 +965,15 @@ describe("orchestrator (§4)", function()
 
   it("submits sub tasks with and without args; sub tensors alias the submitted storage", function()
     local t, res = pto.tensor({8}, "i32"), pto.tensor({8}, "i32")
-    local seen = {}
-    local writer = W:register(function(args)
-      local x = args:tensor(1)
-      seen.n, seen.dtype, seen.shape = #args, x.dtype, x.shape
-      seen.i, seen.f, seen.count = args:scalar(1), args:scalar_float(2), args:scalar_count()
-      for i = 1, #x do x[i] = i * args:scalar(1) end
-    end)
-    local noargs = W:register(function(args) seen.empty = #args + args:scalar_count() end)
+    BOX[1]:fill(0)
+    BOX[2]:fill(0)
     run(function(orch)
-      orch:submit_sub(noargs)
-      orch:submit_sub(writer, pto.args{{t, "out"}, scalars = {3, 2.5}})
+      orch:submit_sub(NOARGS)
+      orch:submit_sub(WRITER, pto.args{{t, "out"}, scalars = {3, 2.5}})
       orch:submit_next_level(K.copy, pto.args{t, {res, "out"}})
     end)
-    assert.are.equal(0, seen.empty)
+    local seen = H.recv(BOX[1])
+    assert.are.equal(0, H.recv(BOX[2]).empty)
     assert.are.same({1, "i32", {8}, 3, 2.5, 2}, {seen.n, seen.dtype, seen.shape, seen.i, seen.f, seen.count})
     for i = 1, 8 do
       assert.are.equal(3 * i, t[i])
@@ -916,10 +982,14 @@ describe("orchestrator (§4)", function()
   end)
 
   it("invalidates a sub's argument tensors after the call", function()
-    local kept
-    local keeper = W:register(function(args) kept = args:tensor(1) end)
-    run(function(orch) orch:submit_sub(keeper, pto.args{pto.tensor{4}}) end)
-    assert_error(function() return kept[1] end, "Tensor: ", "valid only during that call")
+    -- the sub keeps its argument in its own Lua state (pinned: one sub worker
+    -- keeps it) and touches it in its next call
+    BOX[3]:fill(0)
+    run(function(orch) orch:submit_sub(KEEPER, pto.args{pto.tensor{4}, scalars = {1}}, {worker = 1}) end)
+    run(function(orch) orch:submit_sub(KEEPER, pto.args{scalars = {2}}, {worker = 1}) end)
+    local r = H.recv(BOX[3])
+    assert.is_false(r.ok)
+    assert_error(function() error(r.err, 0) end, "Tensor: ", "valid only during that call")
   end)
 
   it("allocates from the scope's heap ring with orch:alloc", function()
@@ -959,12 +1029,12 @@ describe("orchestrator (§4)", function()
         xa = x.address
         orch:submit_next_level(sl, targs(200000, {x, "out"}))   -- an OUTPUT writer, still running at scope end
       end
-      local t0 = clock()
+      local t0 = now()
       do
         local s <close> = orch:scope()
         ya = orch:alloc({768}, "f32").address   -- 3 KiB: fits only once the writer is done
       end
-      dt = clock() - t0
+      dt = now() - t0
     end)
     assert.is_true(dt >= 0.2 - EPS, ("the writer's slab was recycled while it ran (%.3f s)"):format(dt))
     assert.are.equal(1, w:stats().rings[2].stalls)
@@ -1109,5 +1179,81 @@ describe("orchestrator (§4)", function()
     assert_error(function() kept:tasks() end, "orch:tasks: ", "run has ended")
     assert_error(function() kept:dag() end, "orch:dag: ", "run has ended")
     assert_error(function() kept:dot() end, "orch:dot: ", "run has ended")
+  end)
+end)
+
+describe("sub callables in each mode (§5)", function()
+  it("report through shared tensors in both modes; their Lua assignments reach the parent only in thread mode",
+     function()
+    local w = pto.Worker{num_sub_workers = 1}
+    local log, out = {}, pto.tensor({2}, "i64")
+    local late                                  -- assigned by the script after init
+    local h = w:register(function(args)
+      log[#log + 1] = args:scalar(1)            -- the parent's table in thread mode, the child's copy in process mode
+      out[1] = #log                             -- counts the calls this Lua state has seen
+      out[2] = late or -1
+    end, "logger")
+    w:init()
+    late = 7
+    w:run(function(orch) orch:submit_sub(h, pto.args{scalars = {5}}) end)
+    w:run(function(orch) orch:submit_sub(h, pto.args{scalars = {6}}) end)
+    assert.are.equal(2, out[1])                 -- one Lua state per sub worker, kept across runs
+    if w.mode == "thread" then
+      assert.are.same({5, 6}, log)              -- the sub ran in this Lua state
+      assert.are.equal(7, out[2])               -- and saw the assignment made after init
+    else
+      assert.are.same({}, log)                  -- the child's copy of log got the entries
+      assert.are.equal(-1, out[2])              -- the child's Lua state is a copy taken at init
+    end
+    w:close()
+  end)
+
+  it("run in parallel on distinct sub workers in process mode, one at a time in thread mode", function()
+    local w = pto.Worker{num_sub_workers = 2}
+    local span = pto.tensor({4}, "f64")         -- start and end of each sub, from pto.now()
+    local busy = w:register(function(args)
+      local i = args:scalar(1)
+      span[2 * i - 1] = now()
+      local stop = now() + 0.1
+      while now() < stop do end
+      span[2 * i] = now()
+    end, "busy")
+    w:init()
+    w:run(function(orch) orch:submit_sub_group(busy, {pto.args{scalars = {1}}, pto.args{scalars = {2}}}) end)
+    local s1, e1, s2, e2 = span[1], span[2], span[3], span[4]
+    assert.is_true(e1 - s1 >= 0.1 and e2 - s2 >= 0.1)
+    local overlap = math.min(e1, e2) - math.max(s1, s2)
+    if w.mode == "process" then
+      assert.is_true(overlap > 0.05, ("the two subs overlapped %.3f s"):format(overlap))
+    else
+      assert.is_true(overlap <= 0, ("the two subs overlapped %.3f s under the interpreter lock"):format(overlap))
+    end
+    w:close()
+  end)
+
+  H.thread_only("a sub's argument tensor kept in a parent variable is invalid after the call",
+                "a forked sub cannot assign the parent's variables", function()
+    local kept
+    local keeper = W:register(function(args) kept = args:tensor(1) end)
+    run(function(orch) orch:submit_sub(keeper, pto.args{pto.tensor{4}}) end)
+    assert_error(function() return kept[1] end, "Tensor: ", "valid only during that call")
+  end)
+
+  H.thread_only("subs run one at a time with the script's Lua code, so they may share Lua tables",
+                "each sub worker has its own Lua state", function()
+    local seen, inside = {}, false
+    local h = W:register(function(args)
+      assert(not inside, "two subs ran at once")
+      inside = true
+      for _ = 1, 1000 do seen[#seen + 1] = args:scalar(1) end
+      inside = false
+    end, "appender")
+    run(function(orch)
+      for i = 1, 8 do orch:submit_sub(h, pto.args{scalars = {i}}) end
+    end)
+    assert.are.equal(8000, #seen)
+    local counts = {}
+    for _, v in ipairs(seen) do counts[v] = (counts[v] or 0) + 1 end
+    for i = 1, 8 do assert.are.equal(1000, counts[i]) end
   end)
 end)

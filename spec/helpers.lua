@@ -6,6 +6,24 @@ local M = {}
 M.BUILD_DIR = os.getenv("PTO_BUILD_DIR")
 M.CHIPSIM = M.BUILD_DIR and (M.BUILD_DIR .. "/libpto_chipsim.so")
 
+-- The mode of every Worker that does not name one: $PTO_MODE, else "process"
+-- (spec/CMakeLists.txt runs each spec once per mode). Read from the
+-- environment, not from a Worker, so that specs can check the binding's default.
+do
+  local m = os.getenv("PTO_MODE")
+  M.MODE = (m == nil or m == "") and "process" or m
+end
+
+-- it(name, fn) in thread mode; in process mode a pending entry saying why.
+function M.thread_only(name, why, fn)
+  local busted = require "busted"   -- it and pending live in the spec file's environment, not in _G
+  if M.MODE == "thread" then
+    busted.it(name, fn)
+  else
+    busted.pending(name .. " [thread mode only: " .. why .. "]")
+  end
+end
+
 -- A monotonic clock in seconds (luasystem ships with busted; LuaSocket as a fallback).
 do
   local ok, system = pcall(require, "system")
@@ -86,6 +104,152 @@ function M.sorted(list)
   for i, v in ipairs(list) do out[i] = v end
   table.sort(out)
   return out
+end
+
+---- Results from sub callables ------------------------------------------------
+-- In process mode a sub runs in a forked copy of the Lua state: what it
+-- assigns to Lua variables stays in its child. Shared tensors are how a sub
+-- reports back in both modes. send/recv carry a plain Lua value (nil,
+-- booleans, numbers, strings, tables of those) through a u8 tensor: the
+-- value as Lua source, NUL-terminated.
+
+local function serialize(v, out)
+  local t = type(v)
+  if t == "table" then
+    out[#out + 1] = "{"
+    for k, x in pairs(v) do
+      out[#out + 1] = "["
+      serialize(k, out)
+      out[#out + 1] = "]="
+      serialize(x, out)
+      out[#out + 1] = ","
+    end
+    out[#out + 1] = "}"
+  elseif t == "string" or t == "number" then
+    out[#out + 1] = ("%q"):format(v)
+  elseif t == "boolean" or t == "nil" then
+    out[#out + 1] = tostring(v)
+  else
+    error("helpers.send: cannot send a " .. t, 3)
+  end
+end
+
+-- A box for send/recv: a u8 tensor (create it before Worker:init when a
+-- sub registered before init captures it).
+function M.box(bytes) return pto.tensor({bytes or 4096}, "u8") end
+
+function M.send(box, value)
+  local out = {}
+  serialize(value, out)
+  local s = table.concat(out)
+  assert(#s < #box, "helpers.send: value too large for the box")
+  for i = 1, #s do box[i] = s:byte(i) end
+  box[#s + 1] = 0
+end
+
+-- The string written into a u8 tensor up to its first NUL.
+function M.string_of(box)
+  local bytes = {}
+  for i = 1, #box do
+    local b = box[i]
+    if b == 0 then break end
+    bytes[#bytes + 1] = string.char(b)
+  end
+  return table.concat(bytes)
+end
+
+-- The value sent into box (raises if nothing was sent since box:fill(0)).
+function M.recv(box)
+  local s = M.string_of(box)
+  assert(s ~= "", "helpers.recv: nothing was sent into the box")
+  return assert(load("return " .. s, "=recv", "t", {}))()
+end
+
+---- Processes, shared memory, file descriptors ---------------------------------
+
+-- The calling process's id (in a sub callable: the process running it).
+function M.getpid()
+  local f = assert(io.open("/proc/self/stat"))
+  local pid = f:read("n")
+  f:close()
+  return math.tointeger(pid)
+end
+
+-- {state = "R"|"S"|"Z"|..., ppid = n} of process pid, or nil when it is gone.
+function M.proc(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  if not s then return nil end
+  -- the command name is in parentheses and may contain spaces
+  local state, ppid = s:match("%) (%S) (%d+)")
+  if not state then return nil end
+  return {state = state, ppid = math.tointeger(tonumber(ppid))}
+end
+
+-- Alive: kill -0 succeeds and it is not a zombie.
+function M.alive(pid)
+  local p = M.proc(pid)
+  if not p or p.state == "Z" or p.state == "X" then return false end
+  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
+end
+
+-- Every process id in /proc.
+local function all_pids()
+  local lfs = require "lfs"
+  local out = {}
+  for name in lfs.dir("/proc") do
+    local pid = math.tointeger(tonumber(name))
+    if pid then out[#out + 1] = pid end
+  end
+  return out
+end
+
+-- Descendants of root (default: this process), zombies included, as a
+-- sorted list of pids.
+function M.descendants(root)
+  root = root or M.getpid()
+  local children = {}
+  for _, pid in ipairs(all_pids()) do
+    local p = M.proc(pid)
+    if p then
+      children[p.ppid] = children[p.ppid] or {}
+      table.insert(children[p.ppid], pid)
+    end
+  end
+  local out, todo = {}, {root}
+  while #todo > 0 do
+    local pid = table.remove(todo)
+    for _, c in ipairs(children[pid] or {}) do
+      out[#out + 1] = c
+      todo[#todo + 1] = c
+    end
+  end
+  table.sort(out)
+  return out
+end
+
+-- Names in /dev/shm, as a set.
+function M.shm_entries()
+  local lfs = require "lfs"
+  local out = {}
+  if lfs.attributes("/dev/shm", "mode") ~= "directory" then return out end
+  for name in lfs.dir("/dev/shm") do
+    if name ~= "." and name ~= ".." then out[name] = true end
+  end
+  return out
+end
+
+-- Open file descriptors of this process (lfs.dir's own descriptor included,
+-- the same in every count).
+function M.fd_count()
+  local lfs = require "lfs"
+  local n = 0
+  for name in lfs.dir("/proc/self/fd") do
+    if name ~= "." and name ~= ".." then n = n + 1 end
+  end
+  return n
 end
 
 return M

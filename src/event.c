@@ -41,13 +41,15 @@ bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t s
     if (has_work(arg)) return true;
     uint64_t t0 = pto_now_ns();
     if (spin_ns > 0) {
+        /* A check every few pauses (~100 ns): hand-offs here are sub-
+         * microsecond, so a coarser loop would cost more than it saves. */
         for (int i = 0;; i++) {
-            for (int k = 0; k < 64; k++) pto_cpu_relax();
+            for (int k = 0; k < 4; k++) pto_cpu_relax();
             if (has_work(arg)) return true;
             /* With more runnable threads than cores the thread we wait for
-             * may need this core: offer it every few rounds. */
+             * may need this core: offer it every few checks. */
             if ((i & 3) == 3) sched_yield();
-            if ((i & 7) == 7 && (int64_t)(pto_now_ns() - t0) >= spin_ns) break;
+            if ((i & 15) == 15 && (int64_t)(pto_now_ns() - t0) >= spin_ns) break;
         }
     }
     uint32_t seq = atomic_load_explicit(&e->seq, memory_order_seq_cst);

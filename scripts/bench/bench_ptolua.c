@@ -44,7 +44,7 @@ int ptolua_setup(void)
         fprintf(stderr, "ptolua: pto_worker_new failed: %s\n", pto_errmsg());
         return -1;
     }
-    pto_leaf leaf = { empty_leaf, NULL, "empty" };
+    pto_leaf leaf = {.run = empty_leaf, .name = "empty"};
     for (int i = 0; i < BENCH_THREADS; i++) {
         if (pto_worker_add_next_level(g_worker, &leaf) < 0) {
             fprintf(stderr, "ptolua: pto_worker_add_next_level failed: %s\n", pto_errmsg());

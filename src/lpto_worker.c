@@ -183,8 +183,10 @@ static int l_worker(lua_State *L)
         return lpto_error(L, who, "level %lld: Workers of Workers (level 4 and above) are not available yet; use level = 3",
                           (long long)level);
     lua_getfield(L, 1, "mode");
-    int mode = default_mode(L, who);
-    if (!lua_isnil(L, -1)) {
+    int mode;
+    if (lua_isnil(L, -1)) {
+        mode = default_mode(L, who);
+    } else {
         const char *m = lua_tostring(L, -1);
         if (lua_type(L, -1) != LUA_TSTRING || (strcmp(m, "thread") && strcmp(m, "process")))
             return lpto_error(L, who, "mode must be \"thread\" or \"process\" (got %s)", luaL_tolstring(L, -1, NULL));

@@ -7,6 +7,9 @@
  * lua/pto modules first, -h/--help exists, an error in a script piped on
  * stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
  * chunk at the prompt shows its syntax error (lua5.4 prints "(null)").
+ * On a terminal the prompt goes further than lua5.4 (docs/repl.md): values
+ * printed by lua/pto/repl.lua, `:` commands, a history file, completion of
+ * fields and methods, Ctrl-C at the prompt clearing the line.
  *
  * Everything runs inside one protected call (pmain) so that even a memory
  * error ends with a message, and main always closes the state so that __gc
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,14 +128,14 @@ static void on_sigint(int sig) {
   errno = saved_errno;
 }
 
-static void set_sigint(void (*handler)(int)) {
+static void set_sigint(void (*handler)(int), struct sigaction *old) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   /* SA_RESTART: blocking reads resume as under lua5.4's signal(). */
   if (handler != SIG_DFL) sa.sa_flags = SA_RESTART | SA_RESETHAND;
-  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGINT, &sa, old);
 }
 
 /* Message handler: add a traceback to string errors; other error objects
@@ -152,12 +156,17 @@ static int msghandler(lua_State *L) {
 static int docall(lua_State *L, int narg, int nres) {
   int base = lua_gettop(L) - narg;
   int status;
+  struct sigaction old;
   lua_pushcfunction(L, msghandler);
   lua_insert(L, base);
   sigint_L = L;
-  set_sigint(on_sigint);
+  set_sigint(on_sigint, &old);
   status = lua_pcall(L, narg, nres, base);
-  set_sigint(SIG_DFL);
+  /* Put back what was there (SIG_DFL, or the prompt's handler), then
+   * disarm a hook that a Ctrl-C right at the end of the call armed but no
+   * Lua code consumed: it must not interrupt the next, unrelated, code. */
+  sigaction(SIGINT, &old, NULL);
+  if (lua_gethook(L) == interrupt_hook) lua_sethook(L, NULL, 0, 0);
   lua_remove(L, base);
   return status;
 }
@@ -360,17 +369,232 @@ static int handle_script(lua_State *L, char **argv, int script) {
 
 /* ---- REPL -------------------------------------------------------------- */
 
-/* Read one line with prompt; NULL at end of input. Caller frees. */
-static char *read_line(const char *prompt) {
+/* The prompt has two faces. When stdin is a terminal it is the full prompt
+ * of docs/repl.md: values printed by pto.repl (tables pretty-printed), `:`
+ * commands, a persistent history, TAB completion, Ctrl-C clearing the line.
+ * When stdin is not a terminal (input piped to `ptolua -i`) it stays the
+ * plain lua5.4 loop, byte for byte as before, so that scripted use and
+ * spec/cli_spec.lua see no change; no history file is read or written
+ * then, since piped input is not something a user wants to recall. */
+
+/* pushline results besides "a line" (1) and "end of input" (0). */
+#define LINE_INTERRUPTED (-1)
+/* loadline results besides the lua_load status codes and -1 (end). */
+#define CHUNK_CANCELLED 100 /* Ctrl-C at a continuation prompt */
+#define CHUNK_COMMAND 101   /* a ":command" line, left on the stack */
+
+/* Registry reference to the pto.repl module table; LUA_NOREF in the plain
+ * loop (and if the module failed to load, which leaves the plain loop). */
+static int repl_ref = LUA_NOREF;
+
+/* At the full prompt SIGINT only sets this flag, from the moment the
+ * prompt opens until it closes, except while docall runs a chunk (which
+ * installs on_sigint and puts this back). So a Ctrl-C that lands between
+ * two chunks (while results print, say) cannot kill the session, as it
+ * would with SIG_DFL there. Installed without SA_RESTART so that the wait
+ * for input is interrupted. */
+static volatile sig_atomic_t prompt_sigint;
+static void on_prompt_sigint(int sig) {
+  (void)sig;
+  prompt_sigint = 1;
+}
+
 #ifdef PTO_HAVE_READLINE
+#define HISTORY_MAX 1000 /* lines kept in memory and in the file */
+
+static char history_path[PATH_MAX]; /* "" when there is no history file */
+
+/* The line readline's callback interface hands over. The callback
+ * interface (rather than readline()) is what lets Ctrl-C at the prompt
+ * clear the line: readline() retries its read after a signal, while here
+ * the loop sees the interrupted wait and abandons the line itself. */
+static char *cb_line;
+static int cb_done;
+static void on_line(char *line) {
+  cb_line = line;
+  cb_done = 1;
+  rl_callback_handler_remove(); /* restores the terminal before Lua runs */
+}
+
+/* SIGINT is blocked except inside pselect, so the flag is never set behind
+ * the loop's back between its check and the wait. A Ctrl-C from before
+ * the prompt appeared is forgotten. */
+static char *read_line_tty(const char *prompt, int *interrupted) {
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigprocmask(SIG_BLOCK, &block, &old_mask);
+  prompt_sigint = 0;
+  cb_line = NULL;
+  cb_done = 0;
+  *interrupted = 0;
+  rl_callback_handler_install(prompt, on_line);
+  while (!cb_done) {
+    fd_set fds;
+    int r;
+    FD_ZERO(&fds);
+    FD_SET(STDIN_FILENO, &fds);
+    /* SIGINT can arrive only while waiting here (old_mask unblocks it). */
+    r = pselect(STDIN_FILENO + 1, &fds, NULL, NULL, NULL, &old_mask);
+    if (prompt_sigint) {
+      prompt_sigint = 0;
+      rl_callback_sigcleanup();
+      rl_replace_line("", 0); /* the next prompt starts empty */
+      rl_callback_handler_remove();
+      fputs("\n", stdout);
+      fflush(stdout);
+      *interrupted = 1;
+      break;
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue; /* another signal: keep reading */
+      rl_callback_handler_remove(); /* unreadable stdin: end of input */
+      break;
+    }
+    rl_callback_read_char(); /* may call on_line */
+  }
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  return cb_line;
+}
+
+/* ~/.ptolua_history, or $PTOLUA_HISTORY; none without either. Lines are
+ * appended as they are entered (so a crash or os.exit loses nothing) and
+ * the file is cut to HISTORY_MAX lines when the prompt opens and closes. */
+static void history_open(void) {
+  const char *env = getenv("PTOLUA_HISTORY");
+  const char *home = getenv("HOME");
+  int n = -1;
+  history_path[0] = '\0';
+  if (env && env[0] != '\0')
+    n = snprintf(history_path, sizeof history_path, "%s", env);
+  else if (home && home[0] != '\0')
+    n = snprintf(history_path, sizeof history_path, "%s/.ptolua_history", home);
+  if (n < 0 || (size_t)n >= sizeof history_path) { /* none, or too long */
+    history_path[0] = '\0';
+    return;
+  }
+  using_history();
+  stifle_history(HISTORY_MAX);
+  read_history(history_path); /* a missing file is an empty history */
+  history_truncate_file(history_path, HISTORY_MAX);
+}
+
+static void history_add(const char *line) {
+  if (line[0] == '\0') return;
+  add_history(line);
+  if (history_path[0] == '\0') return;
+  /* append_history needs an existing file; a first write creates it. */
+  if (append_history(1, history_path) != 0) write_history(history_path);
+}
+
+static void history_close(void) {
+  if (history_path[0] != '\0') history_truncate_file(history_path, HISTORY_MAX);
+}
+
+/* ---- completion ---- */
+
+static lua_State *complete_L; /* the state whose globals TAB completes */
+static char **cands;          /* this completion's candidates, malloc'ed */
+static size_t ncands;
+
+/* Run inside lua_pcall: pto.repl.complete(text, at_start), results
+ * checked to be an array of strings. Everything that can raise (allocation
+ * included) happens here, never on readline's stack outside a pcall. */
+static int complete_collect(lua_State *L) {
+  const char *text = lua_touserdata(L, 1);
+  int at_start = lua_toboolean(L, 2);
+  lua_Integer i, n;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
+  lua_getfield(L, -1, "complete");
+  lua_pushstring(L, text);
+  lua_pushboolean(L, at_start);
+  lua_call(L, 2, 1);
+  luaL_checktype(L, -1, LUA_TTABLE);
+  n = luaL_len(L, -1);
+  for (i = 1; i <= n; i++) {
+    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "completion: not a string");
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+static char *cand_generator(const char *text, int state) {
+  static size_t next;
+  (void)text;
+  if (state == 0) next = 0;
+  if (next >= ncands) return NULL;
+  return strdup(cands[next++]); /* readline frees what it is given */
+}
+
+static char **attempt_completion(const char *text, int start, int end) {
+  lua_State *L = complete_L;
+  int top = lua_gettop(L);
+  char **matches = NULL;
+  size_t i;
+  (void)end;
+  rl_attempted_completion_over = 1; /* never fall back to file names */
+  /* readline resets this to ' ' before every completion */
+  rl_completion_append_character = '\0';
+  if (repl_ref == LUA_NOREF || !lua_checkstack(L, 8)) return NULL;
+  ncands = 0;
+  lua_pushcfunction(L, complete_collect);
+  lua_pushlightuserdata(L, (void *)text);
+  lua_pushboolean(L, start == 0);
+  if (lua_pcall(L, 2, 1, 0) == LUA_OK) {
+    size_t n = (size_t)lua_rawlen(L, -1);
+    cands = n ? calloc(n, sizeof *cands) : NULL;
+    if (cands) {
+      for (i = 0; i < n; i++) { /* checked above to be strings: no raise */
+        lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        cands[ncands] = strdup(lua_tostring(L, -1));
+        if (cands[ncands]) ncands++;
+        lua_pop(L, 1);
+      }
+      matches = rl_completion_matches(text, cand_generator);
+      for (i = 0; i < ncands; i++) free(cands[i]);
+      free(cands);
+      cands = NULL;
+      ncands = 0;
+    }
+  }
+  lua_settop(L, top); /* a failing completer just completes nothing */
+  return matches;
+}
+
+/* Words end at these; '.' and ':' are not among them so that
+ * "string.fo" and "w:reg" reach the completer whole. */
+static char word_breaks[] = " \t\n\"'`@$><=;|&{}()[],+-*/%^#~";
+
+static void readline_setup(lua_State *L) {
+  complete_L = L;
+  rl_catch_signals = 0; /* SIGINT is ours (read_line_tty, docall) */
+  rl_attempted_completion_function = attempt_completion;
+  rl_completer_word_break_characters = word_breaks;
+  history_open();
+}
+#endif /* PTO_HAVE_READLINE */
+
+/* Read one line with prompt; NULL at end of input (or after Ctrl-C, with
+ * *interrupted set). Caller frees. */
+static char *read_line(const char *prompt, int *interrupted) {
+  *interrupted = 0;
+#ifdef PTO_HAVE_READLINE
+  if (repl_ref != LUA_NOREF) return read_line_tty(prompt, interrupted);
   return readline(prompt);
 #else
   char *line = NULL;
   size_t cap = 0;
   fputs(prompt, stdout);
   fflush(stdout);
+  prompt_sigint = 0;
   if (getline(&line, &cap, stdin) < 0) {
     free(line);
+    /* Ctrl-C at the full prompt interrupts the read: a fresh prompt */
+    if (repl_ref != LUA_NOREF && prompt_sigint) {
+      clearerr(stdin);
+      fputs("\n", stdout);
+      *interrupted = 1;
+    }
     return NULL;
   }
   return line;
@@ -379,23 +603,26 @@ static char *read_line(const char *prompt) {
 
 static void save_line(const char *line) {
 #ifdef PTO_HAVE_READLINE
-  if (line[0] != '\0') add_history(line);
+  if (repl_ref != LUA_NOREF) history_add(line);
+  else if (line[0] != '\0') add_history(line);
 #else
   (void)line;
 #endif
 }
 
-/* Push the next input line (without its newline); 0 at end of input. The
- * prompt is _PROMPT / _PROMPT2 when set, as in lua5.4. */
+/* Push the next input line (without its newline): 1, or 0 at end of
+ * input, or LINE_INTERRUPTED (nothing pushed) after Ctrl-C at the full
+ * prompt. The prompt is _PROMPT / _PROMPT2 when set, as in lua5.4. */
 static int pushline(lua_State *L, int firstline) {
   const char *prompt = firstline ? "> " : ">> ";
   char *line;
   size_t len;
+  int interrupted;
   if (lua_getglobal(L, firstline ? "_PROMPT" : "_PROMPT2") != LUA_TNIL)
     prompt = luaL_tolstring(L, -1, NULL); /* stays on the stack while used */
-  line = read_line(prompt);
+  line = read_line(prompt, &interrupted);
   lua_settop(L, lua_gettop(L) - (lua_isnil(L, -1) ? 1 : 2));
-  if (line == NULL) return 0;
+  if (line == NULL) return interrupted ? LINE_INTERRUPTED : 0;
   len = strlen(line);
   if (len > 0 && line[len - 1] == '\n') line[--len] = '\0';
   if (firstline && line[0] == '=') /* "=expr" is the old "return expr" */
@@ -437,9 +664,20 @@ static int multiline(lua_State *L) {
     size_t len;
     const char *line = lua_tolstring(L, 1, &len);
     int status = luaL_loadbuffer(L, line, len, "=stdin");
+    int more;
+    if (!incomplete(L, status)) {
+      save_line(line);
+      return status;
+    }
+    more = pushline(L, 0);
+    if (more == LINE_INTERRUPTED) { /* Ctrl-C drops the unfinished chunk */
+      save_line(line);
+      lua_pop(L, 1); /* the "<eof>" error */
+      return CHUNK_CANCELLED;
+    }
     /* At end of input the syntax error stays on the stack to be shown
      * (lua5.4 pops it first and prints "(null)"). */
-    if (!incomplete(L, status) || !pushline(L, 0)) {
+    if (!more) {
       save_line(line);
       return status;
     }
@@ -451,24 +689,83 @@ static int multiline(lua_State *L) {
 }
 
 /* Read and compile one chunk: the function (or error) is left on top;
- * -1 at end of input. */
+ * -1 at end of input; CHUNK_COMMAND with the ":..." line on top. */
 static int loadline(lua_State *L) {
-  int status;
+  int status, got;
   lua_settop(L, 0);
-  if (!pushline(L, 1)) return -1;
+  while ((got = pushline(L, 1)) == LINE_INTERRUPTED) {
+  } /* Ctrl-C at the prompt: a fresh prompt */
+  if (!got) return -1;
+  if (repl_ref != LUA_NOREF && lua_tostring(L, 1)[0] == ':') {
+    save_line(lua_tostring(L, 1));
+    return CHUNK_COMMAND;
+  }
   if ((status = addreturn(L)) != LUA_OK) status = multiline(L);
+  if (status == CHUNK_CANCELLED) {
+    lua_settop(L, 0);
+    return status;
+  }
   lua_remove(L, 1); /* the source line */
   return status;
 }
 
+/* Print the values on the stack: pto.repl.print_results at the full
+ * prompt, the global print (as lua5.4) in the plain loop. */
 static void print_results(lua_State *L) {
   int n = lua_gettop(L);
   if (n == 0) return;
   luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-  lua_getglobal(L, "print");
+  if (repl_ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
+    lua_getfield(L, -1, "print_results");
+    lua_remove(L, -2);
+  } else {
+    lua_getglobal(L, "print");
+  }
   lua_insert(L, 1);
   if (lua_pcall(L, n, 0, 0) != LUA_OK)
     l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
+}
+
+/* Run the ":..." line on top through pto.repl.command; 1 when it asks to
+ * leave the prompt. Runs under docall, so Ctrl-C and errors behave as for
+ * any chunk. */
+static int run_command(lua_State *L) {
+  int status, quit = 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
+  lua_getfield(L, -1, "command");
+  lua_remove(L, -2);
+  lua_insert(L, -2); /* command(line) */
+  status = docall(L, 1, 1);
+  if (status == LUA_OK) {
+    const char *r = lua_tostring(L, -1);
+    quit = r != NULL && strcmp(r, "quit") == 0;
+    lua_pop(L, 1);
+  }
+  report(L, status);
+  return quit;
+}
+
+/* Load pto.repl for the full prompt; on failure say why and keep the plain
+ * loop, which still works. */
+static void repl_open(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "pto.repl");
+  if (docall(L, 1, 1) == LUA_OK && lua_istable(L, -1)) {
+    repl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_prompt_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+#ifdef PTO_HAVE_READLINE
+    readline_setup(L);
+#endif
+  } else {
+    if (!lua_isstring(L, -1)) lua_pushliteral(L, "pto.repl is not a table");
+    report(L, LUA_ERRRUN);
+    lua_settop(L, 0);
+  }
 }
 
 static void repl(lua_State *L) {
@@ -478,7 +775,14 @@ static void repl(lua_State *L) {
 #ifdef PTO_HAVE_READLINE
   rl_readline_name = "ptolua";
 #endif
+  lua_settop(L, 0);
+  if (isatty(STDIN_FILENO)) repl_open(L);
   while ((status = loadline(L)) != -1) {
+    if (status == CHUNK_CANCELLED) continue;
+    if (status == CHUNK_COMMAND) {
+      if (run_command(L)) break;
+      continue;
+    }
     if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
     if (status == LUA_OK) print_results(L);
     else report(L, status);
@@ -486,6 +790,14 @@ static void repl(lua_State *L) {
   lua_settop(L, 0);
   fputs("\n", stdout);
   fflush(stdout);
+#ifdef PTO_HAVE_READLINE
+  if (repl_ref != LUA_NOREF) history_close();
+#endif
+  if (repl_ref != LUA_NOREF) {
+    signal(SIGINT, SIG_DFL); /* as outside the prompt */
+    luaL_unref(L, LUA_REGISTRYINDEX, repl_ref);
+  }
+  repl_ref = LUA_NOREF;
   progname = saved;
 }
 

@@ -283,6 +283,18 @@ local cases = {
   {"a group larger than the chips", in_run(function(o)
     o:submit_next_level_group(K.vector_add, {args3(), args3(), args3()})
   end), "orch:submit_next_level_group: ", "needs 3 distinct"},
+  -- 200 members overran the binding's stack arrays (sized for 160) before
+  -- the engine could refuse the group
+  {"a group of 200 members on 2 chips", in_run(function(o)
+    local members = {}
+    for i = 1, 200 do members[i] = args3() end
+    o:submit_next_level_group(K.vector_add, members)
+  end), "orch:submit_next_level_group: ", "needs 200 distinct"},
+  {"a group of more than 256 members", in_run(function(o)
+    local members = {}
+    for i = 1, 300 do members[i] = pto.TaskArgs() end
+    o:submit_sub_group(SUB, members)
+  end), "orch:submit_sub_group: ", "at most 256 members"},
   {"a group pinned twice to one worker", in_run(function(o)
     o:submit_sub_group(SUB, {pto.TaskArgs(), pto.TaskArgs()}, {workers = {2, 2}})
   end), "orch:submit_sub_group: ", "members need distinct workers"},

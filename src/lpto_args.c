@@ -33,7 +33,7 @@ static int a_gc(lua_State *L)
     return 0;
 }
 
-static lpto_args *push_args(lua_State *L)
+lpto_args *lpto_push_args(lua_State *L)
 {
     lpto_args *a = lua_newuserdatauv(L, sizeof *a, 1);
     memset(a, 0, sizeof *a);
@@ -193,14 +193,14 @@ static int a_tostring(lua_State *L)
 
 static int l_taskargs(lua_State *L)
 {
-    push_args(L);
+    lpto_push_args(L);
     return 1;
 }
 
 void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx)
 {
     st_idx = lua_absindex(L, st_idx);
-    lpto_args *a = push_args(L);
+    lpto_args *a = lpto_push_args(L);
     int self = lua_gettop(L);
     for (int32_t i = 0; i < v->tensor_count; i++) {
         lpto_push_tensor(L, &v->tensors[i], st_idx);

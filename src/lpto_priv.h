@@ -87,15 +87,82 @@ typedef struct lpto_args {
 } lpto_args;
 
 lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who);
+/* Push a new, empty TaskArgs. */
+lpto_args *lpto_push_args(lua_State *L);
 /* Push a TaskArgs over a task's argument view (inside a sub callable):
  * its tensors borrow storage st_idx. */
 void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx);
 void lpto_open_args(lua_State *L);
 const pto_call_config *lpto_optconfig(lua_State *L, int idx, const char *who);
 
-/* ---- Worker ----------------------------------------------------------------- */
+/* ---- Worker, orchestrator, sub callables ------------------------------------- */
+enum { W_NEW, W_READY, W_CLOSED };
+enum { H_SUB, H_CHIP };
+/* Worker user values. */
+enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_COUNT = UV_ORCH };
+/* Orchestrator user values. */
+enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
+
+typedef struct lworker lworker;
+
+typedef struct sub_ctx {
+    lworker *W;
+    lua_State *T;      /* this sub's Lua thread, anchored in UV_THREADS */
+    char name[24];
+} sub_ctx;
+
+struct lworker {
+    pto_worker *w;
+    int state;
+    bool in_run;
+    int level, mode, nchips, nsubs;
+    char *chip_runtime;        /* NULL: the built-in simulated chip */
+    sub_ctx *subs;
+    char (*chip_names)[24];
+    lpto_gil *gil;
+    int fns_ref;               /* registry ref of the UV_FNS table, for sub threads */
+    uint64_t next_fn;
+    pto_tensor *scratch;       /* submit's tensor descriptors */
+    int32_t scratch_cap;
+};
+
+typedef struct lorch {
+    lworker *W;
+    pto_orch *o;
+    bool valid;
+    pthread_t thread;          /* the thread running the run's function: the engine's orchestrator is single-threaded */
+} lorch;
+
+typedef struct lhandle {
+    int kind;
+    uint64_t callable;
+} lhandle;
+
 void lpto_open_worker(lua_State *L);
 void lpto_interrupt_all(void);
+/* Argument checks shared by the Worker and the orchestrator. */
+lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
+bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
+                        const char *who);
+void lpto_check_fields(lua_State *L, int t, const char *const *known, const char *list, const char *who);
+
+/* lpto_orch.c: push the orchestrator of W's run o (widx: the Worker); after
+ * the run has drained, lpto_orch_end makes it and its heap-ring tensors stale. */
+lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o);
+void lpto_orch_end(lua_State *L, int oidx);
+void lpto_open_orch(lua_State *L);
+
+/* lpto_sub.c: a sub callable's leaf. lpto_sub_run is the call itself (a
+ * PROCESS-mode child, alone with its copy of the state, runs it as is);
+ * lpto_sub_leaf wraps it in the interpreter lock for THREAD mode. */
+int lpto_sub_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                 size_t errlen);
+int lpto_sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                  size_t errlen);
+/* In a child: install a function shipped by lpto_ship_function. */
+int lpto_sub_load(void *ctx, uint64_t callable, const void *blob, size_t len, char *err, size_t errlen);
+/* Push the shipped form of the function at idx, or raise saying what cannot travel. */
+void lpto_ship_function(lua_State *L, int idx, const char *who);
 
 /* Error with the thread's last engine message (already prefixed). */
 int lpto_engine_error(lua_State *L);

@@ -1,0 +1,560 @@
+/* lpto_orch.c - the Orchestrator a run hands to its function: submits,
+ * orch:alloc, scopes and inspection. Valid only during its run and only on
+ * the thread running it (the engine's orchestrator is single-threaded). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lpto_priv.h"
+
+/* Most members of one group submit: bounds the stack arrays of a submit. */
+#define MAX_GROUP 256
+
+typedef struct lscope {
+    lorch *O;
+    int depth;                 /* depth this scope opened; 0 once closed */
+} lscope;
+
+static lorch *check_orch(lua_State *L, int idx, const char *who)
+{
+    lorch *O = luaL_testudata(L, idx, LPTO_ORCH);
+    if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
+                       luaL_typename(L, idx));
+    if (!O->valid)
+        lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only inside the function "
+                           "given to Worker:run, while that run lasts");
+    if (!pthread_equal(O->thread, pthread_self()))
+        lpto_error(L, who, "the orchestrator can be used only by the function given to Worker:run, not from a sub "
+                           "callable; return results through the sub's tensors and submit from that function");
+    return O;
+}
+
+/* The handle at idx, registered on O's Worker, for submit kind. */
+static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const char *who)
+{
+    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
+    if (!h)
+        lpto_error(L, who, "argument 1 must be a handle returned by Worker:register (got %s); register the function "
+                           "or pto.chip_kernel first",
+                   luaL_typename(L, idx));
+    lua_getiuservalue(L, idx, 1);
+    bool mine = lua_touserdata(L, -1) == O->W;
+    lua_pop(L, 1);
+    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    if (h->kind != want)
+        lpto_error(L, who, "%s", want == H_SUB ? "this handle is a chip kernel; submit it with orch:submit_next_level"
+                                               : "this handle is a Lua sub callable; submit it with orch:submit_sub");
+    return h->callable;
+}
+
+/* ---- Orchestrator -------------------------------------------------------------------- */
+
+static pto_tensor *scratch(lua_State *L, lworker *W, int32_t n)
+{
+    if (n > W->scratch_cap) {
+        pto_tensor *p = realloc(W->scratch, (size_t)n * sizeof *p);
+        if (!p) luaL_error(L, "out of memory");
+        W->scratch = p;
+        W->scratch_cap = n;
+    }
+    return W->scratch;
+}
+
+/* Copy a TaskArgs into a pto_task_args over descs, checking each tensor. */
+static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_args *out, const char *who, int which)
+{
+    for (int32_t i = 0; i < a->nt; i++) {
+        lpto_tensor *t = a->tensors[i];
+        if (!t->st) {
+            if (a->tags[i] != PTO_OUTPUT)
+                lpto_error(L, who, "%stensor %d is an unset pto.tensor_spec tagged '%s'; only an OUTPUT can be "
+                                   "unset (the submit allocates it)",
+                           which ? lua_pushfstring(L, "args %d: ", which), lua_tostring(L, -1) : "", (int)i + 1,
+                           (const char *[]){"in", "out", "inout", "out_existing", "no_dep"}[a->tags[i]]);
+        } else if (!t->st->valid) {
+            lpto_error(L, who, "tensor %d's storage is gone: %s", (int)i + 1,
+                       t->st->why_invalid ? t->st->why_invalid : "it is no longer valid");
+        }
+        descs[i] = t->t;
+    }
+    *out = (pto_task_args){a->nt, a->ns, descs, a->tags, a->scalars};
+}
+
+/* After a submit: unset OUTPUTs of the TaskArgs at aidx now have heap-ring
+ * storage, owned by the current scope. */
+/* Push a Storage for heap-ring memory d, listed under the current scope so
+ * that the scope's end makes it stale (invalidate_depth). */
+static lpto_storage *push_ring_storage(lua_State *L, int oidx, lorch *O, const pto_tensor *d)
+{
+    lpto_storage *st = lpto_push_storage(L, d->base, pto_tensor_nbytes(d), LPTO_ST_RING);
+    st->why_invalid = "it came from a heap ring (orch:alloc or an automatic OUTPUT) and lives only until its "
+                      "scope ends; copy it into a pto.tensor inside the scope to keep it";
+    lua_getiuservalue(L, oidx, OUV_SCOPES);
+    int depth = pto_scope_depth(O->o);
+    if (lua_rawgeti(L, -1, depth + 1) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, -3, depth + 1);
+    }
+    lua_pushvalue(L, -3);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 2);
+    return st;
+}
+
+static void bind_outputs(lua_State *L, int oidx, lorch *O, int aidx, lpto_args *a, const pto_tensor *descs)
+{
+    for (int32_t i = 0; i < a->nt; i++) {
+        lpto_tensor *t = a->tensors[i];
+        if (t->st) continue;
+        lua_getiuservalue(L, aidx, 1);
+        lua_rawgeti(L, -1, i + 1);
+        t->st = push_ring_storage(L, oidx, O, &descs[i]);
+        t->t = descs[i];
+        lua_setiuservalue(L, -2, 1);
+        lua_pop(L, 2);
+    }
+}
+
+/* Keep the tensors of the TaskArgs at aidx alive for the run: a tensor Lua
+ * drops must not give its memory back while a task still uses it. */
+static void pin_args(lua_State *L, int oidx, int aidx)
+{
+    lua_getiuservalue(L, oidx, OUV_PINS);
+    lua_getiuservalue(L, aidx, 1);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1), base = (lua_Integer)lua_rawlen(L, -2);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, -1, i);
+        lua_rawseti(L, -3, base + i);
+    }
+    lua_pop(L, 2);
+}
+
+/* Submit the TaskArgs at stack indices aidx[0..n-1]. */
+static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callable, const int *aidx, int n,
+                     const pto_call_config *cfg, const int32_t *pins, int32_t pin, const char *who)
+{
+    lworker *W = O->W;
+    lpto_args *as[MAX_GROUP];
+    int32_t total = 0;
+    for (int i = 0; i < n; i++) {
+        as[i] = lpto_checkargs(L, aidx[i], who);
+        total += as[i]->nt;
+    }
+    pto_tensor *descs = scratch(L, W, total > 0 ? total : 1);
+    pto_task_args targs[MAX_GROUP];
+    for (int i = 0, off = 0; i < n; i++) {
+        fill_args(L, as[i], descs + off, &targs[i], who, n > 1 ? i + 1 : 0);
+        off += as[i]->nt;
+    }
+    /* a submit blocked on ring space must let THREAD-mode Lua subs run */
+    bool release = W->nsubs > 0 && W->mode == PTO_MODE_THREAD;
+    if (release) lpto_gil_release(W->gil);
+    int64_t id;
+    if (kind == PTO_SUB)
+        id = n == 1 && !pins ? pto_submit_sub(O->o, callable, &targs[0], pin)
+                             : pto_submit_sub_group(O->o, callable, targs, n, pins);
+    else
+        id = n == 1 && !pins ? pto_submit_next_level(O->o, callable, &targs[0], cfg, pin)
+                             : pto_submit_next_level_group(O->o, callable, targs, n, cfg, pins);
+    if (release) lpto_gil_acquire(W->gil);
+    if (id < 0) return lpto_engine_error(L);
+    for (int i = 0, off = 0; i < n; i++) {
+        bind_outputs(L, oidx, O, aidx[i], as[i], descs + off);
+        pin_args(L, oidx, aidx[i]);
+        off += as[i]->nt;
+    }
+    lua_pushinteger(L, id);
+    return 1;
+}
+
+static int32_t opt_pin(lua_State *L, int idx, int nworkers, const char *kname, const char *who)
+{
+    if (lua_isnoneornil(L, idx)) return -1;
+    if (!lua_istable(L, idx))
+        lpto_error(L, who, "options must be a table like {worker = 1} (got %s)", luaL_typename(L, idx));
+    static const char *const known[] = {"worker", NULL};
+    lpto_check_fields(L, idx, known, "worker", who);
+    lua_Integer w = 0;
+    if (!lpto_get_int_field(L, idx, "worker", &w, LUA_MININTEGER, LUA_MAXINTEGER, who)) return -1;
+    if (w < 1 || w > nworkers)
+        lpto_error(L, who, "worker %lld does not exist: this Worker has %d %s, numbered from 1", (long long)w, nworkers,
+                   kname);
+    return (int32_t)(w - 1);
+}
+
+/* Push each TaskArgs of the list at idx; returns the count (indices in aidx). */
+static int push_members(lua_State *L, int idx, int *aidx, int cap, const char *who)
+{
+    if (!lua_istable(L, idx))
+        lpto_error(L, who, "argument 2 must be a list of TaskArgs, one per member (got %s)", luaL_typename(L, idx));
+    lua_Integer n = luaL_len(L, idx);
+    if (n < 1) lpto_error(L, who, "a group needs at least one member (the list of TaskArgs is empty)");
+    if (n > cap) lpto_error(L, who, "a group has at most %d members (got %lld)", cap, (long long)n);
+    luaL_checkstack(L, (int)n + 8, who);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, i);
+        if (!luaL_testudata(L, -1, LPTO_ARGS))
+            lpto_error(L, who, "member %lld must be a TaskArgs (got %s)", (long long)i, luaL_typename(L, -1));
+        aidx[i - 1] = lua_gettop(L);
+    }
+    return (int)n;
+}
+
+static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const char *kname, int32_t *pins,
+                               const char *who)
+{
+    if (lua_isnoneornil(L, idx)) return NULL;
+    if (!lua_istable(L, idx))
+        lpto_error(L, who, "options must be a table like {workers = {1, 2}} (got %s)", luaL_typename(L, idx));
+    static const char *const known[] = {"workers", NULL};
+    lpto_check_fields(L, idx, known, "workers", who);
+    lua_getfield(L, idx, "workers");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return NULL;
+    }
+    if (!lua_istable(L, -1) || luaL_len(L, -1) != n)
+        lpto_error(L, who, "workers must be a list of %d worker ids, one per member", n);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        int isint;
+        lua_Integer w = lua_tointegerx(L, -1, &isint);
+        if (!isint || w < 1 || w > nworkers)
+            lpto_error(L, who, "workers[%d]: worker %s does not exist: this Worker has %d %s, numbered from 1", i + 1,
+                       luaL_tolstring(L, -1, NULL), nworkers, kname);
+        for (int k = 0; k < i; k++)
+            if (pins[k] == w - 1)
+                lpto_error(L, who, "workers[%d] and workers[%d] are both worker %lld; members need distinct workers",
+                           k + 1, i + 1, (long long)w);
+        pins[i] = (int32_t)(w - 1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return pins;
+}
+
+/* orch:submit_next_level(h, args, cfg [, opts]) / orch:submit_sub(h [, args] [, opts]) */
+static int submit_one(lua_State *L, int kind, const char *who)
+{
+    lorch *O = check_orch(L, 1, who);
+    uint64_t c = check_handle(L, 2, O, kind == PTO_SUB ? H_SUB : H_CHIP, who);
+    int opts = kind == PTO_SUB ? 4 : 5;
+    lua_settop(L, opts);
+    if (lua_isnil(L, 3)) {
+        if (kind != PTO_SUB) return lpto_error(L, who, "argument 2 must be a TaskArgs (got nil)");
+        lpto_push_args(L);   /* a sub may take no arguments */
+        lua_replace(L, 3);
+    }
+    const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
+    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", who)
+                                  : opt_pin(L, opts, O->W->nchips, "chips", who);
+    int aidx[1] = {3};
+    return do_submit(L, O, 1, kind, c, aidx, 1, cfg, NULL, pin, who);
+}
+
+/* orch:submit_next_level_group(h, {args...}, cfg [, opts]) / orch:submit_sub_group(h, {args...} [, opts]) */
+static int submit_group(lua_State *L, int kind, const char *who)
+{
+    lorch *O = check_orch(L, 1, who);
+    uint64_t c = check_handle(L, 2, O, kind == PTO_SUB ? H_SUB : H_CHIP, who);
+    int opts = kind == PTO_SUB ? 4 : 5;
+    lua_settop(L, opts);
+    const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
+    int aidx[MAX_GROUP];
+    int n = push_members(L, 3, aidx, MAX_GROUP, who);
+    int32_t pins[MAX_GROUP];
+    int32_t *p = kind == PTO_SUB ? opt_group_pins(L, opts, n, O->W->nsubs, "sub workers", pins, who)
+                                 : opt_group_pins(L, opts, n, O->W->nchips, "chips", pins, who);
+    return do_submit(L, O, 1, kind, c, aidx, n, cfg, p, -1, who);
+}
+
+static int o_submit_next_level(lua_State *L) { return submit_one(L, PTO_NEXT_LEVEL, "orch:submit_next_level"); }
+static int o_submit_sub(lua_State *L) { return submit_one(L, PTO_SUB, "orch:submit_sub"); }
+static int o_submit_next_level_group(lua_State *L)
+{
+    return submit_group(L, PTO_NEXT_LEVEL, "orch:submit_next_level_group");
+}
+static int o_submit_sub_group(lua_State *L) { return submit_group(L, PTO_SUB, "orch:submit_sub_group"); }
+
+static int o_alloc(lua_State *L)
+{
+    const char *who = "orch:alloc";
+    lorch *O = check_orch(L, 1, who);
+    pto_tensor d = {0};
+    d.ndims = (uint8_t)lpto_parse_shape(L, 2, d.shape, who);
+    d.dtype = (uint8_t)lpto_parse_dtype(L, 3, who);
+    bool release = O->W->nsubs > 0 && O->W->mode == PTO_MODE_THREAD;
+    if (release) lpto_gil_release(O->W->gil);
+    int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
+    if (release) lpto_gil_acquire(O->W->gil);
+    if (id < 0) return lpto_engine_error(L);
+    push_ring_storage(L, 1, O, &d);
+    lpto_push_tensor(L, &d, -1);
+    return 1;
+}
+
+/* Heap-ring tensors bound at depth become invalid when its scope ends. */
+static void invalidate_depth(lua_State *L, int oidx, int depth)
+{
+    lua_getiuservalue(L, oidx, OUV_SCOPES);
+    if (lua_rawgeti(L, -1, depth + 1) == LUA_TTABLE) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+        for (lua_Integer i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, i);
+            ((lpto_storage *)lua_touserdata(L, -1))->valid = false;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    lua_rawseti(L, -2, depth + 1);
+    lua_pop(L, 1);
+}
+
+lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
+{
+    widx = lua_absindex(L, widx);
+    lorch *O = lua_newuserdatauv(L, sizeof *O, OUV_COUNT);
+    *O = (lorch){W, o, true, pthread_self()};
+    luaL_setmetatable(L, LPTO_ORCH);
+    lua_pushvalue(L, widx);
+    lua_setiuservalue(L, -2, OUV_WORKER);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, OUV_SCOPES);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, OUV_PINS);
+    return O;
+}
+
+void lpto_orch_end(lua_State *L, int oidx)
+{
+    oidx = lua_absindex(L, oidx);
+    ((lorch *)lua_touserdata(L, oidx))->valid = false;
+    for (int depth = 0; depth <= PTO_MAX_SCOPE_DEPTH; depth++) invalidate_depth(L, oidx, depth);
+    lua_pushnil(L);   /* the run's tensors need no pinning any more */
+    lua_setiuservalue(L, oidx, OUV_PINS);
+}
+
+static int scope_begin(lua_State *L, lorch *O, const char *who)
+{
+    if (pto_scope_begin(O->o) != 0) return lpto_engine_error_as(L, who);
+    return pto_scope_depth(O->o);
+}
+
+static void scope_end(lua_State *L, int oidx, lorch *O)
+{
+    int depth = pto_scope_depth(O->o);
+    if (pto_scope_end(O->o) != 0) lpto_engine_error(L);
+    invalidate_depth(L, oidx, depth);
+}
+
+static int o_scope_begin(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:scope_begin");
+    lua_pushinteger(L, scope_begin(L, O, "orch:scope_begin"));
+    return 1;
+}
+
+static int o_scope_end(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:scope_end");
+    scope_end(L, 1, O);
+    return 0;
+}
+
+static int sc_close(lua_State *L)
+{
+    lscope *S = luaL_checkudata(L, 1, LPTO_SCOPE);
+    if (S->depth == 0) return 0;
+    lua_getiuservalue(L, 1, 1);
+    lorch *O = lua_touserdata(L, -1);
+    int oidx = lua_gettop(L);
+    if (!O->valid) return 0;   /* the run ended: its end closed every scope */
+    if (!pthread_equal(O->thread, pthread_self()))
+        return lpto_error(L, "orch:scope", "a scope can be closed only by the function given to Worker:run, not "
+                                           "from a sub callable");
+    int depth = S->depth;
+    S->depth = 0;
+    if (pto_scope_depth(O->o) != depth)
+        return lpto_error(L, "orch:scope", "scopes closed out of order: this scope opened at depth %d but the "
+                                          "innermost open scope is at depth %d", depth, pto_scope_depth(O->o));
+    scope_end(L, oidx, O);
+    return 0;
+}
+
+/* orch:scope(fn) runs fn inside a scope; orch:scope() returns a
+ * to-be-closed value: do local s <close> = orch:scope() ... end */
+static int o_scope(lua_State *L)
+{
+    const char *who = "orch:scope";
+    lorch *O = check_orch(L, 1, who);
+    if (lua_isnoneornil(L, 2)) {
+        lscope *S = lua_newuserdatauv(L, sizeof *S, 1);
+        S->O = O;
+        S->depth = 0;
+        luaL_setmetatable(L, LPTO_SCOPE);
+        lua_pushvalue(L, 1);
+        lua_setiuservalue(L, -2, 1);
+        S->depth = scope_begin(L, O, who);
+        return 1;
+    }
+    if (!lua_isfunction(L, 2))
+        return lpto_error(L, who, "expected a function to run inside the scope, or nothing for the <close> form (got %s)",
+                          luaL_typename(L, 2));
+    int depth = scope_begin(L, O, who);
+    int base = lua_gettop(L);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 1);
+    int status = lua_pcall(L, 1, LUA_MULTRET, 0);
+    if (O->valid && pto_scope_depth(O->o) == depth) scope_end(L, 1, O);
+    else if (status == LUA_OK && O->valid)
+        return lpto_error(L, who, "the function left scopes open (depth %d, expected %d); close every scope_begin "
+                                  "with scope_end",
+                          pto_scope_depth(O->o), depth);
+    if (status != LUA_OK) return lua_error(L);
+    return lua_gettop(L) - base;
+}
+
+static int o_scope_depth(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:scope_depth");
+    lua_pushinteger(L, pto_scope_depth(O->o));
+    return 1;
+}
+
+static const char *const STATE_NAMES[] = {"free", "pending", "ready", "running", "completed", "consumed", "failed"};
+
+static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
+{
+    int64_t buf[64];
+    int n = pto_task_edges(O->o, id, what, buf, 64);
+    int64_t *ids = buf;
+    if (n > 64) {
+        ids = lua_newuserdatauv(L, sizeof *ids * (size_t)n, 0);
+        pto_task_edges(O->o, id, what, ids, n);
+    }
+    lua_createtable(L, n > 0 ? n : 0, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushinteger(L, ids[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    if (ids != buf) lua_remove(L, -2);
+}
+
+/* orch:task(id) -> {id, state, kind, callable, fanin, fanout, producers, consumers, ring, error, ...} */
+static int o_task(lua_State *L)
+{
+    const char *who = "orch:task";
+    lorch *O = check_orch(L, 1, who);
+    int isint;
+    lua_Integer id = lua_tointegerx(L, 2, &isint);
+    if (!isint) return lpto_error(L, who, "expected a task id returned by a submit (got %s)", luaL_typename(L, 2));
+    pto_task_info info;
+    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L);
+    lua_createtable(L, 0, 12);
+    lua_pushinteger(L, info.id);
+    lua_setfield(L, -2, "id");
+    lua_pushstring(L, info.state >= 0 && info.state <= PTO_TASK_FAILED ? STATE_NAMES[info.state] : "unknown");
+    lua_setfield(L, -2, "state");
+    lua_pushstring(L, info.kind == PTO_NEXT_LEVEL ? "next_level" : info.kind == PTO_SUB ? "sub"
+                                                  : info.kind == -1 ? "alloc" : "reclaimed");
+    lua_setfield(L, -2, "kind");
+    lua_pushinteger(L, (lua_Integer)info.callable);
+    lua_setfield(L, -2, "callable");
+    lua_pushinteger(L, info.fanin);
+    lua_setfield(L, -2, "fanin");
+    lua_pushinteger(L, info.fanout);
+    lua_setfield(L, -2, "fanout");
+    lua_pushinteger(L, info.group_size);
+    lua_setfield(L, -2, "group_size");
+    if (info.ring >= 0) {
+        lua_pushinteger(L, info.ring);
+        lua_setfield(L, -2, "ring");
+        lua_pushinteger(L, (lua_Integer)info.slab_bytes);
+        lua_setfield(L, -2, "slab_bytes");
+        lua_pushinteger(L, (lua_Integer)info.slab_offset);
+        lua_setfield(L, -2, "slab_offset");
+    }
+    if (info.error) {
+        lua_pushstring(L, info.error);
+        lua_setfield(L, -2, "error");
+    }
+    push_edges(L, O, id, 0);
+    lua_setfield(L, -2, "producers");
+    push_edges(L, O, id, 1);
+    lua_setfield(L, -2, "consumers");
+    return 1;
+}
+
+static int o_task_count(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:task_count");
+    lua_pushinteger(L, pto_task_count(O->o));
+    return 1;
+}
+
+static int o_worker(lua_State *L)
+{
+    check_orch(L, 1, "orch:worker");
+    lua_getiuservalue(L, 1, OUV_WORKER);
+    return 1;
+}
+
+static int o_index(lua_State *L)
+{
+    luaL_getmetafield(L, 1, "methods");
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+    if (lua_isnil(L, -1) && lua_type(L, 2) == LUA_TSTRING) {
+        /* methods added by the Lua parts live in pto._orch_methods */
+        lua_getfield(L, LUA_REGISTRYINDEX, "pto.orch_extra");
+        if (lua_istable(L, -1)) {
+            lua_pushvalue(L, 2);
+            lua_rawget(L, -2);
+        }
+    }
+    return 1;
+}
+
+static int o_tostring(lua_State *L)
+{
+    lorch *O = lua_touserdata(L, 1);
+    if (!O->valid) lua_pushliteral(L, "Orchestrator(run ended)");
+    else if (!pthread_equal(O->thread, pthread_self())) lua_pushliteral(L, "Orchestrator(in use by its run)");
+    else lua_pushfstring(L, "Orchestrator(%d tasks, scope depth %d)", (int)pto_task_count(O->o), pto_scope_depth(O->o));
+    return 1;
+}
+
+/* pto._extend_orch(table): methods written in Lua (lua/pto/inspect.lua). */
+static int l_extend_orch(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_pushvalue(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "pto.orch_extra");
+    return 0;
+}
+
+void lpto_open_orch(lua_State *L)
+{
+    luaL_newmetatable(L, LPTO_ORCH);
+    static const luaL_Reg ometa[] = {{"__index", o_index}, {"__tostring", o_tostring}, {NULL, NULL}};
+    luaL_setfuncs(L, ometa, 0);
+    static const luaL_Reg omethods[] = {
+        {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
+        {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
+        {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
+        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"worker", o_worker},
+        {NULL, NULL}};
+    luaL_newlib(L, omethods);
+    lua_setfield(L, -2, "methods");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, LPTO_SCOPE);
+    lua_pushcfunction(L, sc_close);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+
+    static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {NULL, NULL}};
+    luaL_setfuncs(L, fns, 0);
+}

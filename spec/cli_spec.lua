@@ -2,30 +2,13 @@
 -- PTOLUA names the binary under test (spec/CMakeLists.txt sets it).
 local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
 
-local tmpfiles = {}
-local function tmpname(suffix)
-  local name = os.tmpname() .. (suffix or "")
-  tmpfiles[#tmpfiles + 1] = name
-  return name
-end
-
-local function writefile(name, text)
-  local f = assert(io.open(name, "wb"))
-  f:write(text)
-  f:close()
-  return name
-end
-
-local function readfile(name)
-  local f = assert(io.open(name, "rb"))
-  local text = f:read("a")
-  f:close()
-  return text
-end
+local F = require "files"
+local tmpname, writefile = F.tmpname, F.writefile
+local function readfile(name) return assert(F.readfile(name), "missing " .. name) end
 
 local function script(text) return writefile(tmpname(".lua"), text) end
 
-local function q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+local q = F.q
 
 -- Run ptolua with the given arguments (already shell words); opts.stdin is
 -- the input text (default: none), opts.env a prefix like "VAR=x ".
@@ -56,9 +39,7 @@ local function interrupt(cmd, delay)
   return tonumber(out:match("(%d+)%s*$"))
 end
 
-teardown(function()
-  for _, name in ipairs(tmpfiles) do os.remove(name) end
-end)
+teardown(F.cleanup)
 
 describe("ptolua exit status", function()
   it("is 0 when the script succeeds", function()
@@ -324,7 +305,7 @@ end)
 describe("ptolua -l", function()
   local base = tmpname()
   writefile(base .. "_mod.lua", "return { name = 'mod' }")
-  tmpfiles[#tmpfiles + 1] = base .. "_mod.lua"
+  F.track(base .. "_mod.lua")
   local env = "LUA_PATH=" .. q(base .. "_?.lua;;") .. " "
 
   it("requires a module into the global of its name", function()

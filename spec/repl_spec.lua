@@ -7,29 +7,8 @@
 local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
 local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
 
-local tmpfiles = {}
-local function tmpname()
-  local name = os.tmpname()
-  tmpfiles[#tmpfiles + 1] = name
-  return name
-end
-
-local function writefile(name, text)
-  local f = assert(io.open(name, "wb"))
-  f:write(text)
-  f:close()
-  return name
-end
-
-local function readfile(name)
-  local f = io.open(name, "rb")
-  if not f then return nil end
-  local text = f:read("a")
-  f:close()
-  return text
-end
-
-local function q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+local F = require "files"
+local tmpname, writefile, readfile, q = F.tmpname, F.writefile, F.readfile, F.q
 
 -- The driver's escapes: a step's text is one script line.
 local function esc(s)
@@ -75,7 +54,7 @@ local EOF = {"send", "\4"} -- Ctrl-D
 local WAIT = {"wait"}
 
 teardown(function()
-  for _, name in ipairs(tmpfiles) do os.remove(name) end
+  F.cleanup()
   os.execute("rm -rf " .. q(tmpdir))
 end)
 

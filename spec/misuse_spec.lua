@@ -156,7 +156,13 @@ local cases = {
   {"Worker with alloc_timeout_ms = 0", function() pto.Worker{alloc_timeout_ms = 0} end, "pto.Worker: ",
    "alloc_timeout_ms must be between 1"},
   {"Worker with level 2", function() pto.Worker{level = 2} end, "pto.Worker: ", "level must be between 3"},
-  {"Worker with level 4 (not available yet)", function() pto.Worker{level = 4} end, "pto.Worker: ", "use level = 3"},
+  {"Worker with level 4 and chips", function() pto.Worker{level = 4, chips = 1} end, "pto.Worker: ", "add_worker"},
+  {"add_worker of a Worker two levels down", function() pto.Worker{level = 5}:add_worker(pto.Worker{}) end,
+   "Worker:add_worker: ", "level-4 Workers"},
+  {"add_worker of a table", function() pto.Worker{level = 4}:add_worker{level = 3} end, "Worker:add_worker: ",
+   "expected a Worker"},
+  {"add_worker of an initialised Worker", function() pto.Worker{level = 4}:add_worker(W) end, "Worker:add_worker: ",
+   "already initialised"},
   {"Worker with $PTO_MODE set to an unknown mode", function()
     -- in a child ptolua: the variable is read when a Worker is created
     local p = assert(io.popen(("PTO_MODE=fork %q -e %q 2>&1"):format(assert(os.getenv("PTOLUA")),

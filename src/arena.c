@@ -70,6 +70,8 @@ static struct {
     pthread_mutex_t lock;
     _Atomic uintptr_t base;                      /* 0 until reserved; size is set first */
     uint64_t size, page;
+    uintptr_t outer_base;                        /* the whole reservation, also after pto_shm_adopt */
+    uint64_t outer_size;
     pid_t owner;
     bool child;                                  /* forked from the owner: no allocating */
     bool zero_all;                               /* MADV_REMOVE failed: zero whole blocks */
@@ -397,12 +399,61 @@ int pto_shm_init(uint64_t bytes)
     A.size = size;
     A.free_bytes = size;
     A.owner = getpid();
+    A.outer_base = (uintptr_t)p;
+    A.outer_size = size;
     list_insert(b);
     if (!A.atfork_done) {
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         A.atfork_done = true;
     }
     atomic_store_explicit(&A.base, (uintptr_t)p, memory_order_release);
+    pthread_mutex_unlock(&A.lock);
+    return 0;
+}
+
+int pto_shm_adopt(void *block, uint64_t bytes)
+{
+    pthread_mutex_lock(&A.lock);
+    uintptr_t lo = (uintptr_t)block, hi = lo + bytes;
+    if (!A.child || !A.outer_base || lo < A.outer_base || hi > A.outer_base + A.outer_size || hi < lo) {
+        pto_set_error("Worker:init: cannot adopt %llu bytes at %p as this process's tensor memory: %s",
+                      (unsigned long long)bytes, block,
+                      !A.child ? "only a forked child adopts memory" : "it is not inside the shared tensor memory");
+        pthread_mutex_unlock(&A.lock);
+        return -1;
+    }
+    lo = (lo + A.page - 1) & ~(uintptr_t)(A.page - 1);   /* page-aligned offsets keep page releases exact */
+    hi &= ~(uintptr_t)(A.page - 1);
+    if (hi <= lo) {
+        pto_set_error("Worker:init: %llu bytes are too few to adopt as tensor memory", (unsigned long long)bytes);
+        pthread_mutex_unlock(&A.lock);
+        return -1;
+    }
+    /* The parent's allocator state is a stale copy here: drop it. */
+    for (blk *b = A.first, *next; b; b = next) {
+        next = b->next;
+        free(b);
+    }
+    free(A.live);
+    A.live = NULL;
+    A.live_mask = A.live_count = 0;
+    A.live_bits = 0;
+    A.fl_map = 0;
+    memset(A.sl_map, 0, sizeof A.sl_map);
+    memset(A.lists, 0, sizeof A.lists);
+    A.in_use = A.hwm = A.dirty = 0;
+    A.blocks = A.free_blocks = 0;
+    A.madvise_calls = A.released_bytes = A.zeroed_bytes = 0;
+    blk *b = pto_xcalloc(1, sizeof *b);
+    b->size = hi - lo;
+    A.first = b;
+    A.blocks = 1;
+    A.size = hi - lo;
+    A.free_bytes = A.size;
+    A.owner = getpid();
+    A.child = false;
+    list_insert(b);
+    atomic_store_explicit(&A.base, lo, memory_order_release);
     pthread_mutex_unlock(&A.lock);
     return 0;
 }
@@ -508,15 +559,16 @@ void pto_shm_free(void *p)
         pto_set_error("pto.tensor: free of %p ignored: it is not in the shared tensor memory", p);
         return;
     }
-    uint64_t off = (uint64_t)((uintptr_t)p - atomic_load_explicit(&A.base, memory_order_relaxed));
     pthread_mutex_lock(&A.lock);
-    if (A.child) {
+    uintptr_t base = atomic_load_explicit(&A.base, memory_order_relaxed);
+    if (A.child || (uintptr_t)p < base || (uintptr_t)p - base >= A.size) {
         /* The parent may have freed and reused this block since the fork. */
         pto_set_error("pto.tensor: free of %p ignored in a forked child (pid %d); the process that reserved the "
                       "shared tensor memory (pid %d) frees its tensors", p, (int)getpid(), (int)A.owner);
         pthread_mutex_unlock(&A.lock);
         return;
     }
+    uint64_t off = (uint64_t)((uintptr_t)p - base);
     uint64_t slot = A.live ? live_find(off) : 0;
     blk *b = A.live ? A.live[slot].b : NULL;
     if (!b) {
@@ -561,14 +613,20 @@ void pto_shm_free(void *p)
 int pto_shm_contains(const void *p)
 {
     uintptr_t base = atomic_load_explicit(&A.base, memory_order_acquire);
-    return base && (uintptr_t)p >= base && (uintptr_t)p - base < A.size;
+    if (!base) return 0;   /* outer_* are set before base is published, and never change */
+    return (uintptr_t)p >= A.outer_base && (uintptr_t)p - A.outer_base < A.outer_size;
 }
 
 uint64_t pto_shm_block_size(const void *p)
 {
-    if (!pto_shm_contains(p)) return 0;
-    uint64_t off = (uint64_t)((uintptr_t)p - atomic_load_explicit(&A.base, memory_order_relaxed));
+    uintptr_t base = atomic_load_explicit(&A.base, memory_order_acquire);
+    if (!base || (uintptr_t)p < base) return 0;
+    uint64_t off = (uint64_t)((uintptr_t)p - base);
     pthread_mutex_lock(&A.lock);
+    if (off >= A.size) {
+        pthread_mutex_unlock(&A.lock);
+        return 0;
+    }
     blk *b = live_get(off);
     uint64_t n = b ? b->size : 0;
     pthread_mutex_unlock(&A.lock);

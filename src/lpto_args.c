@@ -277,6 +277,18 @@ static int l_callconfig(lua_State *L)
     return 1;
 }
 
+void lpto_push_config(lua_State *L, const pto_call_config *cfg)
+{
+    pto_call_config *c = lua_newuserdatauv(L, sizeof *c, 0);
+    if (cfg) {
+        *c = *cfg;
+    } else {
+        memset(c, 0, sizeof *c);
+        c->aicpu_thread_num = 3;
+    }
+    luaL_setmetatable(L, LPTO_CONFIG);
+}
+
 const pto_call_config *lpto_optconfig(lua_State *L, int idx, const char *who)
 {
     if (lua_isnoneornil(L, idx)) return NULL;

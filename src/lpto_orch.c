@@ -40,9 +40,15 @@ static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const ch
     bool mine = lua_touserdata(L, -1) == O->W;
     lua_pop(L, 1);
     if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
-    if (h->kind != want)
+    if (h->kind != want) {
+        if (O->W->level >= 4)
+            lpto_error(L, who, "this handle is a chip kernel, but a level-%d Worker has no chips: its next-level "
+                               "children are Workers, which run an orchestration function registered with "
+                               "Worker:register(fn); register chip kernels on the level-3 Workers",
+                       O->W->level);
         lpto_error(L, who, "%s", want == H_SUB ? "this handle is a chip kernel; submit it with orch:submit_next_level"
                                                : "this handle is a Lua sub callable; submit it with orch:submit_sub");
+    }
     return h->callable;
 }
 
@@ -147,8 +153,8 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         fill_args(L, as[i], descs + off, &targs[i], who, n > 1 ? i + 1 : 0);
         off += as[i]->nt;
     }
-    /* a submit blocked on ring space must let THREAD-mode Lua subs run */
-    bool release = W->nsubs > 0 && W->mode == PTO_MODE_THREAD;
+    /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
+    bool release = lpto_releases_gil(W);
     if (release) lpto_gil_release(W->gil);
     int64_t id;
     if (kind == PTO_SUB)
@@ -234,11 +240,17 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
     return pins;
 }
 
+/* A level-3 Worker's next-level children are chips, which run kernels; a
+ * higher level's are Workers, which run orchestration functions. */
+static int want_handle(const lorch *O, int kind) { return kind == PTO_SUB || O->W->level >= 4 ? H_SUB : H_CHIP; }
+static int next_level_count(const lworker *W) { return W->level >= 4 ? W->nworkers : W->nchips; }
+static const char *next_level_name(const lworker *W) { return W->level >= 4 ? "Worker children" : "chips"; }
+
 /* orch:submit_next_level(h, args, cfg [, opts]) / orch:submit_sub(h [, args] [, opts]) */
 static int submit_one(lua_State *L, int kind, const char *who)
 {
     lorch *O = check_orch(L, 1, who);
-    uint64_t c = check_handle(L, 2, O, kind == PTO_SUB ? H_SUB : H_CHIP, who);
+    uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
     int opts = kind == PTO_SUB ? 4 : 5;
     lua_settop(L, opts);
     if (lua_isnil(L, 3)) {
@@ -248,7 +260,7 @@ static int submit_one(lua_State *L, int kind, const char *who)
     }
     const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
     int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", who)
-                                  : opt_pin(L, opts, O->W->nchips, "chips", who);
+                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), who);
     int aidx[1] = {3};
     return do_submit(L, O, 1, kind, c, aidx, 1, cfg, NULL, pin, who);
 }
@@ -257,7 +269,7 @@ static int submit_one(lua_State *L, int kind, const char *who)
 static int submit_group(lua_State *L, int kind, const char *who)
 {
     lorch *O = check_orch(L, 1, who);
-    uint64_t c = check_handle(L, 2, O, kind == PTO_SUB ? H_SUB : H_CHIP, who);
+    uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
     int opts = kind == PTO_SUB ? 4 : 5;
     lua_settop(L, opts);
     const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
@@ -265,7 +277,7 @@ static int submit_group(lua_State *L, int kind, const char *who)
     int n = push_members(L, 3, aidx, MAX_GROUP, who);
     int32_t pins[MAX_GROUP];
     int32_t *p = kind == PTO_SUB ? opt_group_pins(L, opts, n, O->W->nsubs, "sub workers", pins, who)
-                                 : opt_group_pins(L, opts, n, O->W->nchips, "chips", pins, who);
+                                 : opt_group_pins(L, opts, n, next_level_count(O->W), next_level_name(O->W), pins, who);
     return do_submit(L, O, 1, kind, c, aidx, n, cfg, p, -1, who);
 }
 
@@ -284,7 +296,7 @@ static int o_alloc(lua_State *L)
     pto_tensor d = {0};
     d.ndims = (uint8_t)lpto_parse_shape(L, 2, d.shape, who);
     d.dtype = (uint8_t)lpto_parse_dtype(L, 3, who);
-    bool release = O->W->nsubs > 0 && O->W->mode == PTO_MODE_THREAD;
+    bool release = lpto_releases_gil(O->W);
     if (release) lpto_gil_release(O->W->gil);
     int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
     if (release) lpto_gil_acquire(O->W->gil);

@@ -94,16 +94,19 @@ lpto_args *lpto_push_args(lua_State *L);
 void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx);
 void lpto_open_args(lua_State *L);
 const pto_call_config *lpto_optconfig(lua_State *L, int idx, const char *who);
+/* Push a new CallConfig holding a copy of cfg (NULL: the defaults). */
+void lpto_push_config(lua_State *L, const pto_call_config *cfg);
 
 /* ---- Worker, orchestrator, sub callables ------------------------------------- */
 enum { W_NEW, W_READY, W_CLOSED };
 enum { H_SUB, H_CHIP };
 /* Worker user values. */
-enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_COUNT = UV_ORCH };
+enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_COUNT = UV_CHILDREN };
 /* Orchestrator user values. */
 enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
 
 typedef struct lworker lworker;
+typedef struct wchild wchild;
 
 typedef struct sub_ctx {
     lworker *W;
@@ -124,7 +127,23 @@ struct lworker {
     uint64_t next_fn;
     pto_tensor *scratch;       /* submit's tensor descriptors */
     int32_t scratch_cap;
+    bool init_failed;          /* a failed init leaves half-built state: no retry */
+    /* Levels (lpto_level.c). A Worker of level >= 4 has Worker children
+     * (add_worker, kept in UV_CHILDREN) as its next-level workers. */
+    int nworkers;
+    lworker **kids;            /* the Worker children, in id order */
+    wchild *wchildren;         /* one per Worker child, from init */
+    lworker *parent;           /* the Worker this one was added to, or NULL */
+    bool driven;               /* its parent's leaf is initialising or running it now */
+    bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
 };
+
+/* Whether submits and allocs must give the interpreter lock up while they
+ * may wait: other threads then need it to make progress. */
+static inline bool lpto_releases_gil(const lworker *W)
+{
+    return W->gil_shared || (W->mode == PTO_MODE_THREAD && (W->nsubs > 0 || W->nworkers > 0));
+}
 
 typedef struct lorch {
     lworker *W;
@@ -163,6 +182,25 @@ int lpto_sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const
 int lpto_sub_load(void *ctx, uint64_t callable, const void *blob, size_t len, char *err, size_t errlen);
 /* Push the shipped form of the function at idx, or raise saying what cannot travel. */
 void lpto_ship_function(lua_State *L, int idx, const char *who);
+
+/* lpto_worker.c internals the levels share. */
+void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who);
+void lpto_worker_free(lua_State *L, lworker *W);
+int lpto_worker_run(lua_State *L);            /* Worker:run */
+int lpto_worker_stats(lua_State *L);          /* Worker:stats */
+int lpto_worker_stats_report(lua_State *L);   /* Worker:stats_report */
+
+/* lpto_level.c: Workers of Workers. */
+int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */
+/* At init of a level >= 4 Worker (at idx): add one next-level leaf per Worker child. */
+void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who);
+void lpto_level_free(lua_State *L, lworker *W);
+/* Add `children` (the children's statistics) to the stats table on top. */
+void lpto_level_stats(lua_State *L, lworker *W);
+/* Append each child's report to the buffer. */
+void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
+/* Push {pid, ...} of the Worker children's processes. */
+void lpto_level_pids(lua_State *L, lworker *W);
 
 /* Error with the thread's last engine message (already prefixed). */
 int lpto_engine_error(lua_State *L);

@@ -116,9 +116,10 @@ static int l_worker(lua_State *L)
     lpto_get_int_field(L, 1, "alloc_timeout_ms", &timeout, 1, 24 * 3600 * 1000, who);
     lpto_get_int_field(L, 1, "queue_depth", &depth, 1, 64, who);
     lpto_get_int_field(L, 1, "start_timeout_ms", &start_timeout, 1, 24 * 3600 * 1000, who);
-    if (level >= 4)
-        return lpto_error(L, who, "level %lld: Workers of Workers (level 4 and above) are not available yet; use level = 3",
-                          (long long)level);
+    if (level >= 4 && chips > 0)
+        return lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
+                                  "level-%lld Workers added with Worker:add_worker (give the chips to those)",
+                          (long long)chips, (long long)level, (long long)level - 1);
     lua_getfield(L, 1, "mode");
     int mode;
     if (lua_isnil(L, -1)) {
@@ -157,13 +158,16 @@ static int l_worker(lua_State *L)
     lua_setiuservalue(L, -2, UV_FNS);
     lua_newtable(L);
     lua_setiuservalue(L, -2, UV_THREADS);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, UV_CHILDREN);
     return 1;
 }
 
-static void worker_free(lua_State *L, lworker *W)
+void lpto_worker_free(lua_State *L, lworker *W)
 {
     if (W->state == W_CLOSED) return;
-    pto_worker_close(W->w);
+    pto_worker_close(W->w);   /* children processes first: they may be running the Worker children */
+    lpto_level_free(L, W);
     W->w = NULL;
     W->state = W_CLOSED;
     free(W->subs);
@@ -184,21 +188,54 @@ static int w_close(lua_State *L)
     if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
     if (W->state == W_CLOSED) return 0;
     if (W->in_run) return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
-    worker_free(L, W);
+    if (W->parent && !W->driven)
+        return lpto_error(L, "Worker:close", "this Worker is a child of a level-%d Worker; closing that Worker closes it",
+                          W->parent->level);
+    lpto_worker_free(L, W);
     return 0;
 }
 
 static int w_gc(lua_State *L)
 {
     lworker *W = lua_touserdata(L, 1);
-    if (!W->in_run) worker_free(L, W);
+    /* A Worker child is closed by its parent, which may still be running it. */
+    if (!W->in_run && !W->parent) lpto_worker_free(L, W);
     return 0;
 }
 
-static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
+static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who);
+
+static int init_protected(lua_State *L)
+{
+    worker_init_body(L, 2, lua_touserdata(L, 1), lua_tostring(L, 3));
+    return 0;
+}
+
+void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who)
 {
     if (W->state != W_NEW) return;
+    if (W->init_failed)
+        lpto_error(L, who, "this Worker's init failed earlier; close it and create a new one with pto.Worker{...}");
+    if (W->parent && !W->driven)
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker, which initialises and runs it; use that Worker",
+                   W->parent->level);
     idx = lua_absindex(L, idx);
+    lua_pushcfunction(L, init_protected);
+    lua_pushlightuserdata(L, W);
+    lua_pushvalue(L, idx);
+    lua_pushstring(L, who);
+    /* A failure part-way leaves leaves added to the engine: a retry would
+     * add them twice, so it is refused instead. */
+    if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
+        W->init_failed = true;
+        lua_error(L);
+    }
+}
+
+static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
+{
+    idx = lua_absindex(L, idx);
+
     W->chip_names = calloc((size_t)W->nchips + 1, sizeof *W->chip_names);
     W->subs = calloc((size_t)W->nsubs + 1, sizeof *W->subs);
     if (!W->chip_names || !W->subs) luaL_error(L, "%s: out of memory", who);
@@ -224,6 +261,7 @@ static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
         if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L);
     }
     lua_pop(L, 1);
+    if (W->level >= 4) lpto_level_init(L, idx, W, who);
     if (pto_worker_init(W->w) != 0) lpto_engine_error(L);
     W->state = W_READY;
 }
@@ -231,9 +269,12 @@ static void worker_init(lua_State *L, int idx, lworker *W, const char *who)
 static int w_init(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:init");
+    if (W->parent && !W->driven)
+        return lpto_error(L, "Worker:init", "this Worker is a child of a level-%d Worker, which initialises and runs "
+                                            "it; use that Worker", W->parent->level);
     if (W->state == W_READY) return lpto_error(L, "Worker:init", "this Worker is already initialised; call init once "
                                                           "(Worker:run initialises a new Worker itself)");
-    worker_init(L, 1, W, "Worker:init");
+    lpto_worker_init(L, 1, W, "Worker:init");
     lua_settop(L, 1);
     return 1;
 }
@@ -248,6 +289,10 @@ static int w_register(lua_State *L)
         return lpto_error(L, who, "the optional name must be a string (got %s)", luaL_typename(L, 3));
     const char *name = lua_tostring(L, 3);
     lhandle *h;
+    if (k && W->level >= 4)
+        return lpto_error(L, who, "a level-%d Worker has no chips: register chip kernels on the level-3 Workers "
+                                  "that run them, and submit those handles from their orchestration function",
+                          W->level);
     if (k) {
         int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
         if (id < 0) return lpto_engine_error_as(L, who);
@@ -268,14 +313,18 @@ static int w_register(lua_State *L)
         h = lua_newuserdatauv(L, sizeof *h, 1);
         *h = (lhandle){H_CHIP, (uint64_t)id};
     } else if (lua_isfunction(L, 2)) {
-        /* Children forked at init cannot see a function registered later. */
-        bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && W->nsubs > 0;
+        /* Children forked at init cannot see a function registered later;
+         * at level >= 4 a function may run on a sub or on a Worker child. */
+        bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
         if (ship) lpto_ship_function(L, 2, who);
         uint64_t id = ++W->next_fn;
         if (ship) {
             size_t len;
             const char *blob = lua_tolstring(L, -1, &len);
-            if (pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) return lpto_engine_error_as(L, who);
+            if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0)
+                return lpto_engine_error_as(L, who);
+            if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
+                return lpto_engine_error_as(L, who);
             lua_pop(L, 1);
         }
         lua_getiuservalue(L, 1, UV_FNS);
@@ -291,6 +340,7 @@ static int w_register(lua_State *L)
             name = where;
         }
         pto_worker_name_callable(W->w, PTO_SUB, id, name);
+        if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
         h = lua_newuserdatauv(L, sizeof *h, 1);
         *h = (lhandle){H_SUB, id};
     } else {
@@ -303,24 +353,20 @@ static int w_register(lua_State *L)
     return 1;
 }
 
-static int w_add_worker(lua_State *L)
-{
-    lworker *W = lpto_check_worker(L, 1, "Worker:add_worker");
-    return lpto_error(L, "Worker:add_worker", "only a Worker of level 4 or above has Worker children (this one is level %d)",
-                      W->level);
-}
-
 /* w:run(fn, args, cfg) */
-static int w_run(lua_State *L)
+int lpto_worker_run(lua_State *L)
 {
     const char *who = "Worker:run";
     lworker *W = lpto_check_worker(L, 1, who);
+    if (W->parent && !W->driven)
+        return lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
+                                  "function to that Worker with orch:submit_next_level", W->parent->level);
     if (W->in_run) return lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
     if (!lua_isfunction(L, 2))
         return lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
                           luaL_typename(L, 2));
     lua_settop(L, 4);
-    worker_init(L, 1, W, who);
+    lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
     if (!o) return lpto_engine_error(L);
     W->in_run = true;
@@ -352,14 +398,20 @@ static int w_run(lua_State *L)
         return lua_error(L);   /* the function's own error, unchanged */
     }
     if (fail) {
-        lua_pushstring(L, fail);
+        /* In a tree of Workers each level's failure names its level:
+         * "Worker:run: L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ...". */
+        const char *pfx = "Worker:run: ";
+        if ((W->level >= 4 || W->parent) && strncmp(fail, pfx, strlen(pfx)) == 0)
+            lua_pushfstring(L, "%sL%d %s", pfx, W->level, fail + strlen(pfx));
+        else
+            lua_pushstring(L, fail);
         free(fail);
         return lua_error(L);
     }
     return nres;
 }
 
-static int w_stats(lua_State *L)
+int lpto_worker_stats(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:stats");
     pto_stats s;
@@ -389,6 +441,11 @@ static int w_stats(lua_State *L)
     lua_setfield(L, -2, "sub_workers");
     lua_pushinteger(L, W->level);
     lua_setfield(L, -2, "level");
+    if (W->level >= 4) {
+        lua_pushinteger(L, W->nworkers);
+        lua_setfield(L, -2, "workers");
+        lpto_level_stats(L, W);
+    }
     return 1;
 }
 
@@ -410,24 +467,30 @@ static int w_child_pids(lua_State *L)
         }
         lua_setfield(L, -2, names[kind]);
     }
+    if (W->level >= 4) {
+        lpto_level_pids(L, W);
+        lua_setfield(L, -2, "workers");
+    }
     return 1;
 }
 
-static int w_stats_report(lua_State *L)
+int lpto_worker_stats_report(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:stats_report");
     int n = pto_worker_format_stats(W->w, NULL, 0);
     luaL_Buffer b;
     char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
     pto_worker_format_stats(W->w, p, (size_t)n + 1);
-    luaL_pushresultsize(&b, (size_t)n);
+    luaL_addsize(&b, (size_t)n);
+    if (W->level >= 4) lpto_level_report(L, W, &b);
+    luaL_pushresult(&b);
     return 1;
 }
 
 static int w_print_stats(lua_State *L)
 {
     lpto_check_worker(L, 1, "Worker:print_stats");
-    w_stats_report(L);
+    lpto_worker_stats_report(L);
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
     return 0;
@@ -441,6 +504,7 @@ static int w_index(lua_State *L)
     if (k && strcmp(k, "level") == 0) return lua_pushinteger(L, W->level), 1;
     if (k && strcmp(k, "chips") == 0) return lua_pushinteger(L, W->nchips), 1;
     if (k && strcmp(k, "num_sub_workers") == 0) return lua_pushinteger(L, W->nsubs), 1;
+    if (k && strcmp(k, "workers") == 0) return lua_pushinteger(L, W->nworkers), 1;
     if (k && strcmp(k, "mode") == 0) return lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process"), 1;
     if (k && strcmp(k, "initialized") == 0) return lua_pushboolean(L, W->state == W_READY), 1;
     luaL_getmetafield(L, 1, "methods");
@@ -451,8 +515,10 @@ static int w_index(lua_State *L)
 static int w_tostring(lua_State *L)
 {
     lworker *W = lua_touserdata(L, 1);
-    lua_pushfstring(L, "Worker(level %d, %s mode, %d chips, %d sub workers%s)", W->level,
-                    W->mode == PTO_MODE_THREAD ? "thread" : "process", W->nchips, W->nsubs,
+    lua_pushfstring(L, W->level >= 4 ? "Worker(level %d, %s mode, %d Worker children, %d sub workers%s)"
+                                     : "Worker(level %d, %s mode, %d chips, %d sub workers%s)",
+                    W->level, W->mode == PTO_MODE_THREAD ? "thread" : "process", W->level >= 4 ? W->nworkers : W->nchips,
+                    W->nsubs,
                     W->state == W_CLOSED ? ", closed" : W->state == W_NEW ? ", not initialised" : "");
     return 1;
 }
@@ -532,8 +598,9 @@ void lpto_open_worker(lua_State *L)
                                      {"__tostring", w_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, wmeta, 0);
     static const luaL_Reg wmethods[] = {
-        {"init", w_init}, {"register", w_register}, {"add_worker", w_add_worker}, {"run", w_run},
-        {"close", w_close}, {"stats", w_stats}, {"child_pids", w_child_pids}, {"stats_report", w_stats_report}, {"print_stats", w_print_stats},
+        {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", lpto_worker_run},
+        {"close", w_close}, {"stats", lpto_worker_stats}, {"child_pids", w_child_pids},
+        {"stats_report", lpto_worker_stats_report}, {"print_stats", w_print_stats},
         {NULL, NULL}};
     luaL_newlib(L, wmethods);
     lua_setfield(L, -2, "methods");

@@ -63,6 +63,10 @@ typedef struct pto_mailbox {
     _Atomic int32_t wait_status;     /* waitpid status, final in DEAD */
     _Atomic uint32_t died_in;        /* the state the child was reaped in */
     _Atomic uint32_t kill_reason;    /* PTO_KILL_*, written by the zygote before it kills */
+    /* pto_now_ns() by which the child must report started: a child that
+     * starts children of its own (a nested Worker) waits for them no longer
+     * than this, so the whole tree shares one deadline. */
+    uint64_t start_deadline_ns;
     _Alignas(64) pto_event to_child;    /* the child sleeps here */
     _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
     /* The task: written by the parent before TASK_READY. */

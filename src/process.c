@@ -55,6 +55,12 @@ struct pto_proc {
     int sfd;
 };
 
+/* In a child that hosts a Worker of its own: when its parent stops waiting
+ * for it to start (0: not such a child). Its own children must be up
+ * before then, with a margin for the report to travel back, so a failure
+ * deep in the tree is reported with its cause, not as a timeout above. */
+static uint64_t inherited_deadline_ns;
+
 /* Held from socketpair to closing the zygote's end in the parent, so no
  * other Worker's fork in between inherits that end (the parent would then
  * not see the zygote's death as a hang-up). */
@@ -204,8 +210,12 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
     sigprocmask(SIG_SETMASK, &p->child_mask, NULL);   /* SIGINT stays ignored */
     pto_mailbox *mb = p->mbs[slot];
     atomic_store(&mb->pid, (int32_t)getpid());
-    if (pto_mb_child_start(mb, p->leaves[slot]) != 0) _exit(1);   /* the zygote's DEAD tells the parent */
-    pto_mb_child_loop(mb, p->leaves[slot], CHILD_SPIN_MAX_NS);
+    inherited_deadline_ns = mb->start_deadline_ns;
+    const pto_leaf *leaf = p->leaves[slot];
+    if (pto_mb_child_start(mb, leaf) != 0) _exit(1);   /* the zygote's DEAD tells the parent */
+    inherited_deadline_ns = 0;   /* replacements later get their own full timeout */
+    pto_mb_child_loop(mb, leaf, CHILD_SPIN_MAX_NS);
+    if (leaf->stop) leaf->stop(leaf->ctx);
     _exit(0);
 }
 
@@ -372,6 +382,24 @@ static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
              "create a new one", (int)c->proc->zygote_pid, c->name);
 }
 
+/* When a child asked for now must have started: start_timeout_ms from now,
+ * or earlier if this process is itself a child that must be up by then. */
+static uint64_t start_deadline(const pto_proc *p, bool *cut)
+{
+    *cut = false;
+    uint64_t now = pto_now_ns(), d = now + (uint64_t)p->start_timeout_ms * 1000000ull;
+    if (inherited_deadline_ns) {
+        uint64_t left = inherited_deadline_ns > now ? inherited_deadline_ns - now : 0;
+        uint64_t margin = left / 8 > 25000000ull ? left / 8 : 25000000ull;
+        uint64_t mine = left > margin ? now + (left - margin) : now;
+        if (mine < d) {
+            d = mine;
+            *cut = true;
+        }
+    }
+    return d;
+}
+
 /* Ask the zygote for a new child in c's slot (its mailbox EMPTY or DEAD). */
 static bool request_spawn(pto_child *c)
 {
@@ -383,6 +411,7 @@ static bool request_spawn(pto_child *c)
     atomic_store(&mb->pid, 0);
     atomic_store(&mb->kill_reason, PTO_KILL_NONE);
     atomic_store(&mb->wait_status, 0);
+    mb->start_deadline_ns = start_deadline(c->proc, &c->deadline_cut);
     memset(c->loaded, 0, sizeof c->loaded);
     if (!pto_mb_cas(mb, st, PTO_MB_STARTING, NULL)) return false;
     return send_msg(c->proc, Z_SPAWN, c->slot, 0);
@@ -393,7 +422,7 @@ static bool request_spawn(pto_child *c)
 static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
 {
     pto_proc *p = c->proc;
-    uint64_t deadline = pto_now_ns() + (uint64_t)p->start_timeout_ms * 1000000ull;
+    uint64_t deadline = c->mb->start_deadline_ns;
     uint32_t st = await(c, 1u << PTO_MB_STARTING, deadline, 0, abortable);
     if (st == PTO_MB_IDLE) return true;
     char who[96], how[256];
@@ -402,8 +431,12 @@ static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
         send_msg(p, Z_KILL, c->slot, PTO_KILL_START_TIMEOUT);
         /* Reaped within milliseconds; then the slot is free for a retry. */
         await(c, ((1u << PTO_MB_NSTATES) - 1) & ~(1u << PTO_MB_DEAD), 0, 0, false);
-        snprintf(why, cap, "%s did not report ready within %u ms; raise start_timeout_ms if its start hook needs "
-                 "longer (it was killed)", who, p->start_timeout_ms);
+        if (c->deadline_cut)
+            snprintf(why, cap, "%s did not report ready before the deadline this Worker's own parent set (start_timeout_ms "
+                     "of the Worker at the top applies to the whole tree; raise it there) (it was killed)", who);
+        else
+            snprintf(why, cap, "%s did not report ready within %u ms; raise start_timeout_ms if its start hook needs "
+                     "longer (it was killed)", who, p->start_timeout_ms);
     } else if (st == PTO_MB_DEAD) {
         const pto_mailbox *mb = c->mb;
         if (atomic_load(&mb->died_in) == PTO_MB_STARTING && mb->rc != 0) {
@@ -596,6 +629,8 @@ static pid_t fork_zygote(pto_proc *p)
     fflush(NULL);
     pid_t z = fork();
     if (z == 0) {
+        /* Its children may host Workers of their own, which fork zygotes too. */
+        pthread_mutex_unlock(&fork_mu);
         close(sv[0]);
         zygote_main(p, sv[1]);
     }

@@ -64,6 +64,7 @@ typedef struct pto_child {
     const char *name;                        /* the worker's label ("chip 1") */
     pto_mb_spin spin;                        /* waits for results */
     bool replacing;                          /* asked for a replacement after a death */
+    bool deadline_cut;                       /* its start deadline is the one this process inherited */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
 } pto_child;
 

@@ -121,12 +121,17 @@ typedef int (*pto_leaf_start_fn)(void *ctx, char *err, size_t errlen);
 typedef int (*pto_leaf_load_fn)(void *ctx, uint64_t callable, const void *blob, size_t len, char *err,
                                 size_t errlen);
 
+/* PROCESS mode, in the child: the Worker is closing and the child will exit
+ * (e.g. close a Worker the child hosts, so its own children go first). */
+typedef void (*pto_leaf_stop_fn)(void *ctx);
+
 typedef struct pto_leaf {
     pto_leaf_fn run;
     void *ctx;
     const char *name;          /* for messages, e.g. "chip 1"; may be NULL */
     pto_leaf_start_fn start;   /* may be NULL */
     pto_leaf_load_fn load;     /* may be NULL: shipped callables then fail */
+    pto_leaf_stop_fn stop;     /* may be NULL */
 } pto_leaf;
 
 typedef struct pto_worker_config {
@@ -276,6 +281,8 @@ int pto_shm_init(uint64_t bytes);
 void *pto_shm_alloc(uint64_t nbytes);
 /* Give back a block from pto_shm_alloc (NULL is a no-op); its whole pages are returned to the OS. */
 void pto_shm_free(void *p);
+/* In a forked child: make block (bytes from the parent's pto_shm_alloc, kept by the parent while the child lives) this process's own arena, so it can allocate; 0 or -1. */
+int pto_shm_adopt(void *block, uint64_t bytes);
 /* 1 in a process forked from the arena's owner: it may use tensors but not allocate them. */
 int pto_shm_is_child(void);
 /* 1 if p lies inside the arena, else 0. */

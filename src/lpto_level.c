@@ -1,0 +1,526 @@
+/* lpto_level.c - Workers of Workers (seed 001 §6). A Worker of level >= 4
+ * has Worker children, added with w:add_worker(child), as its next-level
+ * workers. Each is driven by a leaf that does what Worker:run does, on the
+ * child Worker:
+ *
+ *   PROCESS mode: the leaf runs in the forked child. Its start hook
+ *   initialises the child Worker there (which forks the child's own
+ *   children, recursively, within the deadline its parent set), each task
+ *   is child:run(fn, args, cfg) with fn the orchestration function the task
+ *   names, and its stop hook closes the child Worker when the parent closes.
+ *   THREAD mode: the child Worker is initialised in this process at the
+ *   parent's init, and the leaf runs it on the parent's worker thread under
+ *   the interpreter lock (which every wait gives up).
+ *
+ * Tensors are shared memory at the same address in every process, so they
+ * pass down any number of levels as they are; each level infers its own
+ * dependencies from its own tags. A failure is wrapped once per level
+ * ("L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ... failed:
+ * <root cause>"). Each child publishes its statistics after every run into
+ * a shared block its parent reads (serialised as a Lua table constructor). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lpto_priv.h"
+
+#define STATS_CAP (64u * 1024u)
+
+/* Seqlock-published text: the child writes, the parent copies. */
+typedef struct stats_block {
+    _Atomic uint32_t seq;        /* odd while the child writes */
+    uint32_t len;
+    char text[];
+} stats_block;
+
+struct wchild {
+    sub_ctx s;                   /* first: lpto_sub_load installs shipped functions through it */
+    lworker *child;
+    int child_ref;               /* registry reference to the child's userdata */
+    stats_block *stats;          /* PROCESS mode: in shared memory */
+    void *arena;                 /* PROCESS mode: the child's own tensor memory, carved from ours */
+    uint64_t arena_bytes;
+    bool process;
+};
+
+/* ---- add_worker ------------------------------------------------------------------ */
+
+/* w:add_worker(child) -> id (1, 2, ...) */
+int lpto_level_add_worker(lua_State *L)
+{
+    const char *who = "Worker:add_worker";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (W->level < 4)
+        return lpto_error(L, who, "only a Worker of level 4 or above has Worker children (this one is level %d)",
+                          W->level);
+    if (W->state != W_NEW)
+        return lpto_error(L, who, "this Worker is already initialised; add Worker children before Worker:init");
+    lworker *C = luaL_testudata(L, 2, LPTO_WORKER);
+    if (!C)
+        return lpto_error(L, who, "expected a Worker to add, created with pto.Worker{level = %d, ...} (got %s)",
+                          W->level - 1, luaL_typename(L, 2));
+    if (C->state == W_CLOSED) return lpto_error(L, who, "the Worker to add is closed; create a new one");
+    if (C == W) return lpto_error(L, who, "a Worker cannot be its own child");
+    if (C->parent)
+        return lpto_error(L, who, "the Worker to add is already a child of %s level-%d Worker; a Worker has one parent",
+                          C->parent == W ? "this" : "another", C->parent->level);
+    for (lworker *a = W->parent; a; a = a->parent)
+        if (a == C) return lpto_error(L, who, "the Worker to add is an ancestor of this one; the tree cannot loop");
+    if (C->state != W_NEW)
+        return lpto_error(L, who, "the Worker to add is already initialised; add a new Worker (not yet init or run): "
+                                  "its parent initialises it");
+    if (C->level != W->level - 1)
+        return lpto_error(L, who, "a level-%d Worker's children are level-%d Workers (the one to add is level %d)",
+                          W->level, W->level - 1, C->level);
+    if (W->nworkers >= 1024) return lpto_error(L, who, "a Worker has at most 1024 Worker children");
+    lworker **kids = realloc(W->kids, (size_t)(W->nworkers + 1) * sizeof *kids);
+    if (!kids) return luaL_error(L, "%s: out of memory", who);
+    W->kids = kids;
+    kids[W->nworkers] = C;
+    lua_getiuservalue(L, 1, UV_CHILDREN);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, W->nworkers + 1);
+    C->parent = W;
+    lua_pushinteger(L, ++W->nworkers);
+    return 1;
+}
+
+/* ---- statistics travel up as a Lua table constructor ---------------------------------- */
+
+/* A growable C buffer: a luaL_Buffer cannot take pieces while lua_next
+ * keeps a key and a value above it. */
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return;   /* statistics are best effort: a short text fails to load, giving nil */
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+static void ser_string(sbuf *b, const char *s, size_t n)
+{
+    sb_str(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+            esc[0] = (char)c;
+            esc[1] = 0;
+        } else {
+            snprintf(esc, sizeof esc, "\\%03u", c);
+        }
+        sb_str(b, esc);
+    }
+    sb_str(b, "\"");
+}
+
+/* Numbers, strings, booleans and tables of them (keys: strings, integers). */
+static void ser_value(lua_State *L, int idx, sbuf *b, int depth)
+{
+    char num[64];
+    switch (lua_type(L, idx)) {
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+            snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
+        } else {
+            double d = lua_tonumber(L, idx);
+            if (d != d) snprintf(num, sizeof num, "(0/0)");
+            else if (d > 1e308 || d < -1e308) snprintf(num, sizeof num, d > 0 ? "(1/0)" : "(-1/0)");
+            else snprintf(num, sizeof num, "%.17g", d);
+        }
+        sb_str(b, num);
+        break;
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        ser_string(b, s, n);
+        break;
+    }
+    case LUA_TBOOLEAN: sb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;
+    case LUA_TTABLE:
+        if (depth > 16 || !lua_checkstack(L, 4)) {
+            sb_str(b, "nil");
+            break;
+        }
+        sb_str(b, "{");
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+            int kt = lua_type(L, -2);
+            if (kt == LUA_TSTRING || (kt == LUA_TNUMBER && lua_isinteger(L, -2))) {
+                sb_str(b, "[");
+                ser_value(L, lua_absindex(L, -2), b, depth + 1);
+                sb_str(b, "]=");
+                ser_value(L, lua_absindex(L, -1), b, depth + 1);
+                sb_str(b, ",");
+            }
+            lua_pop(L, 1);
+        }
+        sb_str(b, "}");
+        break;
+    default: sb_str(b, "nil"); break;
+    }
+}
+
+/* Push the child Worker's statistics table with its report as field `report`. */
+static int child_stats(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lua_pushcfunction(L, lpto_worker_stats);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
+    lua_call(L, 1, 1);
+    lua_pushcfunction(L, lpto_worker_stats_report);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
+    lua_call(L, 1, 1);
+    lua_setfield(L, 1, "report");
+    return 1;
+}
+
+static int publish_protected(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    lua_pushcfunction(L, child_stats);
+    lua_pushlightuserdata(L, C);
+    lua_call(L, 1, 1);
+    lua_replace(L, 1);
+    lua_settop(L, 1);
+    sbuf text = {0};
+    sb_str(&text, "return ");
+    ser_value(L, 1, &text, 0);
+    const char *s = text.p ? text.p : "return nil";
+    size_t n = strlen(s);
+    if (n >= STATS_CAP - sizeof(stats_block)) s = "return {truncated = true}", n = strlen(s);
+    stats_block *sb = C->stats;
+    uint32_t q = atomic_load_explicit(&sb->seq, memory_order_relaxed);
+    atomic_store_explicit(&sb->seq, q + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    memcpy(sb->text, s, n);
+    sb->len = (uint32_t)n;
+    atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
+    free(text.p);
+    return 0;
+}
+
+/* In the child process: make the hosted Worker's statistics visible to the
+ * parent. Best effort: statistics never fail a task. */
+static void publish_stats(wchild *C)
+{
+    if (!C->stats) return;
+    lua_State *T = C->s.T;
+    int top = lua_gettop(T);
+    lua_pushcfunction(T, publish_protected);
+    lua_pushlightuserdata(T, C);
+    (void)lua_pcall(T, 1, 0, 0);
+    lua_settop(T, top);
+}
+
+/* Push the statistics child C last published (nil if none yet). */
+static void push_published(lua_State *L, wchild *C)
+{
+    static char buf[STATS_CAP];   /* only under the interpreter lock */
+    stats_block *sb = C->stats;
+    uint32_t n = 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t q = atomic_load_explicit(&sb->seq, memory_order_acquire);
+        if (q & 1) continue;
+        n = sb->len < sizeof buf ? sb->len : 0;
+        memcpy(buf, sb->text, n);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&sb->seq, memory_order_relaxed) == q) break;
+        n = 0;
+    }
+    if (n == 0 || luaL_loadbufferx(L, buf, n, "=child statistics", "t") != LUA_OK) {
+        lua_settop(L, lua_gettop(L) - (n != 0));
+        lua_pushnil(L);
+        return;
+    }
+    lua_newtable(L);   /* no globals: the text is a table constructor */
+    lua_setupvalue(L, -2, 1);
+    if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+    }
+}
+
+static void push_child_stats(lua_State *L, wchild *C)
+{
+    if (C->process) {
+        push_published(L, C);
+        return;
+    }
+    lua_pushcfunction(L, child_stats);
+    lua_pushlightuserdata(L, C);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+    }
+}
+
+void lpto_level_stats(lua_State *L, lworker *W)
+{
+    lua_createtable(L, W->nworkers, 0);
+    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
+        push_child_stats(L, &W->wchildren[i]);
+        if (lua_istable(L, -1)) {
+            lua_pushstring(L, W->wchildren[i].s.name);
+            lua_setfield(L, -2, "name");
+        }
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "children");
+}
+
+void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        push_child_stats(L, C);
+        const char *rep = NULL;
+        if (lua_istable(L, -1)) {
+            lua_getfield(L, -1, "report");
+            rep = lua_tostring(L, -1);
+        } else {
+            lua_pushnil(L);
+        }
+        int pid = C->process && W->state == W_READY ? pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i) : -1;
+        /* the box of b sits below: build the header apart, then add it */
+        if (pid > 0) lua_pushfstring(L, "\n== %s (pid %d) ==\n%s", C->s.name, pid, rep ? rep : "(no statistics yet)\n");
+        else lua_pushfstring(L, "\n== %s ==\n%s", C->s.name, rep ? rep : "(no statistics yet)\n");
+        lua_replace(L, -3);
+        lua_pop(L, 1);
+        luaL_addvalue(b);
+    }
+}
+
+void lpto_level_pids(lua_State *L, lworker *W)
+{
+    lua_createtable(L, W->nworkers, 0);
+    for (int i = 0; W->state == W_READY && i < W->nworkers; i++) {
+        int pid = pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i);
+        if (pid <= 0) continue;
+        lua_pushinteger(L, pid);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* ---- the leaf ---------------------------------------------------------------------- */
+
+/* fn(orch, args, cfg) with its traceback kept: Worker:run passes a
+ * function's error on unchanged, and a level above needs the root's
+ * stack, not the one where the error was re-raised. */
+static int traced_call(lua_State *L)
+{
+    int n = lua_gettop(L);
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_remove(L, -2);
+    lua_insert(L, 1);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 2);
+    if (lua_pcall(L, n, 0, 1) != LUA_OK) {
+        lworker *C = lua_touserdata(L, lua_upvalueindex(2));
+        const char *m = lua_tostring(L, -1);
+        lua_pushfstring(L, "L%d orchestration function failed: %s", C->level, m ? m : "(error object is not a string)");
+        return lua_error(L);
+    }
+    return 0;
+}
+
+static int run_protected(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    const pto_args_view *args = lua_touserdata(L, 2);
+    const pto_call_config *cfg = lua_touserdata(L, 3);
+    lua_Integer callable = lua_tointeger(L, 4);
+    lua_settop(L, 0);
+    lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
+    st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
+    lua_pushcfunction(L, lpto_worker_run);                              /* 2 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
+    lua_rawgeti(L, -1, callable);
+    lua_remove(L, -2);
+    if (!lua_isfunction(L, -1))
+        return luaL_error(L, "callable %d is not an orchestration function registered on this Worker", (int)callable);
+    lua_pushlightuserdata(L, C->child);
+    lua_pushcclosure(L, traced_call, 2);                                /* 4 */
+    lpto_push_args_view(L, args, 1);                                    /* 5 */
+    lpto_push_config(L, cfg);                                           /* 6 */
+    C->child->driven = true;
+    int status = lua_pcall(L, 4, 0, 0);
+    C->child->driven = false;
+    st->valid = false;
+    if (status == LUA_OK) return 0;
+    /* "Worker:run: L3 task 2 ..." -> "L3 task 2 ...": the level above
+     * names its own task and this child. */
+    const char *m = lua_tostring(L, -1), *pfx = "Worker:run: ";
+    if (m && strncmp(m, pfx, strlen(pfx)) == 0) lua_pushstring(L, m + strlen(pfx));
+    else if (!m) lua_pushliteral(L, "(error object is not a string)");
+    else lua_pushvalue(L, -1);
+    return lua_error(L);
+}
+
+/* The leaf's run: in the child process (PROCESS), or on the parent's worker
+ * thread holding the interpreter lock (THREAD). */
+static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                     size_t errlen)
+{
+    wchild *C = ctx;
+    lua_State *T = C->s.T;
+    lua_settop(T, 0);
+    lua_pushcfunction(T, run_protected);
+    lua_pushlightuserdata(T, C);
+    lua_pushlightuserdata(T, (void *)args);
+    lua_pushlightuserdata(T, (void *)cfg);
+    lua_pushinteger(T, (lua_Integer)callable);
+    int rc = 0;
+    if (lua_pcall(T, 4, 0, 0) != LUA_OK) {
+        const char *m = lua_tostring(T, -1);
+        snprintf(err, errlen, "%s", m ? m : "(error object is not a string)");
+        rc = 1;
+    }
+    lua_settop(T, 0);
+    publish_stats(C);
+    return rc;
+}
+
+static int level_leaf_locked(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                             char *err, size_t errlen)
+{
+    lpto_gil *g = ((wchild *)ctx)->s.W->gil;
+    lpto_gil_acquire(g);
+    int rc = level_run(ctx, callable, args, cfg, err, errlen);
+    lpto_gil_release(g);
+    return rc;
+}
+
+static int init_protected(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
+    C->child->driven = true;
+    lpto_worker_init(L, -1, C->child, "Worker:init");
+    C->child->driven = false;
+    return 0;
+}
+
+/* "Worker:init: chip 1 (pid 9) failed to start: ..." -> "chip 1 (pid 9) failed to start: ..." */
+static const char *strip_init(const char *m)
+{
+    const char *pfx = "Worker:init: ";
+    return m && strncmp(m, pfx, strlen(pfx)) == 0 ? m + strlen(pfx) : m ? m : "(error object is not a string)";
+}
+
+/* PROCESS mode, in the child: initialise the hosted Worker, which forks its
+ * own children and waits for them within this child's start deadline. */
+static int level_start(void *ctx, char *err, size_t errlen)
+{
+    wchild *C = ctx;
+    lua_State *T = C->s.T;
+    /* Its orchestration functions create tensors, and its own children
+     * need shared blocks: it allocates from a part of ours. */
+    if (pto_shm_adopt(C->arena, C->arena_bytes) != 0) {
+        snprintf(err, errlen, "%s", pto_errmsg());
+        return 1;
+    }
+    lua_settop(T, 0);
+    lua_pushcfunction(T, init_protected);
+    lua_pushlightuserdata(T, C);
+    if (lua_pcall(T, 1, 0, 0) != LUA_OK) {
+        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, strip_init(lua_tostring(T, -1)));
+        lua_settop(T, 0);
+        return 1;
+    }
+    publish_stats(C);
+    return 0;
+}
+
+/* PROCESS mode, in the child, at the parent's close: close the hosted
+ * Worker so its children are stopped and reaped before this child exits. */
+static void level_stop(void *ctx)
+{
+    wchild *C = ctx;
+    lua_settop(C->s.T, 0);
+    C->child->driven = true;
+    lpto_worker_free(C->s.T, C->child);
+}
+
+void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
+{
+    idx = lua_absindex(L, idx);
+    W->wchildren = calloc((size_t)W->nworkers + 1, sizeof *W->wchildren);
+    if (!W->wchildren) luaL_error(L, "%s: out of memory", who);
+    for (int i = 0; i < W->nworkers; i++) W->wchildren[i].child_ref = LUA_NOREF;
+    lua_getiuservalue(L, idx, UV_THREADS);
+    lua_getiuservalue(L, idx, UV_CHILDREN);
+    for (int i = 0; i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        lua_rawgeti(L, -1, i + 1);
+        C->child = lua_touserdata(L, -1);
+        C->child_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        C->s.W = W;
+        C->s.T = lua_newthread(L);
+        lua_rawseti(L, -3, W->nsubs + i + 1);
+        C->process = W->mode == PTO_MODE_PROCESS;
+        snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
+        pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
+        if (C->process) {
+            C->stats = pto_shm_alloc(STATS_CAP);
+            if (!C->stats) lpto_engine_error(L);
+            pto_shm_stats ss;
+            pto_shm_get_stats(&ss);
+            C->arena_bytes = ss.reserved_bytes / 4 / (uint64_t)W->nworkers & ~((uint64_t)(1 << 20) - 1);
+            C->arena = C->arena_bytes >= (16u << 20) ? pto_shm_alloc(C->arena_bytes) : NULL;
+            if (!C->arena)
+                lpto_error(L, who, "cannot set aside shared tensor memory for %s (%llu MiB of %llu MiB reserved; each "
+                                   "Worker child gets a quarter of its parent's, shared among its siblings): raise "
+                                   "PTO_SHM_SIZE", C->s.name, (unsigned long long)(C->arena_bytes >> 20),
+                           (unsigned long long)(ss.reserved_bytes >> 20));
+            leaf = (pto_leaf){.run = level_run, .ctx = C, .name = C->s.name, .start = level_start,
+                              .load = lpto_sub_load, .stop = level_stop};
+        } else {
+            /* THREAD mode: the child lives in this process, on the thread of its leaf. */
+            lua_pushcfunction(L, init_protected);
+            lua_pushlightuserdata(L, C);
+            if (lua_pcall(L, 1, 0, 0) != LUA_OK)
+                lpto_error(L, who, "%s: %s", C->s.name, strip_init(lua_tostring(L, -1)));
+            C->child->gil_shared = true;
+        }
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
+    }
+    lua_pop(L, 2);
+}
+
+void lpto_level_free(lua_State *L, lworker *W)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        pto_shm_free(C->stats);
+        pto_shm_free(C->arena);
+        luaL_unref(L, LUA_REGISTRYINDEX, C->child_ref);
+    }
+    free(W->wchildren);
+    W->wchildren = NULL;
+    /* The children were this Worker's alone (their userdata stay alive
+     * while W's does, through its user value). */
+    for (int i = 0; i < W->nworkers; i++) {
+        W->kids[i]->driven = true;
+        lpto_worker_free(L, W->kids[i]);
+    }
+    free(W->kids);
+    W->kids = NULL;
+}

@@ -196,6 +196,88 @@ describe("failures", function()
   end)
 end)
 
+describe("an L3 child process", function()
+  if H.MODE ~= "process" then
+    pending("process mode only: a killed L3 child is replaced with its whole subtree")
+    return
+  end
+
+  it("killed with SIGKILL fails its task, and is replaced with its subtree for the next run", function()
+    local counter = pto.tensor({1}, "i64")
+    local w4, count = counter_tree("process", "process")
+    w4:init()
+    local pid = w4:child_pids().workers[1]
+    assert.is_true(pid ~= nil)
+    local below = H.descendants(pid)   -- the L3's zygote and sub
+    assert.is_true(#below >= 2, "the L3 child has no children of its own")
+    os.execute("kill -9 " .. pid)
+    assert.is_true(eventually(function()
+      for _, p in ipairs(below) do if not gone(p) then return false end end
+      return true
+    end, 2), "the L3 child's own children outlived it")
+    local ok, err = pcall(w4.run, w4, function(orch)
+      orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig())
+    end)
+    -- the death may be seen at dispatch (replaced first) or as the task's failure
+    if not ok then assert.truthy(err:find("L3 worker 1", 1, true), err) end
+    w4:run(function(orch) orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig()) end)
+    assert.is_true(counter[1] >= 1)
+    assert.is_true(w4:child_pids().workers[1] ~= pid)
+    w4:close()
+  end)
+end)
+
+describe("orchestration functions", function()
+  it("registered after init reach the children, and create tensors there", function()
+    local out = pto.tensor({4}, "f32")
+    local l3 = pto.Worker{level = 3, chips = 1, num_sub_workers = 1}
+    local fill = l3:register(pto.chip_kernel("fill"))
+    local copy = l3:register(pto.chip_kernel("copy"))
+    local w4 = pto.Worker{level = 4}
+    w4:add_worker(l3)
+    -- A function registered after init is shipped to the child, with plain
+    -- upvalues only; it finds the handles through a global the fork carried.
+    _G.KERNELS_FOR_LEVELS_SPEC = {fill = fill, copy = copy}   -- busted gives spec files their own globals
+    w4:init()
+    local h = w4:register(function(orch, a)
+      local k, P = KERNELS_FOR_LEVELS_SPEC, require "pto"
+      local tmp = P.tensor({4}, "f32")   -- created in the child's own arena
+      orch:submit_next_level(k.fill, P.args{{tmp, "out"}, scalars = {2.5}})
+      orch:submit_next_level(k.copy, P.args{{tmp, "in"}, {a:tensor(1), "out"}})
+    end, "late")
+    w4:run(function(orch) orch:submit_next_level(h, args{{out, "out"}}, pto.CallConfig()) end)
+    for i = 1, 4 do assert.equal(2.5, out[i]) end
+    w4:close()
+  end)
+end)
+
+describe("a forked child's garbage collector", function()
+  it("leaves its copies of unreachable Workers alone (their threads are not in it)", function()
+    do
+      local junk = pto.Worker{level = 3, chips = 1, num_sub_workers = 1}
+      junk:init()   -- threads and children, then unreachable and never closed
+    end
+    local done = pto.tensor({1}, "i64")
+    local l3 = pto.Worker{level = 3, num_sub_workers = 1}
+    local sub = l3:register(function(a) collectgarbage(); collectgarbage(); a:tensor(1)[1] = 1 end)
+    local w4 = pto.Worker{level = 4}
+    local h = w4:register(function(orch, a)
+      collectgarbage()
+      collectgarbage()
+      orch:submit_sub(sub, args{{a:tensor(1), "inout"}})
+    end)
+    w4:add_worker(l3)
+    w4:init()
+    local t0 = now()
+    w4:run(function(orch) orch:submit_next_level(h, args{{done, "inout"}}, pto.CallConfig()) end)
+    assert.equal(1, done[1])
+    assert.is_true(now() - t0 < 5)
+    w4:close()
+    collectgarbage()   -- here the original is collected, and closed
+    collectgarbage()
+  end)
+end)
+
 -- Tiled BGEMM across three levels: L5 hands each batch to the L4, which
 -- hands each row of C tiles to one of its L3 Workers, whose chips run
 -- gemm_tile and tile_add.

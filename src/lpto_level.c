@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lpto_priv.h"
 
@@ -412,6 +413,7 @@ static int init_protected(lua_State *L)
 {
     wchild *C = lua_touserdata(L, 1);
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
+    C->child->owner = getpid();   /* PROCESS mode: this child hosts it from now on */
     C->child->driven = true;
     lpto_worker_init(L, -1, C->child, "Worker:init");
     C->child->driven = false;

@@ -11,6 +11,7 @@
 #define LPTO_PRIV_H
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -128,6 +129,7 @@ struct lworker {
     pto_tensor *scratch;       /* submit's tensor descriptors */
     int32_t scratch_cap;
     bool init_failed;          /* a failed init leaves half-built state: no retry */
+    pid_t owner;               /* the process that may close it: a forked child has a copy, with no threads */
     /* Levels (lpto_level.c). A Worker of level >= 4 has Worker children
      * (add_worker, kept in UV_CHILDREN) as its next-level workers. */
     int nworkers;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lpto_priv.h"
 
@@ -144,6 +145,7 @@ static int l_worker(lua_State *L)
     lworker *W = lua_newuserdatauv(L, sizeof *W, UV_COUNT);
     memset(W, 0, sizeof *W);
     W->w = w;
+    W->owner = getpid();
     W->level = (int)level;
     W->mode = mode;
     W->nchips = (int)chips;
@@ -166,6 +168,14 @@ static int l_worker(lua_State *L)
 void lpto_worker_free(lua_State *L, lworker *W)
 {
     if (W->state == W_CLOSED) return;
+    if (W->owner != getpid()) {
+        /* A copy inherited by a forked child (a sub, or the host of a
+         * Worker child) that its garbage collector found: the engine's
+         * threads and children belong to the original. Forget it. */
+        W->state = W_CLOSED;
+        W->w = NULL;
+        return;
+    }
     pto_worker_close(W->w);   /* children processes first: they may be running the Worker children */
     lpto_level_free(L, W);
     W->w = NULL;

@@ -485,13 +485,17 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
             if (!C->stats) lpto_engine_error(L);
             pto_shm_stats ss;
             pto_shm_get_stats(&ss);
-            C->arena_bytes = ss.reserved_bytes / 4 / (uint64_t)W->nworkers & ~((uint64_t)(1 << 20) - 1);
+            /* Virtual: pages are backed only when touched. */
+            C->arena_bytes = C->child->shm_size ? C->child->shm_size
+                                                : ss.reserved_bytes / 16 / (uint64_t)W->nworkers & ~((uint64_t)(1 << 20) - 1);
             C->arena = C->arena_bytes >= (16u << 20) ? pto_shm_alloc(C->arena_bytes) : NULL;
             if (!C->arena)
-                lpto_error(L, who, "cannot set aside shared tensor memory for %s (%llu MiB of %llu MiB reserved; each "
-                                   "Worker child gets a quarter of its parent's, shared among its siblings): raise "
-                                   "PTO_SHM_SIZE", C->s.name, (unsigned long long)(C->arena_bytes >> 20),
-                           (unsigned long long)(ss.reserved_bytes >> 20));
+                lpto_error(L, who, "cannot set aside %llu MiB of shared tensor memory for %s (%llu MiB reserved, %llu "
+                                   "MiB in use): give the child a smaller shm_size (pto.Worker{shm_size = bytes}; the "
+                                   "default is a sixteenth of its parent's, shared among siblings), close Workers you "
+                                   "no longer use, or raise PTO_SHM_SIZE", (unsigned long long)(C->arena_bytes >> 20),
+                           C->s.name, (unsigned long long)(ss.reserved_bytes >> 20),
+                           (unsigned long long)(ss.in_use_bytes >> 20));
             leaf = (pto_leaf){.run = level_run, .ctx = C, .name = C->s.name, .start = level_start,
                               .load = lpto_sub_load, .stop = level_stop};
         } else {

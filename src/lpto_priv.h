@@ -136,6 +136,7 @@ struct lworker {
     lworker **kids;            /* the Worker children, in id order */
     wchild *wchildren;         /* one per Worker child, from init */
     lworker *parent;           /* the Worker this one was added to, or NULL */
+    uint64_t shm_size;         /* tensor memory it takes from its parent's as a PROCESS-mode child; 0: default */
     bool driven;               /* its parent's leaf is initialising or running it now */
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
 };

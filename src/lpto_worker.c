@@ -95,7 +95,7 @@ static int default_mode(lua_State *L, const char *who)
 }
 
 static const char *const WORKER_FIELDS[] = {"level", "mode", "chips", "num_sub_workers", "heap_ring_size",
-                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", "start_timeout_ms", NULL};
+                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", "start_timeout_ms", "shm_size", NULL};
 
 static int l_worker(lua_State *L)
 {
@@ -108,8 +108,8 @@ static int l_worker(lua_State *L)
     }
     lpto_check_fields(L, 1, WORKER_FIELDS,
                  "level, mode, chips, num_sub_workers, heap_ring_size, alloc_timeout_ms, chip_runtime, queue_depth, "
-                 "start_timeout_ms", who);
-    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0, start_timeout = 0;
+                 "start_timeout_ms, shm_size", who);
+    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0, start_timeout = 0, shm = 0;
     lpto_get_int_field(L, 1, "level", &level, 3, 64, who);
     lpto_get_int_field(L, 1, "chips", &chips, 0, 1024, who);
     lpto_get_int_field(L, 1, "num_sub_workers", &subs, 0, 1024, who);
@@ -117,6 +117,7 @@ static int l_worker(lua_State *L)
     lpto_get_int_field(L, 1, "alloc_timeout_ms", &timeout, 1, 24 * 3600 * 1000, who);
     lpto_get_int_field(L, 1, "queue_depth", &depth, 1, 64, who);
     lpto_get_int_field(L, 1, "start_timeout_ms", &start_timeout, 1, 24 * 3600 * 1000, who);
+    lpto_get_int_field(L, 1, "shm_size", &shm, 16 << 20, (lua_Integer)1 << 50, who);
     if (level >= 4 && chips > 0)
         return lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
                                   "level-%lld Workers added with Worker:add_worker (give the chips to those)",
@@ -146,6 +147,7 @@ static int l_worker(lua_State *L)
     memset(W, 0, sizeof *W);
     W->w = w;
     W->owner = getpid();
+    W->shm_size = (uint64_t)shm;
     W->level = (int)level;
     W->mode = mode;
     W->nchips = (int)chips;

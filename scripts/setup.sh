@@ -2,7 +2,7 @@
 # Install what ptolua needs from Debian's packages (idempotent; needs root
 # only when something is missing). Usage: scripts/setup.sh [--bench]
 set -euo pipefail
-pkgs=(gcc cmake make pkg-config lua5.4 liblua5.4-dev lua-busted luajit luarocks libreadline-dev)
+pkgs=(gcc cmake make pkg-config lua5.4 liblua5.4-dev lua-busted luajit luarocks libreadline-dev lua-dkjson graphviz)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,6 +7,7 @@
 
 #include "lpto.h"
 #include "lpto_priv.h"
+#include "lpto_trace.h"
 
 /* ---- the interpreter lock ------------------------------------------------- */
 
@@ -175,5 +176,6 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     load_lua_part(L, "pto.args");
     load_lua_part(L, "pto.inspect");
+    lpto_open_trace(L);
     return 1;
 }

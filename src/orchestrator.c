@@ -2,12 +2,15 @@
 #include "common.h"
 #include "scheduler.h"
 #include "task_args.h"
+#include "trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const pto_call_config default_cfg = {.aicpu_thread_num = 3};
+
+static inline pto_trace *orch_trace(pto_orch *o) { return pto_trace_on(&o->sched->wm->trace); }
 
 void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown)
@@ -233,7 +236,10 @@ static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, 
         pto_event_wait(&o->ev, orch_has_work, o, 0, (int64_t)(timeout - (now - last_progress)));
         atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
     }
-    ring->stall_ns += (int64_t)(pto_now_ns() - t0);
+    uint64_t t1 = pto_now_ns();
+    ring->stall_ns += (int64_t)(t1 - t0);
+    pto_trace *tr = orch_trace(o);
+    if (tr) pto_trace_stall(tr, r, bytes, t0, t1);
     return ok;
 }
 
@@ -365,6 +371,8 @@ static bool validate(pto_orch *o, const submit_req *q)
 static int64_t submit(pto_orch *o, const submit_req *q)
 {
     if (!check_open(o, q->who) || !validate(o, q)) return -1;
+    pto_trace *tr = orch_trace(o);
+    uint64_t t0 = tr ? pto_now_ns() : 0;
     drain_retired(o);
 
     /* 1. One packed slab for every unset OUTPUT, taken first: while it waits
@@ -504,6 +512,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     o->submitted_total++;
     if (o->pool.live > o->live_hwm) o->live_hwm = o->pool.live;
     int64_t id = s->id;
+    if (tr) pto_trace_submit(tr, s, t0);
     pto_sched_submit(o->sched, s);
     return id;
 }
@@ -680,6 +689,8 @@ bool pto_orch_begin(pto_orch *o)
     atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);
     pto_scope_push(&o->scope);
+    pto_trace *tr = orch_trace(o);
+    if (tr) pto_trace_run_begin(tr);
     return true;
 }
 
@@ -688,6 +699,8 @@ int pto_orch_end(pto_orch *o)
     while (o->scope.top > 0) scope_close(o);
     atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
     bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH) && wait_until(o, reclaimed_all, ORCH_WAIT_RETIRE);
+    pto_trace *tr = orch_trace(o);
+    if (tr) pto_trace_run_end(tr);
     o->open = false;
     char *fail = pto_sched_take_failure(o->sched);
     if (!ok) {

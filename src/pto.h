@@ -264,6 +264,24 @@ int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t 
 /* Number of task ids handed out in the current run (ids are 0 .. n-1). */
 int64_t pto_task_count(pto_orch *o);
 
+/* ---- tracing (trace.c, docs/tracing.md) ----
+ * Call these from the thread that runs w's runs, never two at once. */
+
+/* Record w's task spans, submits, dependency edges, ring stalls and runs into a buffer of capacity_events events (0 = 1048576, at most 67108864); once it is full, events are dropped and counted, never waited for. 0, or -1 if w is already tracing or the capacity is too large. */
+int pto_trace_start(pto_worker *w, uint32_t capacity_events);
+/* Stop recording (also inside a run) and, if path is not NULL, write the events to path as Chrome trace-event JSON (Perfetto, chrome://tracing); 0, or -1 if w is not tracing or path cannot be written (recording has stopped either way). */
+int pto_trace_stop(pto_worker *w, const char *path);
+/* 1 while w is recording, else 0. */
+int pto_trace_active(pto_worker *w);
+/* Events kept by w's current or last trace. */
+int64_t pto_trace_events(pto_worker *w);
+/* Events w's current or last trace dropped because its buffer was full. */
+int64_t pto_trace_dropped(pto_worker *w);
+/* The stopped trace's events as comma-separated trace-event objects of process pid named name (NULL: "Worker (level 3, thread mode)"), to merge several Workers into one traceEvents array; writes at most cap bytes with a NUL and returns the full length (like snprintf), or -1 if w has no stopped trace. */
+int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf, size_t cap);
+/* The name given to callable of kind by pto_worker_name_callable, copied into buf like snprintf; returns its length, or -1 if it has none. */
+int pto_worker_callable_name(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap);
+
 /* ---- shared tensor memory (arena.c) ----
  * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the
  * Lua module takes it when it loads), so every child forked later sees

@@ -6,7 +6,8 @@
  * (package.preload.pto and the global `pto`), package.path finds the
  * lua/pto modules first, -h/--help exists, an error in a script piped on
  * stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
- * chunk at the prompt shows its syntax error (lua5.4 prints "(null)").
+ * chunk at the prompt shows its syntax error (lua5.4 prints "(null)"), and
+ * --trace FILE / --dot FILE record every Worker (docs/tracing.md).
  * On a terminal the prompt goes further than lua5.4 (docs/repl.md): values
  * printed by lua/pto/repl.lua, `:` commands, a history file, completion of
  * fields and methods, Ctrl-C at the prompt clearing the line.
@@ -30,6 +31,7 @@
 #include "lualib.h"
 
 #include "lpto.h"
+#include "lpto_trace.h"
 
 #ifdef PTO_HAVE_READLINE
 #include <readline/history.h>
@@ -46,6 +48,11 @@ static const char *progname = "ptolua";
 /* The state the SIGINT handler arms its hook on. Set before the handler is
  * installed and never changed while it is, so the handler only reads it. */
 static lua_State *volatile sigint_L;
+
+/* --trace FILE, --dot FILE (argv strings), or NULL. */
+static const char *trace_path, *dot_path;
+
+static int is_file_option(const char *a) { return strcmp(a, "--trace") == 0 || strcmp(a, "--dot") == 0; }
 
 /* ---- messages ---------------------------------------------------------- */
 
@@ -68,7 +75,7 @@ static int report(lua_State *L, int status) {
 static void print_usage(FILE *f, const char *badoption) {
   if (badoption) {
     /* -e and -l are only "bad" when their argument is missing. */
-    if (badoption[1] == 'e' || badoption[1] == 'l')
+    if (badoption[1] == 'e' || badoption[1] == 'l' || is_file_option(badoption))
       fprintf(f, "%s: '%s' needs argument\n", progname, badoption);
     else
       fprintf(f, "%s: unrecognized option '%s'\n", progname, badoption);
@@ -84,6 +91,10 @@ static void print_usage(FILE *f, const char *badoption) {
           "  -E          ignore environment variables\n"
           "  -W          turn warnings on\n"
           "  -h, --help  show this help and exit\n"
+          "  --trace f   write a Chrome trace (Perfetto, chrome://tracing) of every\n"
+          "              Worker the script creates to file 'f' at exit\n"
+          "  --dot f     write the DAG of every Worker's last run, nodes coloured by\n"
+          "              state, to file 'f' (Graphviz) at exit\n"
           "  --          stop handling options\n"
           "  -           stop handling options and execute stdin\n"
           "The pto module is preloaded as the global 'pto'.\n",
@@ -290,6 +301,12 @@ static int collectargs(int argc, char **argv, int *first) {
     *first = i;
     if (a[0] != '-') return flags; /* the script */
     if (strcmp(a, "--help") == 0) return ARG_HELP;
+    if (is_file_option(a)) { /* "--trace FILE": the next argument, whatever it is */
+      if (++i >= argc) return ARG_ERROR;
+      if (a[2] == 't') trace_path = argv[i];
+      else dot_path = argv[i];
+      continue;
+    }
     switch (a[1]) {
     case '-': /* "--": the next argument is the script, whatever it is */
       if (a[2] != '\0') return ARG_ERROR;
@@ -335,6 +352,10 @@ static int runargs(lua_State *L, char **argv, int script) {
   int i;
   for (i = 1; i < script; i++) {
     char opt = argv[i][1];
+    if (is_file_option(argv[i])) { /* taken by collectargs; its file is no option */
+      i++;
+      continue;
+    }
     if (opt == 'e' || opt == 'l') {
       const char *val = argv[i][2] != '\0' ? argv[i] + 2 : argv[++i];
       int status = opt == 'e' ? dostring(L, val, "=(command line)") : dolibrary(L, val);
@@ -825,6 +846,12 @@ static int pmain(lua_State *L) {
   }
   luaL_openlibs(L);
   if (open_pto(L) != LUA_OK) return 0;
+  if (trace_path || dot_path) {
+    lua_pushcfunction(L, lpto_trace_cli);
+    lua_pushstring(L, trace_path);
+    lua_pushstring(L, dot_path);
+    if (report(L, docall(L, 2, 0)) != LUA_OK) return 0;
+  }
   create_arg_table(L, argc, argv, script);
   lua_gc(L, LUA_GCRESTART); /* stopped in main while the libraries load */
   lua_gc(L, LUA_GCGEN, 0, 0); /* generational, as lua5.4 */
@@ -862,6 +889,12 @@ int main(int argc, char **argv) {
   status = lua_pcall(L, 2, 1, 0);
   ok = lua_toboolean(L, -1);
   report(L, status);
+  /* Written whatever the script did: a failing run is what one traces. */
+  if (trace_path || dot_path) {
+    lua_settop(L, 0);
+    lua_pushcfunction(L, lpto_trace_cli_finish);
+    if (report(L, lua_pcall(L, 0, 0, 0)) != LUA_OK) ok = 0;
+  }
   lua_close(L); /* runs __gc and pending to-be-closed values */
   return status == LUA_OK && ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,6 +1,7 @@
 #include "worker_manager.h"
 #include "common.h"
 #include "slot.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -58,8 +59,11 @@ static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
         char err[PTO_MB_ERR_CAP];   /* room for a child's message with a Lua traceback */
         err[0] = 0;
         atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
+        pto_trace *tr = pto_trace_on(&wt->wm->trace);
+        uint64_t t0 = tr ? pto_now_ns() : 0;
         int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+        if (tr) pto_trace_task(tr, wt, s, d->member, t0, rc);   /* before the completion: ends precede consumers */
         if (rc != 0) {
             c.status = PTO_DONE_FAILED;
             c.error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
@@ -187,6 +191,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
         free(wm->threads[k]);
     }
     pto_ship_destroy(&wm->ships);
+    pto_trace_free(atomic_load(&wm->trace));
     memset(wm, 0, sizeof *wm);
 }
 

@@ -70,6 +70,7 @@ typedef struct pto_worker_manager {
     uint32_t start_timeout_ms;
     pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */
     pto_ship_table ships;         /* callables shipped after the fork */
+    struct pto_trace *_Atomic trace;   /* trace.c: NULL until the first pto_trace_start */
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);

@@ -1,0 +1,21 @@
+/* lpto_trace.h - tracing in the Lua binding (lpto_trace.c): Worker methods,
+ * and what ptolua's --trace and --dot options need. */
+#ifndef LPTO_TRACE_H
+#define LPTO_TRACE_H
+#include "lua.h"
+
+/* Called by luaopen_pto with the module table on top: adds
+ * w:trace_start / w:trace_stop (and pto._callable_name, for orch:dot) and
+ * makes closing a traced Worker write its trace. */
+void lpto_open_trace(lua_State *L);
+
+/* lua_CFunction (trace_path_or_nil, dot_path_or_nil), after require "pto":
+ * every Worker created from now on traces from its init until it closes
+ * (or lpto_trace_cli_finish), and every Worker:run keeps its DAG with final
+ * task states, for the files lpto_trace_cli_finish writes. */
+int lpto_trace_cli(lua_State *L);
+
+/* lua_CFunction: stop the traces still running and write the files asked
+ * for by lpto_trace_cli; raises "--trace: ..." / "--dot: ..." on failure. */
+int lpto_trace_cli_finish(lua_State *L);
+#endif

@@ -159,6 +159,8 @@ local cases = {
   {"Worker with level 4 and chips", function() pto.Worker{level = 4, chips = 1} end, "pto.Worker: ", "add_worker"},
   {"add_worker of a Worker two levels down", function() pto.Worker{level = 5}:add_worker(pto.Worker{}) end,
    "Worker:add_worker: ", "level-4 Workers"},
+  {"Worker with a shm_size under 16 MiB", function() pto.Worker{shm_size = 4096} end, "pto.Worker: ",
+   "shm_size must be between"},
   {"add_worker of a table", function() pto.Worker{level = 4}:add_worker{level = 3} end, "Worker:add_worker: ",
    "expected a Worker"},
   {"add_worker of an initialised Worker", function() pto.Worker{level = 4}:add_worker(W) end, "Worker:add_worker: ",

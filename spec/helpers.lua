@@ -195,6 +195,22 @@ function M.alive(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == true
 end
 
+-- Gone: no /proc entry, or a zombie that is not ours to reap (reparented).
+function M.gone(pid)
+  local p = M.proc(pid)
+  return p == nil or ((p.state == "Z" or p.state == "X") and p.ppid ~= M.getpid())
+end
+
+-- Wait up to `secs` for pred() to hold (polling every 5 ms); returns whether it did.
+function M.eventually(pred, secs)
+  local deadline = pto.now() + secs
+  repeat
+    if pred() then return true end
+    os.execute("sleep 0.005")
+  until pto.now() > deadline
+  return pred()
+end
+
 -- Every process id in /proc.
 local function all_pids()
   local lfs = require "lfs"

@@ -12,13 +12,9 @@ local H = require "helpers"
 local now = pto.now
 local assert_error = H.assert_error
 
-local function args(list) return pto.args(list) end
+local args = pto.args
 
--- Gone: no /proc entry, or a zombie that is not ours to reap.
-local function gone(pid)
-  local p = H.proc(pid)
-  return p == nil or ((p.state == "Z" or p.state == "X") and p.ppid ~= H.getpid())
-end
+local eventually, gone = H.eventually, H.gone
 
 local function live_descendants()
   local out = {}
@@ -28,14 +24,6 @@ local function live_descendants()
   return out
 end
 
-local function eventually(pred, secs)
-  local deadline = now() + secs
-  repeat
-    if pred() then return true end
-    os.execute("sleep 0.005")
-  until now() > deadline
-  return pred()
-end
 
 local function assert_no_new_processes(before, what)
   local known = {}
@@ -353,6 +341,8 @@ describe("L5 -> L4 -> L3 -> chips", function()
     assert.equal(batch * MT, s.children[1].tasks_completed)
     local l3_tasks = s.children[1].children[1].tasks_completed + s.children[1].children[2].tasks_completed
     assert.equal(2 * batch * MT * NT * KT, l3_tasks)
+    local report = w5:stats_report()
+    assert.truthy(report:find("== L4 worker 1 / L3 worker 2 ==", 1, true), report)
     w5:close()
   end)
 end)

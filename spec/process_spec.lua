@@ -40,21 +40,7 @@ local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
 
 local function kill(sig, pid) return os.execute(("kill -%s %d 2>/dev/null"):format(sig, pid)) end
 
--- Wait up to `secs` for pred() to hold (polling every 5 ms); returns whether it did.
-local function eventually(pred, secs)
-  local deadline = now() + secs
-  repeat
-    if pred() then return true end
-    os.execute("sleep 0.005")
-  until now() > deadline
-  return pred()
-end
-
--- Gone: no /proc entry, or a zombie that is not ours to reap (reparented).
-local function gone(pid)
-  local p = H.proc(pid)
-  return p == nil or ((p.state == "Z" or p.state == "X") and p.ppid ~= H.getpid())
-end
+local eventually, gone = H.eventually, H.gone
 
 local function same_list(a, b)
   if #a ~= #b then return false end

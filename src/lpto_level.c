@@ -176,7 +176,8 @@ static void ser_value(lua_State *L, int idx, sbuf *b, int depth)
     }
 }
 
-/* Push the child Worker's statistics table with its report as field `report`. */
+/* Push the child Worker's statistics table (its children's inside). Reports
+ * are made from these tables when asked for, not after every task. */
 static int child_stats(lua_State *L)
 {
     wchild *C = lua_touserdata(L, 1);
@@ -184,10 +185,6 @@ static int child_stats(lua_State *L)
     lua_pushcfunction(L, lpto_worker_stats);
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
     lua_call(L, 1, 1);
-    lua_pushcfunction(L, lpto_worker_stats_report);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
-    lua_call(L, 1, 1);
-    lua_setfield(L, 1, "report");
     return 1;
 }
 
@@ -285,26 +282,86 @@ void lpto_level_stats(lua_State *L, lworker *W)
     lua_setfield(L, -2, "children");
 }
 
+static lua_Integer int_field(lua_State *L, int t, const char *k)
+{
+    lua_getfield(L, t, k);
+    lua_Integer v = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* The inverse of Worker:stats for what the report prints. */
+static void table_to_stats(lua_State *L, int t, pto_stats *st)
+{
+    memset(st, 0, sizeof *st);
+#define F(name) (st->name = int_field(L, t, #name))
+    F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
+    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
+#undef F
+    lua_getfield(L, t, "rings");
+    for (int r = 0; r < PTO_MAX_RING_DEPTH && lua_istable(L, -1); r++) {
+        lua_rawgeti(L, -1, r + 1);
+        int q = lua_gettop(L);
+        pto_ring_stats *rs = &st->rings[r];
+        rs->stalls = int_field(L, q, "stalls");
+        rs->hwm_bytes = (uint64_t)int_field(L, q, "hwm_bytes");
+        rs->capacity_bytes = (uint64_t)int_field(L, q, "capacity_bytes");
+        rs->used_bytes = (uint64_t)int_field(L, q, "used_bytes");
+        rs->live_slabs = int_field(L, q, "live_slabs");
+        lua_getfield(L, q, "stall_ms");
+        rs->stall_ns = (int64_t)(lua_tonumber(L, -1) * 1e6);
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+}
+
+/* Append to out the report of the statistics table at t (nil: none yet)
+ * under a header naming its path from the top ("L4 worker 1 / L3 worker 2"),
+ * then its children's, recursively. */
+static void add_report(lua_State *L, int t, const char *path, int pid, sbuf *out, int depth)
+{
+    char head[256];
+    if (pid > 0) snprintf(head, sizeof head, "\n== %s (pid %d) ==\n", path, pid);
+    else snprintf(head, sizeof head, "\n== %s ==\n", path);
+    sb_str(out, head);
+    if (!lua_istable(L, t)) {
+        sb_str(out, "(no statistics yet)\n");
+        return;
+    }
+    pto_stats st;
+    table_to_stats(L, t, &st);
+    int level = (int)int_field(L, t, "level");
+    int n = pto_format_stats(&st, level, NULL, 0);
+    char *text = malloc((size_t)n + 1);
+    if (text) {
+        pto_format_stats(&st, level, text, (size_t)n + 1);
+        sb_add(out, text, (size_t)n);
+        free(text);
+    }
+    lua_getfield(L, t, "children");
+    int kids = lua_gettop(L);
+    for (lua_Integer i = 1; depth < 16 && lua_istable(L, kids) && lua_rawgeti(L, kids, i) != LUA_TNIL; i++) {
+        lua_getfield(L, -1, "name");
+        lua_pushfstring(L, "%s / %s", path, lua_tostring(L, -1) ? lua_tostring(L, -1) : "child");
+        add_report(L, kids + 1, lua_tostring(L, -1), -1, out, depth + 1);
+        lua_settop(L, kids);
+    }
+    lua_settop(L, kids - 1);
+}
+
 void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b)
 {
+    sbuf out = {0};
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
         push_child_stats(L, C);
-        const char *rep = NULL;
-        if (lua_istable(L, -1)) {
-            lua_getfield(L, -1, "report");
-            rep = lua_tostring(L, -1);
-        } else {
-            lua_pushnil(L);
-        }
         int pid = C->process && W->state == W_READY ? pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i) : -1;
-        /* the box of b sits below: build the header apart, then add it */
-        if (pid > 0) lua_pushfstring(L, "\n== %s (pid %d) ==\n%s", C->s.name, pid, rep ? rep : "(no statistics yet)\n");
-        else lua_pushfstring(L, "\n== %s ==\n%s", C->s.name, rep ? rep : "(no statistics yet)\n");
-        lua_replace(L, -3);
+        add_report(L, lua_gettop(L), C->s.name, pid, &out, 0);
         lua_pop(L, 1);
-        luaL_addvalue(b);
     }
+    /* the stack is as the buffer left it: add the whole text at once */
+    if (out.p) luaL_addlstring(b, out.p, out.n);
+    free(out.p);
 }
 
 void lpto_level_pids(lua_State *L, lworker *W)

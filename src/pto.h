@@ -231,6 +231,8 @@ void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, co
 void pto_worker_stats(pto_worker *w, pto_stats *out);
 /* Print the flow-control report with sizing advice into buf; returns its length (like snprintf). */
 int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap);
+/* The same report for statistics st of a Worker of level (e.g. copied from another process). */
+int pto_format_stats(const pto_stats *st, int32_t level, char *buf, size_t cap);
 /* Base address of heap ring r (for tests and children). */
 void *pto_worker_ring_base(pto_worker *w, int32_t r);
 /* Number of next-level children / sub workers. */

@@ -48,10 +48,16 @@ int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap)
 {
     pto_stats st;
     pto_worker_stats(w, &st);
+    return pto_format_stats(&st, w ? w->cfg.level : 0, buf, cap);
+}
+
+int pto_format_stats(const pto_stats *s, int32_t level, char *buf, size_t cap)
+{
+    const pto_stats st = *s;
     out o = {buf, cap, 0};
     if (cap) buf[0] = 0;
     const char *rule = "================================================================================";
-    put(&o, "[PTO Flow Control Statistics] level %d\n%s\n\n", w ? w->cfg.level : 0, rule);
+    put(&o, "[PTO Flow Control Statistics] level %d\n%s\n\n", level, rule);
     put(&o, "Tasks: %lld submitted, %lld completed, %lld failed; %lld allocs; %lld runs\n\n",
         (long long)st.tasks_submitted, (long long)st.tasks_completed, (long long)st.tasks_failed,
         (long long)st.allocs, (long long)st.runs);

@@ -25,6 +25,16 @@
 
 static const char STATE_KEY = 'T';
 
+/* A table whose keys do not keep Workers alive. */
+static void push_weak_keys(lua_State *L)
+{
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+}
+
 static void push_state(lua_State *L)
 {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY) == LUA_TTABLE) return;
@@ -38,17 +48,9 @@ static void push_state(lua_State *L)
     lua_setfield(L, -2, "dags");
     lua_newtable(L);
     lua_setfield(L, -2, "pending");
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
+    push_weak_keys(L);
     lua_setfield(L, -2, "dotrec");
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
+    push_weak_keys(L);
     lua_setfield(L, -2, "serials");
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Lock order, coarse to fine, for every lock the engine takes: callable
  * registry (chip reg_lock, the ship table's mutex) -> worker manager ->
@@ -117,6 +118,7 @@ int pto_worker_init(pto_worker *w)
         pto_wm_stop(&w->wm);
         return -1;
     }
+    w->owner = getpid();
     w->inited = true;
     return 0;
 }
@@ -185,6 +187,9 @@ void pto_worker_shutdown(pto_worker *w)
 void pto_worker_close(pto_worker *w)
 {
     if (!w) return;
+    /* A forked copy (a child's garbage collector, say) has none of the
+     * threads to join nor the children to stop: leave the original alone. */
+    if (w->inited && w->owner != getpid()) return;
     pto_worker_shutdown(w);
     if (w->inited) {
         pto_sched_stop(&w->sched);

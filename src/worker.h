@@ -6,6 +6,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/types.h>
 #include "orchestrator.h"
 #include "ring.h"
 #include "scheduler.h"
@@ -18,6 +19,7 @@ struct pto_worker {
     pto_scheduler sched;
     struct pto_orch orch;
     bool inited;
+    pid_t owner;                  /* the process whose threads and children these are (init's) */
     _Atomic bool shutdown;
     _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;

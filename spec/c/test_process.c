@@ -264,6 +264,25 @@ static void test_thread_mode_has_no_children(void)
     pto_worker_close(w);
 }
 
+/* A forked copy of an initialised Worker has none of its threads: closing
+ * it there must return at once and leave the original working. */
+static void test_close_in_forked_copy(void)
+{
+    pto_worker *w = tu_worker(1, 1, tu_gate_leaf, NULL, 1 << 20, 1000);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5);
+        pto_worker_close(w);
+        _exit(0);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(pto_run_begin(w) != NULL);
+    CHECK_EQ(pto_run_end(w), 0);
+    pto_worker_close(w);
+}
+
 static void test_results_through_shared_memory(void)
 {
     int fds = count_fds();
@@ -809,6 +828,7 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "--doomed-parent") == 0) doomed_parent(atoi(argv[2]));
     SH = pto_shm_alloc(sizeof *SH);
     RUN(test_thread_mode_has_no_children);
+    RUN(test_close_in_forked_copy);
     RUN(test_results_through_shared_memory);
     RUN(test_dag_many_tasks);
     RUN(test_leaf_error_keeps_child);

@@ -223,6 +223,12 @@ static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, 
             pto_set_error("%s: interrupted while waiting for heap ring %d", who, r);
             break;
         }
+        if (pto_sched_stalled_by_hold(o->sched)) {
+            pto_set_error("%s: heap ring %d is full (%llu of %llu bytes) and dispatch is held (:hold or :break), so "
+                          "no task can finish to free it: :step or :release dispatch first, or drain",
+                          who, r, (unsigned long long)ring->used, (unsigned long long)ring->size);
+            break;
+        }
         uint64_t now = pto_now_ns();
         if (now - last_progress >= timeout) {
             pto_set_error("%s: HeapRing exhausted: heap ring %d had no room for %llu bytes for %u ms (%llu of %llu "
@@ -434,7 +440,8 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     size_t need = (q->n > 1 ? sizeof(pto_member) * (size_t)q->n : 0) +
                   (total_tensors > PTO_SLOT_INLINE_TENSORS ? sizeof(pto_tensor) * (size_t)total_tensors : 0) +
                   (total_scalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)total_scalars : 0) +
-                  (o->ntmp > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)o->ntmp : 0);
+                  (o->ntmp > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)o->ntmp : 0) +
+                  (total_tensors > PTO_SLOT_INLINE_TENSORS ? (size_t)total_tensors : 0);
     uint8_t *buf = need ? pto_slot_buf(s, need) : NULL;
     if (q->n > 1) {
         s->members = (pto_member *)buf;
@@ -450,7 +457,11 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         scalars = (uint64_t *)buf;
         buf += 8 * (size_t)total_scalars;
     }
-    if (o->ntmp > PTO_SLOT_INLINE_REFS) s->refs = (pto_ref *)buf;
+    if (o->ntmp > PTO_SLOT_INLINE_REFS) {
+        s->refs = (pto_ref *)buf;
+        buf += sizeof(pto_ref) * (size_t)o->ntmp;
+    }
+    uint8_t *tags = total_tensors > PTO_SLOT_INLINE_TENSORS ? buf : s->inl_tags;   /* last: no alignment needed */
     if (o->ntmp) memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
     s->nrefs = o->ntmp;
 
@@ -463,6 +474,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         mb->scalar_count = a->scalar_count;
         mb->tensors = tensors;
         mb->scalars = scalars;
+        mb->tags = tags;
         mb->pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
         for (int32_t i = 0; i < a->tensor_count; i++) {
             if (!a->tensors[i].base) {
@@ -474,7 +486,9 @@ static int64_t submit(pto_orch *o, const submit_req *q)
             tensors[i] = a->tensors[i];
         }
         if (a->scalar_count) memcpy(scalars, a->scalars, 8 * (size_t)a->scalar_count);
+        if (a->tensor_count) memcpy(tags, a->tags, (size_t)a->tensor_count);
         tensors += a->tensor_count;
+        tags += a->tensor_count;
         scalars += a->scalar_count;
     }
     if (auto_bytes) {
@@ -587,6 +601,8 @@ int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dty
     s->inl_tensors[0] = t;
     s->member0.tensor_count = 1;
     s->member0.tensors = s->inl_tensors;
+    s->inl_tags[0] = PTO_OUTPUT;
+    s->member0.tags = s->inl_tags;
     /* Born COMPLETED with its self-release done (seed 000 §8b). */
     atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 1), memory_order_relaxed);
     atomic_store_explicit(&s->state, PTO_TASK_COMPLETED, memory_order_release);
@@ -643,9 +659,12 @@ static bool all_finished(void *arg)
     return orch_has_work(o) || atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
 }
 
+/* A drain runs everything submitted, held dispatch included: the gate stays
+ * open while it waits, so no hold or breakpoint can hang it. */
 static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
 {
     bool ok = true;
+    pto_sched_draining(o->sched, true);
     atomic_store_explicit(&o->waiting_for, why, memory_order_seq_cst);
     while (!done(o)) {
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
@@ -656,6 +675,7 @@ static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
         drain_retired(o);
     }
     atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
+    pto_sched_draining(o->sched, false);
     return ok;
 }
 
@@ -688,6 +708,7 @@ bool pto_orch_begin(pto_orch *o)
     o->submitted = 0;
     atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);
+    atomic_store(&o->sched->break_task, -1);   /* ids restart */
     pto_scope_push(&o->scope);
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_run_begin(tr);
@@ -759,7 +780,35 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     info->slab_offset = s->slab_off;
     info->slab_bytes = s->slab_bytes;
     info->error = atomic_load_explicit(&s->failed, memory_order_acquire) ? s->error : NULL;
+    info->worker = s->kind >= 0 ? atomic_load_explicit(&s->worker, memory_order_relaxed) : -1;
     return 0;
+}
+
+int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap)
+{
+    if (!check_open(o, "orch:task")) return -1;
+    pto_slot *s = id >= 0 && id < o->pool.next_id ? pto_slot_get(&o->pool, id) : NULL;
+    if (!s || member < 0 || member >= s->group_size) return -1;
+    const pto_member *m = &s->members[member];
+    for (int32_t i = 0; i < m->tensor_count && i < cap; i++) {
+        if (tensors) tensors[i] = m->tensors[i];
+        if (tags) tags[i] = m->tags[i];
+    }
+    return m->tensor_count;
+}
+
+int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap)
+{
+    if (!check_open(o, "orch:tensormap")) return -1;
+    int64_t n = 0;
+    const pto_tensormap *m = &o->tm;
+    for (uint32_t c = 0; c <= m->mask; c++) {
+        const pto_tm_base *b = &m->cells[c];
+        for (int32_t i = 0; b->base && i < b->count; i++, n++)
+            if (n < cap) out[n] = (pto_tm_item){b->base, b->entries[i].start, b->entries[i].end,
+                                                b->entries[i].producer->id};
+    }
+    return n;
 }
 
 int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap)

@@ -179,7 +179,33 @@ typedef struct pto_task_info {
     uint64_t slab_offset;
     uint64_t slab_bytes;
     const char *error;           /* NULL unless failed; valid until next run */
+    int32_t worker;              /* index of the worker that took it (a group: its member 0), -1 before */
 } pto_task_info;
+
+/* One TensorMap entry: bytes [start, end) of storage base were last written by task producer. */
+typedef struct pto_tm_item {
+    uint64_t base;
+    uint64_t start;
+    uint64_t end;
+    int64_t producer;
+} pto_tm_item;
+
+/* Dispatch control for interactive debugging (the REPL's :hold, :step, :break). */
+typedef struct pto_dispatch_state {
+    int32_t held;                /* 1 while ready tasks wait for a step or release */
+    int32_t breakpoints;         /* callables that hold dispatch before their tasks */
+    int64_t step_left;           /* tasks a step may still let through */
+    int64_t break_task;          /* the task a breakpoint last stopped in this run, or -1 */
+    int64_t running;             /* tasks dispatched and not finished */
+} pto_dispatch_state;
+
+/* One child of a Worker, now. */
+typedef struct pto_child_info {
+    int32_t pid;                 /* PROCESS mode: its process (-1 while it is being replaced); 0 in THREAD mode */
+    int32_t reserved;
+    int64_t current_task;        /* the task it is running, or -1 when idle */
+    int64_t tasks_run;           /* tasks (group members) it ran since init */
+} pto_child_info;
 
 typedef struct pto_worker pto_worker;
 typedef struct pto_orch pto_orch;
@@ -237,6 +263,19 @@ int pto_format_stats(const pto_stats *st, int32_t level, char *buf, size_t cap);
 void *pto_worker_ring_base(pto_worker *w, int32_t r);
 /* Number of next-level children / sub workers. */
 int pto_worker_count(pto_worker *w, int32_t kind);
+/* Fill out for child index of kind; 0, or -1 if there is no such child. */
+int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
+
+/* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain still runs everything. 0 or -1. */
+int pto_dispatch_hold(pto_worker *w, int32_t hold);
+/* While dispatch is held: let the next n ready tasks go, including tasks that become ready meanwhile. 0, or -1 if not held. */
+int pto_dispatch_step(pto_worker *w, int64_t n);
+/* Hold dispatch before any task of (kind, callable) would dispatch (on = 1), or remove that breakpoint (on = 0; callable UINT64_MAX removes all). Returns the number set, or -1. */
+int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t on);
+/* Wait at most timeout_ms until nothing runs and nothing more may dispatch (a held Worker's step is spent or has nothing left to run; it is then dropped). 1 when quiet, 0 on timeout, -1 on error. */
+int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms);
+/* Copy the dispatch-control state into out. */
+void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
 
 /* Submit one task for a next-level child; worker >= 0 pins it. Returns the task id or -1. */
 int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args,
@@ -265,6 +304,10 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info);
 int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap);
 /* Number of task ids handed out in the current run (ids are 0 .. n-1). */
 int64_t pto_task_count(pto_orch *o);
+/* Copy member's tensors and tags of task id (at most cap of each; either may be NULL); returns its tensor count, or -1 if the task is reclaimed or unknown. */
+int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap);
+/* Copy at most cap live TensorMap entries into out; returns how many there are, or -1 outside a run. */
+int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap);
 
 /* ---- tracing (trace.c, docs/tracing.md) ----
  * Call these from the thread that runs w's runs, never two at once. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The scheduler spins this long for new work before it sleeps. */
 #define SCHED_SPIN_NS 20000
@@ -13,7 +14,9 @@ void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 {
     memset(s, 0, sizeof *s);
     s->wm = wm;
+    atomic_init(&s->break_task, -1);
     pthread_mutex_init(&s->fail_mu, NULL);
+    pthread_mutex_init(&s->gate_mu, NULL);
 }
 
 void pto_sched_destroy(pto_scheduler *s)
@@ -22,7 +25,9 @@ void pto_sched_destroy(pto_scheduler *s)
     free(s->first_failure);
     for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
     free(s->names);
+    free(s->breaks);
     pthread_mutex_destroy(&s->fail_mu);
+    pthread_mutex_destroy(&s->gate_mu);
 }
 
 void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
@@ -185,9 +190,18 @@ static bool wire_all(pto_scheduler *s)
     return true;
 }
 
-static void send(pto_worker_thread *wt, pto_slot *slot, int32_t member)
+/* Only the scheduler thread writes `running`; others read it. */
+static void running_add(pto_scheduler *s, int64_t d)
 {
+    atomic_store_explicit(&s->nrunning, atomic_load_explicit(&s->nrunning, memory_order_relaxed) + d,
+                          memory_order_release);
+}
+
+static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_t member)
+{
+    atomic_store_explicit(&slot->worker, wt->index, memory_order_relaxed);
     atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
+    running_add(s, 1);
     pto_wt_send(wt, slot, member);
 }
 
@@ -259,23 +273,144 @@ static void cancel_ready(pto_scheduler *s)
     finish_all(s);
 }
 
+/* ---- dispatch control ---- */
+
+static bool is_break(pto_scheduler *s, const pto_slot *slot)
+{
+    bool hit = false;
+    pthread_mutex_lock(&s->gate_mu);
+    for (int32_t i = 0; i < s->nbreaks && !hit; i++)
+        hit = s->breaks[i].kind == slot->kind && s->breaks[i].callable == slot->callable;
+    pthread_mutex_unlock(&s->gate_mu);
+    return hit;
+}
+
+/* Whether slot, about to be dispatched, may go. A breakpoint stops a task
+ * once: after a :step or :release it passes. A step is spent only here, on
+ * a task that has its worker. */
+static bool gate_pass(pto_scheduler *s, const pto_slot *slot)
+{
+    if (!atomic_load(&s->held)) {
+        if (atomic_load(&s->break_task) == slot->id || !is_break(s, slot)) return true;
+        atomic_store(&s->break_task, slot->id);
+        atomic_store(&s->step_left, 0);
+        atomic_store(&s->held, true);
+        return false;
+    }
+    if (atomic_load(&s->step_left) <= 0) return false;
+    atomic_fetch_sub(&s->step_left, 1);
+    return true;
+}
+
+static void gate_changed(pto_scheduler *s)
+{
+    atomic_fetch_add(&s->gate_gen, 1);
+    pto_event_notify(&s->ev);
+}
+
+static void gate_update(pto_scheduler *s)
+{
+    atomic_store(&s->gated, atomic_load(&s->held) || s->nbreaks > 0);
+    gate_changed(s);
+}
+
+void pto_sched_hold(pto_scheduler *s, bool hold)
+{
+    pthread_mutex_lock(&s->gate_mu);
+    atomic_store(&s->step_left, 0);
+    atomic_store(&s->held, hold);
+    gate_update(s);
+    pthread_mutex_unlock(&s->gate_mu);
+}
+
+void pto_sched_step(pto_scheduler *s, int64_t n)
+{
+    atomic_fetch_add(&s->step_left, n);
+    gate_changed(s);
+}
+
+int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool on)
+{
+    pthread_mutex_lock(&s->gate_mu);
+    int32_t i = 0;
+    while (i < s->nbreaks && !(s->breaks[i].kind == kind && s->breaks[i].callable == callable)) i++;
+    if (on && i == s->nbreaks) {
+        pto_grow((void **)&s->breaks, &s->breaks_cap, s->nbreaks + 1, sizeof *s->breaks);
+        s->breaks[s->nbreaks++] = (pto_break){kind, callable};
+    } else if (!on && callable == UINT64_MAX) {
+        s->nbreaks = 0;
+    } else if (!on && i < s->nbreaks) {
+        s->breaks[i] = s->breaks[--s->nbreaks];
+    }
+    int32_t n = s->nbreaks;
+    gate_update(s);
+    pthread_mutex_unlock(&s->gate_mu);
+    return n;
+}
+
+void pto_sched_draining(pto_scheduler *s, bool on)
+{
+    atomic_store(&s->draining, on);
+    gate_changed(s);
+}
+
+bool pto_sched_stalled_by_hold(pto_scheduler *s)
+{
+    return atomic_load(&s->gated) && atomic_load(&s->held) && !atomic_load(&s->draining) &&
+           atomic_load(&s->step_left) <= 0 && atomic_load(&s->nrunning) == 0;
+}
+
+/* At an idle point of the scheduler: answer a pending pto_sched_wait_quiet
+ * if nothing runs and nothing more may dispatch. A step budget that finds
+ * nothing left to run is dropped, so it cannot release tasks submitted later. */
+static void answer_quiet(pto_scheduler *s)
+{
+    uint64_t req = atomic_load(&s->quiet_req);
+    if (req == atomic_load_explicit(&s->quiet_ack, memory_order_relaxed)) return;
+    s->quiet_seen = req;
+    if (atomic_load_explicit(&s->nrunning, memory_order_relaxed) != 0 ||
+        atomic_load_explicit(&s->wire_head, memory_order_relaxed))
+        return;
+    bool held = atomic_load(&s->held) && !atomic_load(&s->draining);
+    if (s->ready_len != 0 && !(held && atomic_load(&s->step_left) <= 0)) return;
+    if (held) atomic_store(&s->step_left, 0);
+    atomic_store(&s->quiet_ack, req);
+}
+
+bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms)
+{
+    uint64_t req = atomic_fetch_add(&s->quiet_req, 1) + 1;
+    pto_event_notify(&s->ev);
+    uint64_t deadline = pto_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (atomic_load(&s->quiet_ack) < req) {
+        if (pto_now_ns() >= deadline) return false;
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
 static void dispatch_ready(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
+    s->gate_seen = atomic_load(&s->gate_gen);
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed)) {
         cancel_ready(s);
         return;
     }
+    bool gated = atomic_load_explicit(&s->gated, memory_order_relaxed) &&
+                 !atomic_load_explicit(&s->draining, memory_order_relaxed);
     for (int32_t kind = 0; kind < 2; kind++) {
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];
             while (wt->pin_head && wt->inflight < wm->depth) {
+                if (gated && !gate_pass(s, wt->pin_head)) break;
                 pto_ready_queue q = {wt->pin_head, wt->pin_tail};
                 pto_slot *slot = queue_pop(&q);
                 wt->pin_head = q.head;
                 wt->pin_tail = q.tail;
                 s->ready_len--;
-                send(wt, slot, 0);
+                send(s, wt, slot, 0);
             }
         }
         pto_ready_queue *q = &s->ready[kind];
@@ -284,15 +419,19 @@ static void dispatch_ready(pto_scheduler *s)
             if (slot->group_size == 1) {
                 pto_worker_thread *wt = pick(s, kind);
                 if (!wt) break;           /* head-of-line: this kind is saturated */
+                if (gated && !gate_pass(s, slot)) break;
                 queue_pop(q);
                 s->ready_len--;
-                send(wt, slot, 0);
+                send(s, wt, slot, 0);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;
+                if (gated && !gate_pass(s, slot)) break;
                 queue_pop(q);
                 s->ready_len--;
+                atomic_store_explicit(&slot->worker, wts[0]->index, memory_order_relaxed);
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
+                running_add(s, 1);
                 for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m);
             }
         }
@@ -339,6 +478,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
         atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
     }
     if (x->group_size > 1 && ++x->members_done < x->group_size) return;
+    running_add(s, -1);
     work_push(s, x);
     finish_all(s);
 }
@@ -372,6 +512,9 @@ static bool sched_has_work(void *arg)
         !atomic_load_explicit(&s->running, memory_order_relaxed))
         return true;
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && s->ready_len) return true;
+    if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != s->quiet_seen ||
+        atomic_load_explicit(&s->gate_gen, memory_order_relaxed) != s->gate_seen)
+        return true;
     for (int32_t kind = 0; kind < 2; kind++)
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
             pto_worker_thread *wt = s->wm->threads[kind][i];
@@ -390,6 +533,7 @@ static void *sched_main(void *arg)
         dispatch_ready(s);
         bool done = complete_all(s);
         if (wired || done) continue;
+        answer_quiet(s);
         pto_event_wait(&s->ev, sched_has_work, s, SCHED_SPIN_NS, -1);
     }
     return NULL;

@@ -49,6 +49,22 @@ typedef struct pto_scheduler {
      * yet dispatched fail instead of running, so the run drains quickly. */
     _Atomic bool cancel;
 
+    /* Dispatch control (the REPL's :hold, :step, :break). The hot path reads
+     * only `gated`, false unless dispatch is held or a breakpoint is set;
+     * `draining` opens the gate while a drain waits, so a drain never hangs
+     * on a hold. */
+    _Atomic bool gated, held, draining;
+    _Atomic int64_t step_left;              /* tasks a :step may still let through */
+    _Atomic int64_t break_task;             /* last task stopped by a breakpoint: it passes next time */
+    _Atomic int64_t nrunning;               /* dispatched, not finished (written by this thread only) */
+    _Atomic uint64_t quiet_req, quiet_ack;  /* pto_sched_wait_quiet's request and this thread's answer */
+    uint64_t quiet_seen;                    /* scheduler-only */
+    _Atomic uint32_t gate_gen;              /* bumped by every change above: the scheduler wakes to look */
+    uint32_t gate_seen;                     /* scheduler-only */
+    pthread_mutex_t gate_mu;                /* breaks */
+    struct pto_break *breaks;
+    int32_t nbreaks, breaks_cap;
+
     /* Names of callables for failure messages (pto_worker_name_callable);
      * read only on the failure path, under fail_mu. */
     struct pto_callable_name *names;
@@ -61,6 +77,11 @@ typedef struct pto_callable_name {
     char *name;
 } pto_callable_name;
 
+typedef struct pto_break {
+    int32_t kind;
+    uint64_t callable;
+} pto_break;
+
 void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
 bool pto_sched_start(pto_scheduler *s);
 void pto_sched_stop(pto_scheduler *s);
@@ -71,5 +92,17 @@ void pto_sched_submit(pto_scheduler *s, struct pto_slot *slot);
 char *pto_sched_take_failure(pto_scheduler *s);
 /* Remember a display name for (kind, callable); replaces an earlier one. */
 void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, const char *name);
+
+/* Dispatch control (see pto_dispatch_* in pto.h). */
+void pto_sched_hold(pto_scheduler *s, bool hold);
+void pto_sched_step(pto_scheduler *s, int64_t n);
+/* Add (on) or remove a breakpoint; remove with callable UINT64_MAX drops all. Returns how many are set. */
+int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool on);
+/* Orchestrator side: open the gate while a drain waits (on), close it after. */
+void pto_sched_draining(pto_scheduler *s, bool on);
+/* Wait until nothing runs and nothing more may dispatch; false after timeout_ms. */
+bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms);
+/* True when dispatch is held with nothing running: no task can finish until a step or release. */
+bool pto_sched_stalled_by_hold(pto_scheduler *s);
 
 #endif

@@ -99,6 +99,7 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->scope_held = false;
     s->ring = -1;
     s->group_size = 1;
+    atomic_store_explicit(&s->worker, -1, memory_order_relaxed);
     s->callable = 0;
     s->cfg = NULL;
     s->members = &s->member0;

@@ -39,6 +39,7 @@ typedef struct pto_member {
     int32_t scalar_count;
     pto_tensor *tensors;
     uint64_t *scalars;
+    uint8_t *tags;        /* as submitted: kept for inspection (pto_task_tensors) */
     int32_t pin;          /* worker index, or -1 for any */
 } pto_member;
 
@@ -55,6 +56,7 @@ struct pto_slot {
     bool scope_held;                  /* orchestrator: its scope has not ended */
     int8_t ring;                      /* heap ring of its slab, -1 if none */
     int32_t group_size;
+    _Atomic int32_t worker;           /* scheduler: index of the worker that took it (member 0), -1 before */
     uint64_t callable;
     pto_cfg_ref *cfg;
 
@@ -96,6 +98,7 @@ struct pto_slot {
     size_t buf_cap;
     pto_tensor inl_tensors[PTO_SLOT_INLINE_TENSORS];
     uint64_t inl_scalars[PTO_SLOT_INLINE_SCALARS];
+    uint8_t inl_tags[PTO_SLOT_INLINE_TENSORS];
     pto_ref inl_refs[PTO_SLOT_INLINE_REFS];
 };
 

@@ -245,3 +245,79 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
     pto_proc *p = atomic_load(&w->wm.proc);
     return c && p ? pto_proc_child_pid(p, c->slot) : -1;
 }
+
+int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
+{
+    if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) {
+        pto_set_error("Worker:child_info: no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);
+        return -1;
+    }
+    const pto_worker_thread *wt = w->wm.threads[kind][index];
+    memset(out, 0, sizeof *out);
+    out->pid = w->cfg.mode == PTO_MODE_PROCESS ? pto_worker_child_pid(w, kind, index) : 0;
+    out->current_task = atomic_load_explicit(&wt->current_task, memory_order_relaxed);
+    out->tasks_run = atomic_load_explicit(&wt->tasks_run, memory_order_relaxed);
+    return 0;
+}
+
+/* ---- dispatch control ---- */
+
+static bool dispatch_check(pto_worker *w, const char *who)
+{
+    if (w && w->inited && !atomic_load(&w->shutdown)) return true;
+    pto_set_error("%s: the Worker is not initialised (call Worker:init first) or is shut down", who);
+    return false;
+}
+
+int pto_dispatch_hold(pto_worker *w, int32_t hold)
+{
+    if (!dispatch_check(w, "Worker:hold")) return -1;
+    pto_sched_hold(&w->sched, hold != 0);
+    return 0;
+}
+
+int pto_dispatch_step(pto_worker *w, int64_t n)
+{
+    if (!dispatch_check(w, "Worker:step")) return -1;
+    if (n < 1) {
+        pto_set_error("Worker:step: the number of tasks to step must be at least 1 (got %lld)", (long long)n);
+        return -1;
+    }
+    if (!atomic_load(&w->sched.held)) {
+        pto_set_error("Worker:step: dispatch is not held, so every ready task already runs; hold it first "
+                      "(Worker:hold or :hold)");
+        return -1;
+    }
+    pto_sched_step(&w->sched, n);
+    return 0;
+}
+
+int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t on)
+{
+    if (!w) return -1;
+    if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
+        pto_set_error("Worker:break: unknown worker kind %d", kind);
+        return -1;
+    }
+    return pto_sched_break(&w->sched, kind, callable, on != 0);
+}
+
+int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms)
+{
+    if (!dispatch_check(w, "Worker:wait")) return -1;
+    return pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms) ? 1 : 0;
+}
+
+void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!w) return;
+    pto_scheduler *s = &w->sched;
+    pthread_mutex_lock(&s->gate_mu);
+    out->breakpoints = s->nbreaks;
+    pthread_mutex_unlock(&s->gate_mu);
+    out->held = atomic_load(&s->held);
+    out->step_left = atomic_load(&s->step_left);
+    out->break_task = atomic_load(&s->break_task);
+    out->running = atomic_load(&s->nrunning);
+}

@@ -344,6 +344,160 @@ static void test_misuse(void)
     pto_worker_close(w);
 }
 
+static int ran_count(const int *ids, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) k += atomic_load(&ran[ids[i]]);
+    return k;
+}
+
+static int task_state(pto_orch *o, int64_t id)
+{
+    pto_task_info info;
+    return pto_task_info_get(o, id, &info) == 0 ? info.state : -1;
+}
+
+/* Hold, step, release and breakpoints (the REPL's :hold/:step/:break). */
+static void test_dispatch_control(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_dispatch_state st;
+    const uint8_t OUT[] = {PTO_OUTPUT}, IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
+    CHECK(pto_dispatch_step(w, 1) < 0);
+    CHECK_CONTAINS(pto_errmsg(), "not held");
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    pto_orch *o = pto_run_begin(w);
+    int64_t a = sub1(o, CALL(120, ACT_RUN), 1, (int[]){0}, OUT, -1);
+    int64_t b = sub1(o, CALL(121, ACT_RUN), 2, (int[]){0, 1}, IN_OUT, -1);
+    int64_t c = sub1(o, CALL(122, ACT_RUN), 2, (int[]){1, 2}, IN_OUT, -1);
+    int64_t d = sub1(o, CALL(123, ACT_RUN), 1, (int[]){3}, OUT, -1);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(ran_count((int[]){120, 121, 122, 123}, 4), 0);
+    CHECK_EQ(task_state(o, a), PTO_TASK_READY);
+    CHECK_EQ(task_state(o, b), PTO_TASK_PENDING);
+    CHECK_EQ(task_state(o, d), PTO_TASK_READY);
+    /* one step: the oldest ready task, and only it */
+    CHECK_EQ(pto_dispatch_step(w, 1), 0);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(atomic_load(&ran[120]), 1);
+    CHECK_EQ(ran_count((int[]){121, 122, 123}, 3), 0);
+    CHECK_EQ(task_state(o, a), PTO_TASK_COMPLETED);
+    CHECK_EQ(task_state(o, b), PTO_TASK_READY);
+    pto_task_info info;
+    CHECK_EQ(pto_task_info_get(o, a, &info), 0);
+    CHECK(info.worker == 0 || info.worker == 1);
+    CHECK_EQ(pto_task_info_get(o, c, &info), 0);
+    CHECK_EQ(info.worker, -1);
+    /* two steps: both ready tasks, not the one they make ready */
+    CHECK_EQ(pto_dispatch_step(w, 2), 0);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(ran_count((int[]){121, 123}, 2), 2);
+    CHECK_EQ(atomic_load(&ran[122]), 0);
+    /* a step larger than what is left runs the rest and is then dropped */
+    CHECK_EQ(pto_dispatch_step(w, 5), 0);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(atomic_load(&ran[122]), 1);
+    pto_dispatch_get(w, &st);
+    CHECK_EQ(st.held, 1);
+    CHECK_EQ(st.step_left, 0);
+    CHECK_EQ(st.running, 0);
+    int64_t e = sub1(o, CALL(124, ACT_RUN), 1, (int[]){4}, OUT, -1);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(atomic_load(&ran[124]), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(atomic_load(&ran[124]), 1);
+    CHECK_EQ(task_state(o, e), PTO_TASK_COMPLETED);
+
+    /* a breakpoint holds everything before its callable's task, once */
+    CHECK_EQ(pto_dispatch_break(w, PTO_NEXT_LEVEL, CALL(125, ACT_RUN), 1), 1);
+    int64_t f = sub1(o, CALL(125, ACT_RUN), 1, (int[]){5}, OUT, -1);
+    sub1(o, CALL(126, ACT_RUN), 1, (int[]){6}, OUT, -1);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    pto_dispatch_get(w, &st);
+    CHECK_EQ(st.held, 1);
+    CHECK_EQ(st.break_task, f);
+    CHECK_EQ(st.breakpoints, 1);
+    CHECK_EQ(ran_count((int[]){125, 126}, 2), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(ran_count((int[]){125, 126}, 2), 2);
+    sub1(o, CALL(125, ACT_RUN), 1, (int[]){7}, OUT, -1);   /* the same callable stops again */
+    CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
+    CHECK_EQ(atomic_load(&ran[125]), 1);
+    /* the run's end drains through a hold */
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&ran[125]), 2);
+    pto_dispatch_get(w, &st);
+    CHECK_EQ(st.held, 1);
+    CHECK_EQ(pto_dispatch_break(w, PTO_NEXT_LEVEL, UINT64_MAX, 0), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    /* released: an ordinary run */
+    o = pto_run_begin(w);
+    sub1(o, CALL(125, ACT_RUN), 1, (int[]){0}, OUT, -1);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&ran[125]), 3);
+    pto_worker_close(w);
+}
+
+/* A submit that needs ring space only held tasks could free fails at once. */
+static void test_ring_full_while_held(void)
+{
+    reset();
+    pto_worker *w = make(1, 0);
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    pto_orch *o = pto_run_begin(w);
+    uint64_t t0 = tu_now_ms();
+    int64_t last = 0;
+    for (int i = 0; i < 4 && last >= 0; i++) {
+        pto_scope_begin(o);
+        pto_tensor t = tu_tensor(0, 0, 100 * 1024);   /* 400 KiB, allocated by the submit */
+        pto_task_args a = {.tensor_count = 1, .tensors = &t, .tags = (uint8_t[]){PTO_OUTPUT}};
+        last = pto_submit_next_level(o, CALL(130 + i, ACT_RUN), &a, NULL, -1);
+        pto_scope_end(o);
+    }
+    CHECK(last < 0);
+    CHECK_CONTAINS(pto_errmsg(), "dispatch is held");
+    CHECK(tu_now_ms() - t0 < 2000);   /* not after alloc_timeout_ms */
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(ran_count((int[]){130, 131}, 2), 2);
+    pto_worker_close(w);
+}
+
+/* What :task and :tensormap show: tensors with tags, live TensorMap entries. */
+static void test_inspection(void)
+{
+    reset();
+    pto_worker *w = make(1, 0);
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t TAGS[] = {PTO_INPUT, PTO_INOUT, PTO_OUTPUT, PTO_NO_DEP, PTO_OUTPUT_EXISTING};
+    int64_t p = sub1(o, CALL(140, ACT_RUN), 5, (int[]){0, 1, 2, 3, 4}, TAGS, -1);
+    pto_tensor ts[8];
+    uint8_t tg[8];
+    CHECK_EQ(pto_task_tensors(o, p, 0, ts, tg, 8), 5);
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ(tg[i], TAGS[i]);
+        CHECK_EQ(ts[i].base, (uint64_t)(uintptr_t)bufs[i]);
+    }
+    CHECK_EQ(pto_task_tensors(o, p, 1, ts, tg, 8), -1);
+    CHECK_EQ(pto_task_tensors(o, 99, 0, ts, tg, 8), -1);
+    pto_tm_item items[8];
+    CHECK_EQ(pto_tensormap_list(o, items, 8), 3);   /* INOUT, OUTPUT, OUTPUT_EXISTING */
+    for (int i = 0; i < 3; i++) CHECK_EQ(items[i].producer, p);
+    pto_child_info ci;
+    CHECK_EQ(pto_worker_child_info(w, PTO_NEXT_LEVEL, 0, &ci), 0);
+    CHECK_EQ(ci.current_task, -1);
+    CHECK_EQ(ci.pid, 0);
+    CHECK(pto_worker_child_info(w, PTO_SUB, 0, &ci) < 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(pto_tensormap_list(o, items, 8), -1);
+    CHECK_EQ(pto_worker_child_info(w, PTO_NEXT_LEVEL, 0, &ci), 0);
+    CHECK_EQ(ci.tasks_run, 1);
+    pto_worker_close(w);
+}
+
 int main(void)
 {
     RUN(test_diamond);
@@ -355,5 +509,8 @@ int main(void)
     RUN(test_consumer_waits_for_failing_group);
     RUN(test_interrupt);
     RUN(test_misuse);
+    RUN(test_dispatch_control);
+    RUN(test_ring_full_while_held);
+    RUN(test_inspection);
     return tu_finish();
 }

@@ -49,7 +49,7 @@ local args3 = function() return pto.args{t4(), t4(), {t4(), "out"}} end
 
 local CLOSED = "create a new one with pto.Worker"
 local HANDLE = "handle returned by Worker:register"
-local ENDED = "valid only inside the function given to Worker:run"
+local ENDED = "valid only while its run lasts"
 local DTYPES = "use one of \"f32\""
 local TAGS = "use pto.INPUT, pto.OUTPUT"
 

@@ -93,6 +93,7 @@ int lpto_error(lua_State *L, const char *who, const char *fmt, ...)
 void lpto_interrupt(void)
 {
     lpto_interrupt_all();
+    lpto_debug_interrupted();
 }
 
 /* ---- module ----------------------------------------------------------------------- */
@@ -177,5 +178,6 @@ int luaopen_pto(lua_State *L)
     load_lua_part(L, "pto.args");
     load_lua_part(L, "pto.inspect");
     lpto_open_trace(L);
+    lpto_open_debug(L);
     return 1;
 }

@@ -20,8 +20,8 @@ static lorch *check_orch(lua_State *L, int idx, const char *who)
     if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
                        luaL_typename(L, idx));
     if (!O->valid)
-        lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only inside the function "
-                           "given to Worker:run, while that run lasts");
+        lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only while its run lasts "
+                           "(inside the function given to Worker:run, or from Worker:open_run to Worker:close_run)");
     if (!pthread_equal(O->thread, pthread_self()))
         lpto_error(L, who, "the orchestrator can be used only by the function given to Worker:run, not from a sub "
                            "callable; return results through the sub's tensors and submit from that function");
@@ -454,6 +454,103 @@ static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
     if (ids != buf) lua_remove(L, -2);
 }
 
+/* Where addr lies: a heap ring (ring index, offset in it), else -1. */
+static int ring_of(lorch *O, uint64_t addr, uint64_t *off)
+{
+    pto_stats st;
+    pto_worker_stats(O->W->w, &st);
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        uint64_t base = (uint64_t)(uintptr_t)pto_worker_ring_base(O->W->w, r);
+        if (base && addr >= base && addr < base + st.rings[r].capacity_bytes) {
+            *off = addr - base;
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* Set field "tensors" of the table on top: each member's tensors as submitted, with their tags. */
+static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t members)
+{
+    static const char *const tags[] = {"in", "out", "inout", "out_existing", "no_dep"};
+    lua_newtable(L);
+    int k = 0;
+    for (int32_t m = 0; m < members; m++) {
+        int32_t n = pto_task_tensors(O->o, id, m, NULL, NULL, 0);
+        if (n <= 0) continue;
+        pto_tensor *ts = lua_newuserdatauv(L, (sizeof *ts + 1) * (size_t)n, 0);
+        uint8_t *tg = (uint8_t *)(ts + n);
+        pto_task_tensors(O->o, id, m, ts, tg, n);
+        for (int32_t i = 0; i < n; i++) {
+            const pto_tensor *t = &ts[i];
+            lua_createtable(L, 0, 8);
+            lua_pushstring(L, tg[i] < 5 ? tags[tg[i]] : "?");
+            lua_setfield(L, -2, "tag");
+            lua_pushstring(L, pto_dtype_name(t->dtype) ? pto_dtype_name(t->dtype) : "?");
+            lua_setfield(L, -2, "dtype");
+            lua_createtable(L, t->ndims, 0);
+            for (int d = 0; d < t->ndims; d++) {
+                lua_pushinteger(L, t->shape[d]);
+                lua_rawseti(L, -2, d + 1);
+            }
+            lua_setfield(L, -2, "shape");
+            lua_pushinteger(L, (lua_Integer)pto_tensor_nbytes(t));
+            lua_setfield(L, -2, "nbytes");
+            lua_pushinteger(L, (lua_Integer)(t->base + t->offset));
+            lua_setfield(L, -2, "address");
+            lua_pushinteger(L, (lua_Integer)t->base);
+            lua_setfield(L, -2, "storage");
+            uint64_t off;
+            int r = ring_of(O, t->base + t->offset, &off);
+            if (r >= 0) {
+                lua_pushinteger(L, r);
+                lua_setfield(L, -2, "ring");
+                lua_pushinteger(L, (lua_Integer)off);
+                lua_setfield(L, -2, "ring_offset");
+            }
+            if (members > 1) {
+                lua_pushinteger(L, m + 1);
+                lua_setfield(L, -2, "member");
+            }
+            lua_rawseti(L, -3, ++k);
+        }
+        lua_pop(L, 1);
+    }
+    lua_setfield(L, -2, "tensors");
+}
+
+/* orch:tensormap() -> {{storage, address, nbytes, producer, ring?}, ...}: each live writer entry. */
+static int o_tensormap(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:tensormap");
+    int64_t n = pto_tensormap_list(O->o, NULL, 0);
+    if (n < 0) return lpto_engine_error(L);
+    pto_tm_item *items = lua_newuserdatauv(L, sizeof *items * (size_t)(n ? n : 1), 0);
+    n = pto_tensormap_list(O->o, items, n);
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_createtable(L, 0, 6);
+        lua_pushinteger(L, (lua_Integer)items[i].base);
+        lua_setfield(L, -2, "storage");
+        lua_pushinteger(L, (lua_Integer)items[i].start);
+        lua_setfield(L, -2, "address");
+        lua_pushinteger(L, (lua_Integer)(items[i].end - items[i].start));
+        lua_setfield(L, -2, "nbytes");
+        lua_pushinteger(L, items[i].producer);
+        lua_setfield(L, -2, "producer");
+        uint64_t off;
+        int r = ring_of(O, items[i].start, &off);
+        if (r >= 0) {
+            lua_pushinteger(L, r);
+            lua_setfield(L, -2, "ring");
+            lua_pushinteger(L, (lua_Integer)off);
+            lua_setfield(L, -2, "ring_offset");
+        }
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
 /* orch:task(id) -> {id, state, kind, callable, fanin, fanout, producers, consumers, ring, error, ...} */
 static int o_task(lua_State *L)
 {
@@ -492,6 +589,15 @@ static int o_task(lua_State *L)
         lua_pushstring(L, info.error);
         lua_setfield(L, -2, "error");
     }
+    if (info.worker >= 0 && info.kind >= 0) {
+        lua_pushinteger(L, info.worker + 1);
+        lua_setfield(L, -2, "worker");
+        if (info.kind == PTO_SUB) lua_pushfstring(L, "sub %d", info.worker + 1);
+        else if (O->W->level >= 4) lua_pushfstring(L, "L%d worker %d", O->W->level - 1, info.worker + 1);
+        else lua_pushfstring(L, "chip %d", info.worker + 1);
+        lua_setfield(L, -2, "worker_name");
+    }
+    push_task_tensors(L, O, id, info.group_size);
     push_edges(L, O, id, 0);
     lua_setfield(L, -2, "producers");
     push_edges(L, O, id, 1);
@@ -556,7 +662,7 @@ void lpto_open_orch(lua_State *L)
         {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
         {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
         {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
-        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"worker", o_worker},
+        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"tensormap", o_tensormap}, {"worker", o_worker},
         {NULL, NULL}};
     luaL_newlib(L, omethods);
     lua_setfield(L, -2, "methods");

@@ -102,7 +102,7 @@ void lpto_push_config(lua_State *L, const pto_call_config *cfg);
 enum { W_NEW, W_READY, W_CLOSED };
 enum { H_SUB, H_CHIP };
 /* Worker user values. */
-enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_COUNT = UV_CHILDREN };
+enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_COUNT = UV_HANDLES };
 /* Orchestrator user values. */
 enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
 
@@ -119,6 +119,7 @@ struct lworker {
     pto_worker *w;
     int state;
     bool in_run;
+    bool interactive;          /* the run in progress was opened by Worker:open_run */
     int level, mode, nchips, nsubs;
     char *chip_runtime;        /* NULL: the built-in simulated chip */
     sub_ctx *subs;
@@ -162,6 +163,9 @@ typedef struct lhandle {
 
 void lpto_open_worker(lua_State *L);
 void lpto_interrupt_all(void);
+/* Runs that Ctrl-C interrupts (lpto_interrupt_all): add while blocked in a drain. */
+void lpto_active_add(pto_worker *w);
+void lpto_active_remove(pto_worker *w);
 /* Argument checks shared by the Worker and the orchestrator. */
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
 bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
@@ -204,6 +208,13 @@ void lpto_level_stats(lua_State *L, lworker *W);
 void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
 /* Push {pid, ...} of the Worker children's processes. */
 void lpto_level_pids(lua_State *L, lworker *W);
+
+/* lpto_debug.c: interactive runs and dispatch control (Worker methods,
+ * pto.workers). lpto_debug_track remembers the new Worker at idx. */
+void lpto_open_debug(lua_State *L);
+void lpto_debug_track(lua_State *L, int idx);
+/* Async-signal-safe: a Ctrl-C arrived (a step's wait returns). */
+void lpto_debug_interrupted(void);
 
 /* Error with the thread's last engine message (already prefixed). */
 int lpto_engine_error(lua_State *L);

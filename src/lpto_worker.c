@@ -18,7 +18,7 @@ typedef struct lkernel {
 #define MAX_ACTIVE 64
 static pto_worker *_Atomic active[MAX_ACTIVE];
 
-static void active_add(pto_worker *w)
+void lpto_active_add(pto_worker *w)
 {
     for (int i = 0; i < MAX_ACTIVE; i++) {
         pto_worker *none = NULL;
@@ -26,7 +26,7 @@ static void active_add(pto_worker *w)
     }
 }
 
-static void active_remove(pto_worker *w)
+void lpto_active_remove(pto_worker *w)
 {
     for (int i = 0; i < MAX_ACTIVE; i++) {
         pto_worker *me = w;
@@ -164,6 +164,9 @@ static int l_worker(lua_State *L)
     lua_setiuservalue(L, -2, UV_THREADS);
     lua_newtable(L);
     lua_setiuservalue(L, -2, UV_CHILDREN);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, UV_HANDLES);
+    lpto_debug_track(L, -1);
     return 1;
 }
 
@@ -199,7 +202,14 @@ static int w_close(lua_State *L)
     lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
     if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
     if (W->state == W_CLOSED) return 0;
-    if (W->in_run) return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
+    if (W->in_run && !W->interactive)
+        return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
+    if (W->interactive) {   /* an open_run left open: its tasks are dropped with the Worker */
+        lua_getiuservalue(L, 1, UV_ORCH);
+        lpto_orch_end(L, -1);
+        lua_pop(L, 1);
+        W->in_run = W->interactive = false;
+    }
     if (W->parent && !W->driven)
         return lpto_error(L, "Worker:close", "this Worker is a child of a level-%d Worker; closing that Worker closes it",
                           W->parent->level);
@@ -211,7 +221,7 @@ static int w_gc(lua_State *L)
 {
     lworker *W = lua_touserdata(L, 1);
     /* A Worker child is closed by its parent, which may still be running it. */
-    if (!W->in_run && !W->parent) lpto_worker_free(L, W);
+    if ((!W->in_run || W->interactive) && !W->parent) lpto_worker_free(L, W);
     return 0;
 }
 
@@ -362,6 +372,10 @@ static int w_register(lua_State *L)
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
     luaL_setmetatable(L, LPTO_HANDLE);
+    lua_getiuservalue(L, 1, UV_HANDLES);   /* for Worker:callables (the REPL's :break by name) */
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
     return 1;
 }
 
@@ -373,6 +387,9 @@ int lpto_worker_run(lua_State *L)
     if (W->parent && !W->driven)
         return lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
                                   "function to that Worker with orch:submit_next_level", W->parent->level);
+    if (W->interactive)
+        return lpto_error(L, who, "a run opened by Worker:open_run is open on this Worker; submit to its "
+                                  "orchestrator, or end it with Worker:close_run (:finish at the prompt) first");
     if (W->in_run) return lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
     if (!lua_isfunction(L, 2))
         return lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
@@ -382,7 +399,7 @@ int lpto_worker_run(lua_State *L)
     pto_orch *o = pto_run_begin(W->w);
     if (!o) return lpto_engine_error(L);
     W->in_run = true;
-    active_add(W->w);
+    lpto_active_add(W->w);
     lpto_push_orch(L, 1, W, o);   /* 5 */
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
@@ -399,7 +416,7 @@ int lpto_worker_run(lua_State *L)
     int rc = pto_run_end(W->w);
     lpto_gil_acquire(W->gil);
     char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
-    active_remove(W->w);
+    lpto_active_remove(W->w);
     W->in_run = false;
     lpto_orch_end(L, 5);   /* heap-ring tensors of this run die with it */
     lua_pushnil(L);

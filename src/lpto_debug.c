@@ -1,0 +1,355 @@
+/* lpto_debug.c - interactive debugging (docs/repl.md): runs that stay open
+ * across the prompt's chunks (Worker:open_run / Worker:close_run), dispatch
+ * control (hold, step, release, breakpoints), the Workers of this state and
+ * their children. The REPL's ":" commands (lua/pto/repl.lua) are built on
+ * these; scripts may use them too. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lpto.h"
+#include "lpto_priv.h"
+
+static const char WORKERS_KEY = 'W';
+static _Atomic unsigned interrupt_gen;
+
+void lpto_debug_interrupted(void) { atomic_fetch_add(&interrupt_gen, 1); }
+
+void lpto_idle(lua_State *L, int begin)
+{
+    lpto_gil *g = lpto_gil_of(L);
+    if (!g) return;
+    if (begin) lpto_gil_release(g);
+    else lpto_gil_acquire(g);
+}
+
+/* ---- the Workers of this state, in creation order (pto.workers) ---- */
+
+void lpto_debug_track(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_createtable(L, 0, 1);
+        lua_pushliteral(L, "v");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
+        lua_pushvalue(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY);
+    }
+    /* Collected entries leave holes: keep a counter rather than #t. */
+    lua_getfield(L, -1, "n");
+    lua_Integer n = lua_tointeger(L, -1) + 1;
+    lua_pop(L, 1);
+    lua_pushinteger(L, n);
+    lua_setfield(L, -2, "n");
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, n);
+    lua_pop(L, 1);
+}
+
+/* pto.workers() -> the Workers not closed and not children of another, oldest first. */
+static int l_workers(lua_State *L)
+{
+    lua_newtable(L);
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY) != LUA_TTABLE) return 1;
+    lua_getfield(L, -1, "n");
+    lua_Integer n = lua_tointeger(L, -1), k = 0;
+    lua_pop(L, 1);
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, -1, i) == LUA_TUSERDATA) {
+            lworker *W = lua_touserdata(L, -1);
+            if (W->state != W_CLOSED && !W->parent) {
+                lua_rawseti(L, -3, ++k);
+                continue;
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return 1;
+}
+
+/* ---- interactive runs ---- */
+
+/* w:open_run([args, cfg]) -> orch, args, cfg */
+static int w_open_run(lua_State *L)
+{
+    const char *who = "Worker:open_run";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (W->parent)
+        return lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it; open the run on that "
+                                  "Worker", W->parent->level);
+    if (W->interactive)
+        return lpto_error(L, who, "a run opened by Worker:open_run is already open on this Worker; end it with "
+                                  "Worker:close_run (:finish at the prompt) first");
+    if (W->in_run) return lpto_error(L, who, "a run of this Worker is in progress (runs do not nest)");
+    lua_settop(L, 3);
+    lpto_worker_init(L, 1, W, who);
+    pto_orch *o = pto_run_begin(W->w);
+    if (!o) return lpto_engine_error_as(L, who);
+    W->in_run = true;
+    W->interactive = true;
+    lpto_push_orch(L, 1, W, o);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, 1, UV_ORCH);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    return 3;
+}
+
+/* w:close_run() -> true, or raises the run's first failure. */
+static int w_close_run(lua_State *L)
+{
+    const char *who = "Worker:close_run";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (!W->interactive)
+        return lpto_error(L, who, "no run opened by Worker:open_run is open on this Worker (open one with "
+                                  "orch = w:open_run())");
+    lua_settop(L, 1);
+    lua_getiuservalue(L, 1, UV_ORCH);   /* 2 */
+    lpto_active_add(W->w);              /* Ctrl-C interrupts the drain, as in Worker:run */
+    lpto_gil_release(W->gil);
+    int rc = pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    lpto_active_remove(W->w);
+    char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
+    W->in_run = false;
+    W->interactive = false;
+    lpto_orch_end(L, 2);
+    lua_pushnil(L);
+    lua_setiuservalue(L, 1, UV_ORCH);
+    if (fail) {
+        const char *pfx = "Worker:run: ";
+        const char *msg = strncmp(fail, pfx, strlen(pfx)) == 0 ? fail + strlen(pfx) : fail;
+        lua_pushfstring(L, "%s: %s", who, msg);
+        free(fail);
+        return lua_error(L);
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* w:orch() -> the open interactive run's orchestrator, or nil. */
+static int w_orch(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:orch");
+    if (!W->interactive) return 0;
+    lua_getiuservalue(L, 1, UV_ORCH);
+    return 1;
+}
+
+/* ---- dispatch control ---- */
+
+static lworker *check_ready(lua_State *L, const char *who)
+{
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (W->state != W_READY)
+        lpto_error(L, who, "this Worker is not initialised yet: dispatch control needs its scheduler (call "
+                           "Worker:init, or open a run with Worker:open_run)");
+    return W;
+}
+
+static int w_hold(lua_State *L)
+{
+    lworker *W = check_ready(L, "Worker:hold");
+    if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L);
+    return 0;
+}
+
+static int w_release(lua_State *L)
+{
+    lworker *W = check_ready(L, "Worker:release");
+    if (pto_dispatch_hold(W->w, 0) != 0) return lpto_engine_error(L);
+    return 0;
+}
+
+/* Wait until dispatch is quiet, in slices, so Ctrl-C gets through and
+ * THREAD-mode subs can take the interpreter lock. */
+static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *who)
+{
+    unsigned gen = atomic_load(&interrupt_gen);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        lpto_gil_release(W->gil);
+        int r = pto_dispatch_wait(W->w, 20);
+        lpto_gil_acquire(W->gil);
+        if (r < 0) return lpto_engine_error_as(L, who);
+        if (r == 1) return 1;
+        if (atomic_load(&interrupt_gen) != gen)
+            return lpto_error(L, who, "interrupted while tasks were still running (they go on; dispatch stays as "
+                                      "it was)");
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9 >= timeout_s) return 0;
+    }
+}
+
+/* w:step([n = 1 [, timeout_s = 60]]) -> true once the n tasks (and any they
+ * made ready, up to n in all) have finished; false if time ran out. */
+static int w_step(lua_State *L)
+{
+    const char *who = "Worker:step";
+    lworker *W = check_ready(L, who);
+    lua_Integer n = luaL_optinteger(L, 2, 1);
+    double timeout = luaL_optnumber(L, 3, 60);
+    if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error_as(L, who);
+    lua_pushboolean(L, wait_quiet(L, W, timeout, who));
+    return 1;
+}
+
+/* w:wait([timeout_s = 60]) -> true once nothing runs and nothing more may dispatch. */
+static int w_wait(lua_State *L)
+{
+    const char *who = "Worker:wait";
+    lworker *W = check_ready(L, who);
+    lua_pushboolean(L, wait_quiet(L, W, luaL_optnumber(L, 2, 60), who));
+    return 1;
+}
+
+static lhandle *check_handle(lua_State *L, int idx, lworker *W, const char *who)
+{
+    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
+    if (!h)
+        lpto_error(L, who, "expected a handle returned by Worker:register (got %s)", luaL_typename(L, idx));
+    lua_getiuservalue(L, idx, 1);
+    bool mine = lua_touserdata(L, -1) == W;
+    lua_pop(L, 1);
+    if (!mine) lpto_error(L, who, "this handle was registered on another Worker");
+    return h;
+}
+
+/* The engine kind(s) a handle's tasks run as: a function at level >= 4 may
+ * be submitted both to subs and to Worker children. */
+static int set_break(lua_State *L, lworker *W, const lhandle *h, int on)
+{
+    int n = 0;
+    if (h->kind == H_CHIP) return pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
+    n = pto_dispatch_break(W->w, PTO_SUB, h->callable, on);
+    if (W->level >= 4) n = pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
+    (void)L;
+    return n;
+}
+
+/* w:set_break(handle): hold dispatch before any task of handle's callable would start. */
+static int w_set_break(lua_State *L)
+{
+    lworker *W = check_ready(L, "Worker:set_break");
+    set_break(L, W, check_handle(L, 2, W, "Worker:set_break"), 1);
+    return 0;
+}
+
+/* w:clear_break([handle]): remove that breakpoint, or all. */
+static int w_clear_break(lua_State *L)
+{
+    lworker *W = check_ready(L, "Worker:clear_break");
+    if (lua_isnoneornil(L, 2)) {
+        pto_dispatch_break(W->w, PTO_SUB, UINT64_MAX, 0);
+        pto_dispatch_break(W->w, PTO_NEXT_LEVEL, UINT64_MAX, 0);
+    } else {
+        set_break(L, W, check_handle(L, 2, W, "Worker:clear_break"), 0);
+    }
+    return 0;
+}
+
+/* w:dispatch() -> {held, breakpoints, step_left, break_task, running} */
+static int w_dispatch(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:dispatch");
+    pto_dispatch_state st;
+    pto_dispatch_get(W->state == W_READY ? W->w : NULL, &st);
+    lua_createtable(L, 0, 5);
+    lua_pushboolean(L, st.held);
+    lua_setfield(L, -2, "held");
+    lua_pushinteger(L, st.breakpoints);
+    lua_setfield(L, -2, "breakpoints");
+    lua_pushinteger(L, st.step_left);
+    lua_setfield(L, -2, "step_left");
+    if (st.break_task >= 0 && W->in_run) {
+        lua_pushinteger(L, st.break_task);
+        lua_setfield(L, -2, "break_task");
+    }
+    lua_pushinteger(L, st.running);
+    lua_setfield(L, -2, "running");
+    return 1;
+}
+
+/* w:callables() -> {{handle =, name =, kind = "chip" | "function"}, ...} in registration order. */
+static int w_callables(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:callables");
+    lua_newtable(L);
+    lua_getiuservalue(L, 1, UV_HANDLES);
+    for (lua_Integer i = 1; lua_rawgeti(L, -1, i) == LUA_TUSERDATA; i++) {
+        lhandle *h = lua_touserdata(L, -1);
+        lua_createtable(L, 0, 3);
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "handle");
+        lua_pushstring(L, h->kind == H_CHIP ? "chip" : "function");
+        lua_setfield(L, -2, "kind");
+        char name[256];
+        int kind = h->kind == H_CHIP || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
+        if (W->w && pto_worker_callable_name(W->w, kind, h->callable, name, sizeof name) >= 0) {
+            lua_pushstring(L, name);
+            lua_setfield(L, -2, "name");
+        }
+        lua_rawseti(L, -3, i);
+    }
+    lua_pop(L, 2);
+    return 1;
+}
+
+/* w:children() -> {{kind = "chip" | "sub" | "worker", index, name, pid, task, tasks_run}, ...} */
+static int w_children(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:children");
+    lua_newtable(L);
+    if (W->state != W_READY) return 1;
+    int k = 0;
+    for (int kind = PTO_NEXT_LEVEL; kind <= PTO_SUB; kind++) {
+        int n = pto_worker_count(W->w, kind);
+        for (int i = 0; i < n; i++) {
+            pto_child_info ci;
+            if (pto_worker_child_info(W->w, kind, i, &ci) != 0) continue;
+            const char *kname = kind == PTO_SUB ? "sub" : W->level >= 4 ? "worker" : "chip";
+            lua_createtable(L, 0, 6);
+            lua_pushstring(L, kname);
+            lua_setfield(L, -2, "kind");
+            lua_pushinteger(L, i + 1);
+            lua_setfield(L, -2, "index");
+            if (kind == PTO_NEXT_LEVEL && W->level >= 4) lua_pushfstring(L, "L%d worker %d", W->level - 1, i + 1);
+            else lua_pushfstring(L, "%s %d", kname, i + 1);
+            lua_setfield(L, -2, "name");
+            if (W->mode == PTO_MODE_PROCESS) {
+                lua_pushinteger(L, ci.pid);
+                lua_setfield(L, -2, "pid");
+            }
+            if (ci.current_task >= 0) {
+                lua_pushinteger(L, ci.current_task);
+                lua_setfield(L, -2, "task");
+            }
+            lua_pushinteger(L, ci.tasks_run);
+            lua_setfield(L, -2, "tasks_run");
+            lua_rawseti(L, -2, ++k);
+        }
+    }
+    return 1;
+}
+
+void lpto_open_debug(lua_State *L)
+{
+    luaL_getmetatable(L, LPTO_WORKER);
+    lua_getfield(L, -1, "methods");
+    static const luaL_Reg methods[] = {
+        {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
+        {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait},
+        {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
+        {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
+    luaL_setfuncs(L, methods, 0);
+    lua_pop(L, 2);
+    lua_pushcfunction(L, l_workers);
+    lua_setfield(L, -2, "workers");
+}

@@ -152,9 +152,21 @@ static lworker *check_ready(lua_State *L, const char *who)
     return W;
 }
 
+/* Holding or breaking before the first run is the usual start of a
+ * session, so these two initialise a new Worker, as Worker:run does. */
+static lworker *check_init(lua_State *L, const char *who)
+{
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (W->parent)
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it; control that Worker's dispatch",
+                   W->parent->level);
+    lpto_worker_init(L, 1, W, who);
+    return W;
+}
+
 static int w_hold(lua_State *L)
 {
-    lworker *W = check_ready(L, "Worker:hold");
+    lworker *W = check_init(L, "Worker:hold");
     if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L);
     return 0;
 }
@@ -237,7 +249,7 @@ static int set_break(lua_State *L, lworker *W, const lhandle *h, int on)
 /* w:set_break(handle): hold dispatch before any task of handle's callable would start. */
 static int w_set_break(lua_State *L)
 {
-    lworker *W = check_ready(L, "Worker:set_break");
+    lworker *W = check_init(L, "Worker:set_break");
     set_break(L, W, check_handle(L, 2, W, "Worker:set_break"), 1);
     return 0;
 }

@@ -415,6 +415,14 @@ static int repl_ref = LUA_NOREF;
  * would with SIG_DFL there. Installed without SA_RESTART so that the wait
  * for input is interrupted. */
 static volatile sig_atomic_t prompt_sigint;
+
+/* The state whose interpreter lock the prompt gives up while it waits for
+ * input, so that THREAD-mode sub callables of tasks released at the prompt
+ * (:step, :release) run meanwhile. */
+static lua_State *prompt_L;
+static void idle(int begin) {
+  if (prompt_L) lpto_idle(prompt_L, begin);
+}
 static void on_prompt_sigint(int sig) {
   (void)sig;
   prompt_sigint = 1;
@@ -456,7 +464,9 @@ static char *read_line_tty(const char *prompt, int *interrupted) {
     FD_ZERO(&fds);
     FD_SET(STDIN_FILENO, &fds);
     /* SIGINT can arrive only while waiting here (old_mask unblocks it). */
+    idle(1);
     r = pselect(STDIN_FILENO + 1, &fds, NULL, NULL, NULL, &old_mask);
+    idle(0);
     if (prompt_sigint) {
       prompt_sigint = 0;
       rl_callback_sigcleanup();
@@ -601,14 +611,20 @@ static char *read_line(const char *prompt, int *interrupted) {
   *interrupted = 0;
 #ifdef PTO_HAVE_READLINE
   if (repl_ref != LUA_NOREF) return read_line_tty(prompt, interrupted);
-  return readline(prompt);
+  idle(1);
+  char *line = readline(prompt);
+  idle(0);
+  return line;
 #else
   char *line = NULL;
   size_t cap = 0;
   fputs(prompt, stdout);
   fflush(stdout);
   prompt_sigint = 0;
-  if (getline(&line, &cap, stdin) < 0) {
+  idle(1);
+  ssize_t got = getline(&line, &cap, stdin);
+  idle(0);
+  if (got < 0) {
     free(line);
     /* Ctrl-C at the full prompt interrupts the read: a fresh prompt */
     if (repl_ref != LUA_NOREF && prompt_sigint) {
@@ -797,6 +813,7 @@ static void repl(lua_State *L) {
   rl_readline_name = "ptolua";
 #endif
   lua_settop(L, 0);
+  prompt_L = L;
   if (isatty(STDIN_FILENO)) repl_open(L);
   while ((status = loadline(L)) != -1) {
     if (status == CHUNK_CANCELLED) continue;
@@ -809,6 +826,7 @@ static void repl(lua_State *L) {
     else report(L, status);
   }
   lua_settop(L, 0);
+  prompt_L = NULL;
   fputs("\n", stdout);
   fflush(stdout);
 #ifdef PTO_HAVE_READLINE

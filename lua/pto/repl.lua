@@ -9,7 +9,8 @@
 --                             "quit" to leave the prompt
 --   M.complete(text, at_start) -> array of candidate words for `text`
 --                             (at_start: the word begins the line)
--- Later work adds commands with M.add_command(name, help, fn).
+-- Commands are added with M.add_command(name, help, fn); the engine's live
+-- in pto/commands.lua.
 local M = {}
 
 M.max_depth = 3 -- nested tables deeper than this print as {...}
@@ -232,5 +233,7 @@ function M.complete(text, at_start)
   table.sort(out)
   return out
 end
+
+require("pto.commands")(M) -- the engine's commands: :hold, :step, :dag, ...
 
 return M

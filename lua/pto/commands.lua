@@ -1,0 +1,393 @@
+-- pto.commands: the prompt's engine commands (docs/repl.md): dispatch
+-- control (:hold, :step, :release, :break), inspection of the open run
+-- (:dag, :task, :ready, :tensormap, :rings, :stats, :workers), exports
+-- (:dot, :trace) and the end of an interactive run (:finish).
+--
+-- Every command acts on the current Worker: the one chosen with :use, else
+-- the newest Worker with a run opened by Worker:open_run, else the newest
+-- Worker. The commands are thin: all they show comes from the Worker and
+-- orchestrator methods a script can call too.
+-- pto is not loaded here: a prompt that never creates a Worker need not load it.
+return function(repl)
+  local function workers()
+    local pto = package.loaded.pto
+    return pto and pto.workers() or {}
+  end
+
+  local chosen -- set by :use
+
+  local function out(fmt, ...) io.stdout:write(fmt:format(...), "\n") end
+
+  -- A user-level problem: say it, no traceback.
+  local Problem = {}
+  local function problem(fmt, ...) error(setmetatable({ msg = fmt:format(...) }, Problem), 0) end
+
+  -- Run a pto call; its error becomes a problem (the message names the call).
+  local function try(f, ...)
+    local r = table.pack(pcall(f, ...))
+    if not r[1] then
+      if getmetatable(r[2]) == Problem then error(r[2], 0) end
+      problem("%s", tostring(r[2]))
+    end
+    return table.unpack(r, 2, r.n)
+  end
+
+  local function live(w)
+    for _, x in ipairs(workers()) do if x == w then return true end end
+    return false
+  end
+
+  local function worker(optional)
+    if chosen and live(chosen) then return chosen end
+    local ws = workers()
+    for i = #ws, 1, -1 do if ws[i]:orch() then return ws[i] end end
+    if ws[#ws] or optional then return ws[#ws] end
+    problem("no Worker yet: create one, e.g. w = pto.Worker{chips = 2}")
+  end
+
+  local function open_orch(w)
+    local orch = w:orch()
+    if not orch then
+      problem("no open run on %s: open one with orch = w:open_run() (runs of Worker:run end before the prompt "
+        .. "returns)", tostring(w))
+    end
+    return orch
+  end
+
+  -- "chip", "sub", "worker" or "alloc" for a task of w.
+  local function kind_name(w, t)
+    if t.kind == "sub" then return "sub" end
+    if t.kind == "next_level" then return w:stats().level >= 4 and "worker" or "chip" end
+    return t.kind
+  end
+
+  local function callable_name(w, t)
+    if t.kind ~= "sub" and t.kind ~= "next_level" then return "-" end
+    return package.loaded.pto._callable_name(w, t.kind, t.callable) or ("callable " .. t.callable)
+  end
+
+  local function describe(w, t)
+    return ("task %d %s (%s)"):format(t.id, callable_name(w, t), kind_name(w, t))
+  end
+
+  -- Rows of strings printed as left-aligned columns.
+  local function columns(rows)
+    local width = {}
+    for _, r in ipairs(rows) do
+      for i, c in ipairs(r) do width[i] = math.max(width[i] or 0, #c) end
+    end
+    for _, r in ipairs(rows) do
+      local cells = {}
+      for i, c in ipairs(r) do cells[i] = i == #r and c or c .. (" "):rep(width[i] - #c) end
+      out("  %s", table.concat(cells, "  "))
+    end
+  end
+
+  local function bytes(n)
+    local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+    local u = 1
+    while n >= 1024 and u < #units and n % 1024 == 0 do n, u = n // 1024, u + 1 end
+    if u == 1 and n >= 10240 then return ("%.1f KiB"):format(n / 1024) end
+    return ("%d %s"):format(n, units[u])
+  end
+
+  local function dispatch_line(w)
+    local d = w:dispatch()
+    local parts = { d.held and "dispatch held" or "dispatch free" }
+    if d.step_left > 0 then parts[#parts + 1] = ("%d steps left"):format(d.step_left) end
+    if d.breakpoints > 0 then
+      parts[#parts + 1] = ("%d breakpoint%s"):format(d.breakpoints, d.breakpoints == 1 and "" or "s")
+    end
+    if d.running > 0 then parts[#parts + 1] = ("%d running"):format(d.running) end
+    if d.break_task and d.held then
+      local orch = w:orch()
+      local ok, t = pcall(function() return orch:task(d.break_task) end)
+      if ok and t.state == "ready" then
+        parts[#parts + 1] = ("stopped at a breakpoint before %s"):format(describe(w, t))
+      end
+    end
+    return table.concat(parts, ", ")
+  end
+
+  local function snapshot(orch)
+    local s = {}
+    if orch then for _, t in ipairs(orch:tasks()) do s[t.id] = t.state end end
+    return s
+  end
+
+  -- After tasks moved: one line per task whose state changed, and why dispatch stopped.
+  local function report_moves(w, orch, before)
+    local moved = 0
+    if orch then
+      for _, t in ipairs(orch:tasks()) do
+        local was = before[t.id]
+        if was and was ~= t.state then
+          moved = moved + 1
+          out("%s: %s -> %s%s%s", describe(w, t), was, t.state,
+            t.worker_name and (" on " .. t.worker_name) or "",
+            t.error and (": " .. t.error:match("[^\n]*")) or "")
+        end
+      end
+    end
+    if moved == 0 then out("no task changed state") end
+    out("(%s)", dispatch_line(w))
+  end
+
+  local function wait_report(w, orch, before, ok)
+    if not ok then out("tasks are still running (:dag shows them; :release or :finish goes on)") end
+    report_moves(w, orch, before)
+  end
+
+  local function int_arg(rest, what, default)
+    if rest == "" then return default end
+    local n = math.tointeger(tonumber(rest))
+    if not n or n < 1 then problem("%s: expected a positive whole number (got '%s')", what, rest) end
+    return n
+  end
+
+  -- ---- the commands -------------------------------------------------------
+
+  local function add(name, help, fn)
+    repl.add_command(name, help, function(rest)
+      local ok, err = pcall(fn, rest)
+      if ok then return err end
+      if getmetatable(err) == Problem then
+        io.stdout:write(err.msg, "\n")
+        return nil
+      end
+      error(err, 0)
+    end)
+  end
+
+  add("use", "[expr]: the Worker the commands act on (default: the newest with an open run, else the newest)",
+    function(rest)
+      if rest ~= "" then
+        local f, err = load("return " .. rest, "=:use", "t")
+        if not f then problem(":use: %s", err) end
+        local w = try(f)
+        if not live(w) then problem(":use: %s is not an open Worker", tostring(w)) end
+        chosen = w
+      end
+      local w = worker(true)
+      if not w then out("no Worker yet") return end
+      out("using %s%s", tostring(w), w:orch() and ", with an open run" or "")
+    end)
+
+  add("hold", "stop dispatching ready tasks (submits still build the DAG)", function()
+    local w = worker()
+    try(w.hold, w)
+    out("dispatch held: submits build the DAG; :step [n] runs tasks, :release resumes")
+  end)
+
+  add("step", "[n]: let the next n ready tasks (default 1) run, and wait for them", function(rest)
+    local n = int_arg(rest, ":step", 1)
+    local w = worker()
+    local orch = w:orch()
+    local before = snapshot(orch)
+    local ok = try(w.step, w, n)
+    wait_report(w, orch, before, ok)
+  end)
+
+  add("release", "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
+    local w = worker()
+    local orch = w:orch()
+    local before = snapshot(orch)
+    try(w.release, w)
+    local ok = try(w.wait, w)
+    wait_report(w, orch, before, ok)
+  end)
+
+  -- A handle from a Lua expression, or a callable's registered name.
+  local function find_callable(w, rest, who)
+    local f = load("return " .. rest, "=" .. who, "t")
+    if f then
+      local ok, v = pcall(f)
+      if ok and debug.getmetatable(v) == debug.getregistry()["pto.Handle"] then return v, rest end
+    end
+    local names = {}
+    for _, c in ipairs(w:callables()) do
+      if c.name == rest then return c.handle, c.name end
+      names[#names + 1] = c.name or tostring(c.handle)
+    end
+    problem("%s: '%s' is neither a handle from Worker:register nor the name of a callable registered on this Worker "
+      .. "(registered: %s)", who, rest, #names > 0 and table.concat(names, ", ") or "none")
+  end
+
+  local breaks = setmetatable({}, { __mode = "k" }) -- [Worker] = {name, ...}
+
+  add("break", "[callable]: hold dispatch before any task of callable (a handle or a registered name); alone: list",
+    function(rest)
+      local w = worker()
+      breaks[w] = breaks[w] or {}
+      if rest == "" then
+        if #breaks[w] == 0 then out("no breakpoints") end
+        for _, name in ipairs(breaks[w]) do out("break before %s", name) end
+        return
+      end
+      local h, name = find_callable(w, rest, ":break")
+      try(w.set_break, w, h)
+      for _, n in ipairs(breaks[w]) do if n == name then name = nil break end end
+      if name then breaks[w][#breaks[w] + 1] = name end
+      out("dispatch will hold before any task of %s", rest)
+    end)
+
+  add("unbreak", "[callable]: remove that breakpoint, or all", function(rest)
+    local w = worker()
+    if rest == "" then
+      try(w.clear_break, w)
+      breaks[w] = {}
+      out("no breakpoints")
+      return
+    end
+    local h, name = find_callable(w, rest, ":unbreak")
+    try(w.clear_break, w, h)
+    for i, n in ipairs(breaks[w] or {}) do if n == name then table.remove(breaks[w], i) break end end
+    out("breakpoint on %s removed", rest)
+  end)
+
+  add("dag", "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
+    local w = worker()
+    local orch = open_orch(w)
+    local tasks = orch:tasks()
+    out("%d task%s; %s", #tasks, #tasks == 1 and "" or "s", dispatch_line(w))
+    if #tasks == 0 then return end
+    local rows = { { "id", "state", "kind", "callable", "worker", "in", "out", "producers" } }
+    local shown = 0
+    for _, t in ipairs(tasks) do
+      shown = shown + 1
+      if shown > 200 then break end
+      rows[#rows + 1] = { tostring(t.id), t.state, kind_name(w, t), callable_name(w, t), t.worker_name or "-",
+        tostring(t.fanin), tostring(t.fanout), table.concat(t.producers, ",") }
+    end
+    columns(rows)
+    if #tasks > 200 then out("  ... %d more (:task N shows any one)", #tasks - 200) end
+  end)
+
+  add("task", "N: one task in full: producers, consumers, tensors with tags, ring and slab, error", function(rest)
+    local id = math.tointeger(tonumber(rest))
+    if not id then problem(":task: expected a task id (got '%s')", rest) end
+    local w = worker()
+    local orch = open_orch(w)
+    local t = try(orch.task, orch, id)
+    out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
+    if (t.group_size or 1) > 1 then out("  group of %d members", t.group_size) end
+    out("  producers: %s (fan-in %d)", #t.producers > 0 and table.concat(t.producers, ", ") or "none", t.fanin)
+    out("  consumers: %s (fan-out %d)", #t.consumers > 0 and table.concat(t.consumers, ", ") or "none", t.fanout)
+    if t.ring then out("  slab: ring %d, offset %d, %s", t.ring, t.slab_offset, bytes(t.slab_bytes)) end
+    if t.tensors and #t.tensors > 0 then
+      local rows = {}
+      for i, x in ipairs(t.tensors) do
+        rows[#rows + 1] = { tostring(i), x.tag, ("%s[%s]"):format(x.dtype, table.concat(x.shape, "x")), bytes(x.nbytes),
+          x.ring and ("ring %d +%d"):format(x.ring, x.ring_offset) or ("0x%x"):format(x.address),
+          x.member and ("member %d"):format(x.member) or nil }
+      end
+      out("  tensors:")
+      columns(rows)
+    end
+    if t.error then out("  error: %s", t.error) end
+  end)
+
+  add("ready", "the tasks ready to dispatch", function()
+    local w = worker()
+    local orch = open_orch(w)
+    local n = 0
+    for _, t in ipairs(orch:tasks()) do
+      if t.state == "ready" then
+        n = n + 1
+        out("%s", describe(w, t))
+      end
+    end
+    if n == 0 then out("no task is ready") end
+    out("(%s)", dispatch_line(w))
+  end)
+
+  add("tensormap", "each live buffer and the task that last wrote it", function()
+    local w = worker()
+    local orch = open_orch(w)
+    local entries = orch:tensormap()
+    table.sort(entries, function(a, b) return a.address < b.address end)
+    if #entries == 0 then out("the TensorMap is empty") return end
+    local rows = { { "buffer", "bytes", "writer", "state" } }
+    for _, e in ipairs(entries) do
+      local ok, t = pcall(orch.task, orch, e.producer)
+      rows[#rows + 1] = { e.ring and ("ring %d +%d"):format(e.ring, e.ring_offset) or ("0x%x"):format(e.address),
+        bytes(e.nbytes), ok and describe(w, t) or ("task " .. e.producer), ok and t.state or "?" }
+    end
+    columns(rows)
+  end)
+
+  add("rings", "per heap ring: bytes used and free, high-water mark, slabs, stalls", function()
+    local w = worker()
+    local rows = { { "ring", "used", "free", "high-water", "slabs", "stalls" } }
+    for _, r in ipairs(w:stats().rings) do
+      rows[#rows + 1] = { tostring(r.ring), bytes(r.used_bytes), bytes(r.capacity_bytes - r.used_bytes),
+        bytes(r.hwm_bytes), tostring(r.live_slabs), ("%d (%.1f ms)"):format(r.stalls, r.stall_ms) }
+    end
+    columns(rows)
+  end)
+
+  add("stats", "the flow-control report with sizing advice", function()
+    local w = worker()
+    io.stdout:write(w:stats_report())
+  end)
+
+  add("workers", "each child: kind, pid, what it runs now, tasks run", function()
+    local w = worker()
+    local kids = w:children()
+    if #kids == 0 then out("%s has no children running (init it, or open a run)", tostring(w)) return end
+    local orch = w:orch()
+    local rows = {}
+    for _, c in ipairs(kids) do
+      local now = "idle"
+      if c.task then
+        now = "running task " .. c.task
+        local ok, t = pcall(function() return orch:task(c.task) end)
+        if ok then now = "running " .. describe(w, t) end
+      end
+      rows[#rows + 1] = { c.name, c.pid and ("pid " .. c.pid) or "in-process", now, ("%d task%s run"):format(c.tasks_run, c.tasks_run == 1 and "" or "s") }
+    end
+    columns(rows)
+  end)
+
+  local function path_arg(rest, who)
+    if rest == "" then problem("%s: expected a file name", who) end
+    return rest
+  end
+
+  add("dot", "FILE: write the open run's DAG as Graphviz", function(rest)
+    local path = path_arg(rest, ":dot")
+    local w = worker()
+    local orch = open_orch(w)
+    local text = try(orch.dot, orch)
+    local f, err = io.open(path, "w")
+    if not f then problem(":dot: %s", err) end
+    f:write(text)
+    f:close()
+    out("wrote %s (%d tasks; render with dot -Tsvg %s -o dag.svg)", path, orch:task_count(), path)
+  end)
+
+  add("trace", "FILE: record a Chrome/Perfetto trace into FILE; :trace stop writes it", function(rest)
+    local w = worker()
+    if rest == "stop" or rest == "" then
+      local r = try(w.trace_stop, w)
+      out("wrote %s: %d events%s", r.path, r.events, r.dropped > 0 and (", %d dropped"):format(r.dropped) or "")
+      return
+    end
+    try(w.trace_start, w, rest)
+    out("tracing %s into %s; :trace stop writes it", tostring(w), rest)
+  end)
+
+  add("finish", "end the open run: close its outer scope, drain, report its result or failure", function()
+    local w = worker()
+    local orch = open_orch(w)
+    local n = orch:task_count()
+    local held = w:dispatch().held
+    local ok, err = pcall(w.close_run, w)
+    if ok then
+      out("run finished: %d task%s, no failure", n, n == 1 and "" or "s")
+    else
+      out("run failed: %s", (tostring(err):gsub("^Worker:close_run: ", "", 1)))
+    end
+    if held then out("(dispatch is still held for the next run: :release frees it)") end
+  end)
+end

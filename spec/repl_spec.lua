@@ -163,3 +163,107 @@ describe("the ptolua prompt", function()
     assert.matches(":help%s+list the commands", out)
   end)
 end)
+
+-- The engine commands (lua/pto/commands.lua) on a real prompt, in both
+-- modes: PTO_MODE picks the mode of a Worker that names none.
+describe("the prompt's engine commands", function()
+  local SETUP = {
+    PROMPT, send("w = pto.Worker{chips = 1, num_sub_workers = 1}\n"), PROMPT,
+    send("fill = w:register(pto.chip_kernel('fill'), 'fill')\n"), PROMPT,
+    send("check = w:register(function(a) error('value is ' .. a:tensor(1)[1]) end, 'check')\n"), PROMPT,
+  }
+  local function steps(...)
+    local all = {}
+    for _, s in ipairs(SETUP) do all[#all + 1] = s end
+    for _, s in ipairs{...} do all[#all + 1] = s end
+    all[#all + 1] = PROMPT
+    all[#all + 1] = EOF
+    all[#all + 1] = WAIT
+    return all
+  end
+
+  -- The rows of each :dag table in the transcript, as "id state kind callable worker".
+  local function dags(out)
+    local tables = {}
+    for block in out:gmatch(":dag\n(.-)\n> ") do
+      local rows = {}
+      for id, state, kind, callable, where in block:gmatch("\n  (%d+)%s+(%a+)%s+(%a+)%s+(%S+)%s+(%S+ ?%d*)") do
+        rows[#rows + 1] = table.concat({id, state, kind, callable, (where:gsub("%s+$", ""))}, " ")
+      end
+      if #rows > 0 then tables[#tables + 1] = rows end
+    end
+    return tables
+  end
+
+  for _, mode in ipairs{"process", "thread"} do
+    it("hold, step and release a DAG whose :dag shows the states moving; :finish reports the failure [" .. mode .. "]",
+      function()
+        local out = ok_session(steps(
+          send(":hold\n"), expect("dispatch held"), PROMPT,
+          send("orch = w:open_run()\n"), PROMPT,
+          send("x = pto.tensor({4}, 'f32')\n"), PROMPT,
+          send("orch:submit_next_level(fill, pto.args{{x, 'out'}, scalars = {2.0}})\n"), expect("\n0\n"), PROMPT,
+          send("orch:submit_sub(check, pto.args{{x, 'in'}})\n"), expect("\n1\n"), PROMPT,
+          send(":dag\n"), expect("2 tasks; dispatch held"), PROMPT,
+          send(":step\n"), expect("task 0 fill (chip): ready -> completed on chip 1"),
+          expect("task 1 check (sub): pending -> ready"), PROMPT,
+          send(":dag\n"), expect("2 tasks"), PROMPT,
+          send("x[1]\n"), expect("\n2.0\n"), PROMPT,
+          send(":release\n"), expect("task 1 check (sub): ready -> failed on sub 1: "), PROMPT,
+          send(":dag\n"), expect("2 tasks; dispatch free"), PROMPT,
+          send(":finish\n"), expect("run failed: task 1 (callable 'check' on sub 1) failed: "),
+          expect("value is 2.0"), PROMPT,
+          send(":dag\n"), expect("no open run"), PROMPT,
+          -- the Worker goes on: an ordinary run at the prompt
+          send("w:run(function(o) o:submit_next_level(fill, pto.args{{x, 'out'}, scalars = {5.0}}) end); return x[1]\n"),
+          expect("\n5.0\n")
+        ), { env = "PTO_MODE=" .. mode .. " PTOLUA_HISTORY=" .. q(tmpname()) .. " " })
+        local d = dags(out)
+        assert.equal(3, #d, out)
+        assert.same({"0 ready chip fill -", "1 pending sub check -"}, d[1])
+        assert.same({"0 completed chip fill chip 1", "1 ready sub check -"}, d[2])
+        assert.same({"0 completed chip fill chip 1", "1 failed sub check sub 1"}, d[3])
+      end)
+  end
+
+  it("stops at a breakpoint, shows tasks, tensors, buffers, rings and children, and exports the DAG and a trace",
+    function()
+      local dotf, tracef = tmpname(), tmpname()
+      local out = ok_session(steps(
+        send(":break nosuch\n"), expect("registered: fill, check"), PROMPT,
+        send(":break check\n"), expect("dispatch will hold before any task of check"), PROMPT,
+        send(":trace " .. tracef .. "\n"), expect("; :trace stop writes it"), PROMPT,
+        send("orch = w:open_run()\n"), PROMPT,
+        send("x, y = pto.tensor({4}, 'f32'), pto.tensor({2, 2}, 'f32')\n"), PROMPT,
+        send("orch:submit_next_level(fill, pto.args{{x, 'out'}, scalars = {1.0}})\n"), expect("\n0\n"), PROMPT,
+        send("orch:submit_sub(check, pto.args{{x, 'in'}, {y, 'inout'}})\n"), expect("\n1\n"), PROMPT,
+        send("w:wait()\n"), expect("\ntrue\n"), PROMPT,
+        send(":ready\n"), expect("\ntask 1 check (sub)\n"), expect("stopped at a breakpoint before task 1 check (sub)"),
+        PROMPT,
+        send(":task 1\n"), expect("task 1 check (sub): ready"), expect("producers: 0 (fan-in 1)"),
+        expect("tensors:"), expect("in     f32[4]"), expect("inout  f32[2x2]"), PROMPT,
+        send(":task 99\n"), expect("orch:task: no task 99"), PROMPT,
+        send(":tensormap\n"), expect("writer"), expect("task 0 fill (chip)  completed"),
+        expect("task 1 check (sub)  ready"), PROMPT,
+        send(":workers\n"), expect("chip 1"), expect("1 task run"), expect("sub 1"), expect("0 tasks run"), PROMPT,
+        send(":rings\n"), expect("high-water"), expect("\n  3 "), PROMPT,
+        send(":stats\n"), expect("Tasks: 2 submitted"), PROMPT,
+        send(":dot " .. dotf .. "\n"), expect("wrote " .. dotf .. " (2 tasks"), PROMPT,
+        send(":unbreak\n"), expect("no breakpoints"), PROMPT,
+        send(":finish\n"), expect("run failed: "), expect("value is 1.0"), PROMPT,
+        send(":trace stop\n"), expect("wrote " .. tracef .. ": "), PROMPT,
+        send(":help\n"), expect(":tensormap"), expect(":finish"), PROMPT,
+        send(":release\n"), expect("dispatch free"), PROMPT,
+        send(":step\n"), expect("Worker:step: dispatch is not held")
+      ))
+      assert.truthy(out:find("fan-out 0", 1, true), out)
+      local dot = readfile(dotf)
+      assert.truthy(dot and dot:find("digraph", 1, true))
+      assert.is_true(os.execute("dot -Tsvg " .. q(dotf) .. " -o /dev/null") == true)
+      local json = require "dkjson"
+      local trace = json.decode(readfile(tracef))
+      local spans = 0
+      for _, e in ipairs(trace.traceEvents) do if e.ph == "X" and e.name == "fill" then spans = spans + 1 end end
+      assert.equal(1, spans)
+    end)
+end)

@@ -605,6 +605,19 @@ static int o_task(lua_State *L)
     return 1;
 }
 
+/* orch:drain(): wait until every task submitted so far has finished (held ones too). */
+static int o_drain(lua_State *L)
+{
+    lorch *O = check_orch(L, 1, "orch:drain");
+    lpto_active_add(O->W->w);   /* Ctrl-C interrupts it, as it does a run's end */
+    lpto_gil_release(O->W->gil);
+    int rc = pto_drain(O->o);
+    lpto_gil_acquire(O->W->gil);
+    lpto_active_remove(O->W->w);
+    if (rc != 0) return lpto_engine_error(L);
+    return 0;
+}
+
 static int o_task_count(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:task_count");
@@ -662,7 +675,7 @@ void lpto_open_orch(lua_State *L)
         {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
         {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
         {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
-        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"tensormap", o_tensormap}, {"worker", o_worker},
+        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", o_tensormap}, {"worker", o_worker},
         {NULL, NULL}};
     luaL_newlib(L, omethods);
     lua_setfield(L, -2, "methods");

@@ -147,7 +147,7 @@ return function(repl)
 
   -- ---- the commands -------------------------------------------------------
 
-  local function add(name, help, fn)
+  local function add(name, usage, help, fn)
     repl.add_command(name, help, function(rest)
       local ok, err = pcall(fn, rest)
       if ok then return err end
@@ -156,10 +156,10 @@ return function(repl)
         return nil
       end
       error(err, 0)
-    end)
+    end, usage)
   end
 
-  add("use", "[expr]: the Worker the commands act on (default: the newest with an open run, else the newest)",
+  add("use", "[expr]", "the Worker the commands act on (default: the newest with an open run, else the newest)",
     function(rest)
       if rest ~= "" then
         local f, err = load("return " .. rest, "=:use", "t")
@@ -173,13 +173,13 @@ return function(repl)
       out("using %s%s", tostring(w), w:orch() and ", with an open run" or "")
     end)
 
-  add("hold", "stop dispatching ready tasks (submits still build the DAG)", function()
+  add("hold", nil, "stop dispatching ready tasks (submits still build the DAG)", function()
     local w = worker()
     try(w.hold, w)
     out("dispatch held: submits build the DAG; :step [n] runs tasks, :release resumes")
   end)
 
-  add("step", "[n]: let the next n ready tasks (default 1) run, and wait for them", function(rest)
+  add("step", "[n]", "let the next n ready tasks (default 1) run, and wait for them", function(rest)
     local n = int_arg(rest, ":step", 1)
     local w = worker()
     local orch = w:orch()
@@ -188,7 +188,7 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
-  add("release", "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
+  add("release", nil, "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
     local w = worker()
     local orch = w:orch()
     local before = snapshot(orch)
@@ -215,7 +215,7 @@ return function(repl)
 
   local breaks = setmetatable({}, { __mode = "k" }) -- [Worker] = {name, ...}
 
-  add("break", "[callable]: hold dispatch before any task of callable (a handle or a registered name); alone: list",
+  add("break", "[callable]", "hold dispatch before any task of callable (a handle or its registered name); alone: list them",
     function(rest)
       local w = worker()
       breaks[w] = breaks[w] or {}
@@ -231,7 +231,7 @@ return function(repl)
       out("dispatch will hold before any task of %s", rest)
     end)
 
-  add("unbreak", "[callable]: remove that breakpoint, or all", function(rest)
+  add("unbreak", "[callable]", "remove that breakpoint, or all", function(rest)
     local w = worker()
     if rest == "" then
       try(w.clear_break, w)
@@ -245,7 +245,7 @@ return function(repl)
     out("breakpoint on %s removed", rest)
   end)
 
-  add("dag", "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
+  add("dag", nil, "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
     local w = worker()
     local orch = open_orch(w)
     local tasks = orch:tasks()
@@ -263,7 +263,7 @@ return function(repl)
     if #tasks > 200 then out("  ... %d more (:task N shows any one)", #tasks - 200) end
   end)
 
-  add("task", "N: one task in full: producers, consumers, tensors with tags, ring and slab, error", function(rest)
+  add("task", "N", "one task in full: producers, consumers, tensors with tags, ring and slab, error", function(rest)
     local id = math.tointeger(tonumber(rest))
     if not id then problem(":task: expected a task id (got '%s')", rest) end
     local w = worker()
@@ -287,7 +287,7 @@ return function(repl)
     if t.error then out("  error: %s", t.error) end
   end)
 
-  add("ready", "the tasks ready to dispatch", function()
+  add("ready", nil, "the tasks ready to dispatch", function()
     local w = worker()
     local orch = open_orch(w)
     local n = 0
@@ -301,7 +301,7 @@ return function(repl)
     out("(%s)", dispatch_line(w))
   end)
 
-  add("tensormap", "each live buffer and the task that last wrote it", function()
+  add("tensormap", nil, "each live buffer and the task that last wrote it", function()
     local w = worker()
     local orch = open_orch(w)
     local entries = orch:tensormap()
@@ -316,7 +316,7 @@ return function(repl)
     columns(rows)
   end)
 
-  add("rings", "per heap ring: bytes used and free, high-water mark, slabs, stalls", function()
+  add("rings", nil, "per heap ring: bytes used and free, high-water mark, slabs, stalls", function()
     local w = worker()
     local rows = { { "ring", "used", "free", "high-water", "slabs", "stalls" } }
     for _, r in ipairs(w:stats().rings) do
@@ -326,12 +326,12 @@ return function(repl)
     columns(rows)
   end)
 
-  add("stats", "the flow-control report with sizing advice", function()
+  add("stats", nil, "the flow-control report with sizing advice", function()
     local w = worker()
     io.stdout:write(w:stats_report())
   end)
 
-  add("workers", "each child: kind, pid, what it runs now, tasks run", function()
+  add("workers", nil, "each child: kind, pid, what it runs now, tasks run", function()
     local w = worker()
     local kids = w:children()
     if #kids == 0 then out("%s has no children running (init it, or open a run)", tostring(w)) return end
@@ -354,7 +354,7 @@ return function(repl)
     return rest
   end
 
-  add("dot", "FILE: write the open run's DAG as Graphviz", function(rest)
+  add("dot", "FILE", "write the open run's DAG as Graphviz", function(rest)
     local path = path_arg(rest, ":dot")
     local w = worker()
     local orch = open_orch(w)
@@ -366,7 +366,7 @@ return function(repl)
     out("wrote %s (%d tasks; render with dot -Tsvg %s -o dag.svg)", path, orch:task_count(), path)
   end)
 
-  add("trace", "FILE: record a Chrome/Perfetto trace into FILE; :trace stop writes it", function(rest)
+  add("trace", "FILE|stop", "record a Chrome/Perfetto trace into FILE; :trace stop writes it", function(rest)
     local w = worker()
     if rest == "stop" or rest == "" then
       local r = try(w.trace_stop, w)
@@ -377,7 +377,7 @@ return function(repl)
     out("tracing %s into %s; :trace stop writes it", tostring(w), rest)
   end)
 
-  add("finish", "end the open run: close its outer scope, drain, report its result or failure", function()
+  add("finish", nil, "end the open run: close its outer scope, drain, report its result or failure", function()
     local w = worker()
     local orch = open_orch(w)
     local n = orch:task_count()

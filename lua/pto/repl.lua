@@ -119,19 +119,24 @@ end
 
 -- ---- commands --------------------------------------------------------------
 
-M.commands = {} -- name -> { help = text, fn = function(argstring) }
+M.commands = {} -- name -> { help = text, fn = function(argstring), usage = "[n]" or nil }
 local order = {}
 
-function M.add_command(name, help, fn)
+-- usage (optional) names the arguments for :help, e.g. "[n]" or "FILE".
+function M.add_command(name, help, fn, usage)
   if not M.commands[name] then order[#order + 1] = name end
-  M.commands[name] = { help = help, fn = fn }
+  M.commands[name] = { help = help, fn = fn, usage = usage }
 end
 
 M.add_command("help", "list the commands", function()
-  local w = 0
-  for _, name in ipairs(order) do w = math.max(w, #name) end
+  local w, heads = 0, {}
   for _, name in ipairs(order) do
-    io.stdout:write(string.format(":%-" .. w .. "s  %s\n", name, M.commands[name].help))
+    local u = M.commands[name].usage
+    heads[name] = ":" .. name .. (u and " " .. u or "")
+    w = math.max(w, #heads[name])
+  end
+  for _, name in ipairs(order) do
+    io.stdout:write(string.format("%-" .. w .. "s  %s\n", heads[name], M.commands[name].help))
   end
   io.stdout:write("Other lines are Lua: expressions print their values, Ctrl-C interrupts, Ctrl-D exits.\n")
 end)

@@ -127,6 +127,8 @@ typedef struct pto_slot_pool {
     int32_t dir_len, dir_cap;
     pto_slot_chunk *free_chunks;
     int32_t nfree;
+    int32_t in_use, in_use_hwm;       /* chunks handed out; peak this run */
+    int32_t keep;                     /* free chunks kept: the previous run's peak */
     int64_t next_id;
     int64_t live;
 } pto_slot_pool;

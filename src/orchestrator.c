@@ -76,6 +76,13 @@ static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
 
 static void reclaim(pto_orch *o, pto_slot *s)
 {
+    /* At run end every slot is reclaimed and then the TensorMap, the rings
+     * and the configs are reset at once; erasing entry by entry would cost
+     * a cache miss per task (a 200k-task run's map is tens of MiB). */
+    if (o->ending) {
+        pto_slot_recycle(&o->pool, s);
+        return;
+    }
     for (int32_t m = 0; m < s->group_size; m++) {
         const pto_member *mb = &s->members[m];
         for (int32_t i = 0; i < mb->tensor_count; i++)
@@ -717,15 +724,18 @@ bool pto_orch_begin(pto_orch *o)
 
 int pto_orch_end(pto_orch *o)
 {
+    o->ending = true;
     while (o->scope.top > 0) scope_close(o);
     atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
     bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH) && wait_until(o, reclaimed_all, ORCH_WAIT_RETIRE);
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_run_end(tr);
     o->open = false;
+    o->ending = false;
     char *fail = pto_sched_take_failure(o->sched);
     if (!ok) {
         free(fail);
+        pto_tm_clear(&o->tm);   /* reclaimed slots skipped their erase (ending) */
         pto_set_error("Worker:run: the Worker was shut down before the run drained");
         return -1;
     }
@@ -797,18 +807,24 @@ int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *te
     return m->tensor_count;
 }
 
+typedef struct tm_list {
+    pto_tm_item *out;
+    int64_t cap, n;
+} tm_list;
+
+static void tm_list_add(uint64_t base, const pto_tm_entry *e, void *arg)
+{
+    tm_list *l = arg;
+    if (l->n < l->cap) l->out[l->n] = (pto_tm_item){base, e->start, e->end, e->producer->id};
+    l->n++;
+}
+
 int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap)
 {
     if (!check_open(o, "orch:tensormap")) return -1;
-    int64_t n = 0;
-    const pto_tensormap *m = &o->tm;
-    for (uint32_t c = 0; c <= m->mask; c++) {
-        const pto_tm_base *b = &m->cells[c];
-        for (int32_t i = 0; b->base && i < b->count; i++, n++)
-            if (n < cap) out[n] = (pto_tm_item){b->base, b->entries[i].start, b->entries[i].end,
-                                                b->entries[i].producer->id};
-    }
-    return n;
+    tm_list l = {out, cap, 0};
+    pto_tm_each(&o->tm, tm_list_add, &l);
+    return l.n;
 }
 
 int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap)

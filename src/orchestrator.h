@@ -40,6 +40,7 @@ struct pto_orch {
     _Atomic bool *shutdown;
 
     bool open;                       /* a run is in progress */
+    bool ending;                     /* run end: TensorMap, rings and configs are reset wholesale */
     int64_t submitted;               /* tasks (not allocs) this run */
     int64_t live_hwm;
     int64_t submitted_total, allocs_total;

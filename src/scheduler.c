@@ -199,21 +199,25 @@ static void running_add(pto_scheduler *s, int64_t d)
 
 static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_t member)
 {
-    atomic_store_explicit(&slot->worker, wt->index, memory_order_relaxed);
     atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
     running_add(s, 1);
     pto_wt_send(wt, slot, member);
 }
 
 /* Least-loaded worker of kind with room, preferring idle ones and the
- * lowest index (a hot worker stays hot); NULL if all are full. */
+ * lowest index (a hot worker stays hot); NULL if all are full. While the
+ * ready queue is longer than the workers' depth, they are filled up to
+ * PTO_WT_QCAP: a worker then runs many tasks per scheduler round trip
+ * instead of queue_depth, and idle workers steal from a queue that sits
+ * behind a long task (worker_manager.c), so balance does not suffer. */
 static pto_worker_thread *pick(pto_scheduler *s, int32_t kind)
 {
     pto_worker_manager *wm = s->wm;
     pto_worker_thread *best = NULL;
+    int32_t limit = s->ready_len > (int64_t)wm->depth * wm->count[kind] ? PTO_WT_QCAP : wm->depth;
     for (int32_t k = 0; k < wm->count[kind]; k++) {
         pto_worker_thread *wt = wm->threads[kind][k];
-        if (wt->inflight >= wm->depth) continue;
+        if (wt->inflight >= limit) continue;
         if (!best || wt->inflight < best->inflight) best = wt;
         if (wt->inflight == 0) break;
     }
@@ -429,7 +433,6 @@ static void dispatch_ready(pto_scheduler *s)
                 if (gated && !gate_pass(s, slot)) break;
                 queue_pop(q);
                 s->ready_len--;
-                atomic_store_explicit(&slot->worker, wts[0]->index, memory_order_relaxed);
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
                 running_add(s, 1);
                 for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m);
@@ -471,6 +474,10 @@ static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_wor
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
+    if (c->status == PTO_DONE_CANCELLED) {   /* as cancel_ready, for what was already staged */
+        x->poisoned = true;
+        if (!x->error) x->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)x->id);
+    }
     if (c->status == PTO_DONE_FAILED) {
         if (!x->error) x->error = describe_failure(s, x, wt, c->error);
         free(c->error);

@@ -61,13 +61,24 @@ static pto_slot_chunk *chunk_take(pto_slot_pool *p, int64_t first_id)
     c->first_id = first_id;
     c->live = 0;
     c->next_free = NULL;
+    if (++p->in_use > p->in_use_hwm) p->in_use_hwm = p->in_use;
     return c;
+}
+
+/* Free chunks kept for reuse: a few for the next burst, and as many as the
+ * previous run peaked at, so repeating a run of many live tasks does not
+ * fault in (and then unmap) fresh chunks every time. A smaller run gives
+ * the surplus back when it ends. */
+static int32_t keep_limit(const pto_slot_pool *p)
+{
+    int32_t k = p->keep > p->in_use_hwm ? p->keep : p->in_use_hwm;
+    return k > 8 ? k : 8;
 }
 
 static void chunk_give(pto_slot_pool *p, pto_slot_chunk *c)
 {
-    /* Keep a few chunks for the next burst; beyond that give memory back. */
-    if (p->nfree >= 8) {
+    p->in_use--;
+    if (p->nfree >= keep_limit(p)) {
         chunk_free(c);
         return;
     }
@@ -159,6 +170,14 @@ void pto_slot_pool_reset(pto_slot_pool *p)
 {
     for (int32_t i = 0; i < p->dir_len; i++)
         if (p->dir[i]) chunk_give(p, p->dir[i]);
+    p->keep = p->in_use_hwm;
+    p->in_use_hwm = p->in_use;
+    while (p->nfree > (p->keep > 8 ? p->keep : 8)) {
+        pto_slot_chunk *c = p->free_chunks;
+        p->free_chunks = c->next_free;
+        p->nfree--;
+        chunk_free(c);
+    }
     p->dir_len = 0;
     p->dir_first = 0;
     p->next_id = 0;

@@ -56,7 +56,7 @@ struct pto_slot {
     bool scope_held;                  /* orchestrator: its scope has not ended */
     int8_t ring;                      /* heap ring of its slab, -1 if none */
     int32_t group_size;
-    _Atomic int32_t worker;           /* scheduler: index of the worker that took it (member 0), -1 before */
+    _Atomic int32_t worker;           /* index of the worker that runs it (member 0), -1 before it starts */
     uint64_t callable;
     pto_cfg_ref *cfg;
 
@@ -130,6 +130,8 @@ typedef struct pto_slot_pool {
     int32_t dir_len, dir_cap;
     pto_slot_chunk *free_chunks;
     int32_t nfree;
+    int32_t in_use, in_use_hwm;       /* chunks handed out; peak this run */
+    int32_t keep;                     /* free chunks kept: the previous run's peak */
     int64_t next_id;
     int64_t live;
 } pto_slot_pool;

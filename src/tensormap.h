@@ -16,9 +16,13 @@ typedef struct pto_tm_entry {
     struct pto_slot *producer;
 } pto_tm_entry;
 
+/* Most bases have one writer at a time, so the first entry lives in the
+ * cell: inserting and erasing it costs no malloc/free. cap == 0 means the
+ * entries are `one`; cap > 0 means `more` holds them (one is unused). */
 typedef struct pto_tm_base {
     uint64_t base;                   /* 0 = empty hash cell */
-    pto_tm_entry *entries;
+    pto_tm_entry one;
+    pto_tm_entry *more;
     int32_t count, cap;
 } pto_tm_base;
 
@@ -26,6 +30,7 @@ typedef struct pto_tensormap {
     pto_tm_base *cells;              /* open addressing, linear probing */
     uint32_t mask;
     uint32_t nbases;
+    uint32_t nbases_hwm;             /* since the last clear: sizes the table for the next run */
     int64_t live, hwm;               /* entries */
 } pto_tensormap;
 
@@ -39,6 +44,8 @@ void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end
 void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer);
 /* Drop every entry of producer on base. */
 void pto_tm_erase(pto_tensormap *m, uint64_t base, struct pto_slot *producer);
+/* Call fn(base, entry, arg) for every live entry (inspection: orch:tensormap). */
+void pto_tm_each(pto_tensormap *m, void (*fn)(uint64_t base, const pto_tm_entry *e, void *arg), void *arg);
 /* Drop everything (end of run). */
 void pto_tm_clear(pto_tensormap *m);
 

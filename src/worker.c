@@ -72,6 +72,7 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     if (c.start_timeout_ms == 0) c.start_timeout_ms = 10000;
     pto_wm_init(&w->wm, c.mode, c.queue_depth, c.start_timeout_ms);
     pto_sched_init(&w->sched, &w->wm);
+    w->wm.cancel = &w->sched.cancel;
     return w;
 }
 

@@ -39,31 +39,84 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
     return wt->index;
 }
 
+/* Claim the head entry of q's queue for the calling worker thread: q's own
+ * thread takes any entry, a thief (another thread of q's kind) only a
+ * stealable one. */
+static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member)
+{
+    uint32_t h = atomic_load_explicit(&q->dq_head, memory_order_acquire);
+    for (;;) {
+        if (h == atomic_load_explicit(&q->dq_tail, memory_order_acquire)) return false;
+        pto_dispatch *e = &q->dq[h & (PTO_WT_QCAP - 1)];
+        if (thief && !atomic_load_explicit(&e->stealable, memory_order_relaxed)) return false;
+        pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
+        int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
+        /* Success proves h was unclaimed all along, so the entry was not
+         * reused under the reads above (the scheduler never overwrites an
+         * unclaimed entry: tail - head <= inflight, and it sends only
+         * while inflight < PTO_WT_QCAP). */
+        if (atomic_compare_exchange_weak_explicit(&q->dq_head, &h, h + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *slot = sl;
+            *member = m;
+            return true;
+        }
+    }
+}
+
+static bool can_steal_from(const pto_worker_thread *q)
+{
+    uint32_t h = atomic_load_explicit(&q->dq_head, memory_order_acquire);
+    return h != atomic_load_explicit(&q->dq_tail, memory_order_acquire) &&
+           atomic_load_explicit(&q->dq[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed);
+}
+
+/* An idle worker thread takes a task staged on a busy one of its kind, so a
+ * deep queue behind a long task never waits while this thread idles. */
+static pto_worker_thread *steal(pto_worker_thread *wt, bool probe, pto_slot **slot, int32_t *member)
+{
+    pto_worker_manager *wm = wt->wm;
+    int32_t n = wm->count[wt->kind];
+    if (atomic_load_explicit(&wt->cq_tail, memory_order_relaxed) -
+            atomic_load_explicit(&wt->cq_head, memory_order_acquire) >= PTO_WT_QCAP)
+        return NULL;   /* keeps the completion ring from overflowing (PTO_WT_CQCAP) */
+    for (int32_t k = 1; k < n; k++) {
+        pto_worker_thread *q = wm->threads[wt->kind][(wt->index + k) % n];
+        if (probe ? can_steal_from(q) : claim(q, true, slot, member)) return q;
+    }
+    return NULL;
+}
+
 static bool wt_has_work(void *arg)
 {
     pto_worker_thread *wt = arg;
     return atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
                atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
-           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire);
+           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL);
 }
 
-static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
+static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_worker_thread *origin)
 {
-    pto_slot *s = d->slot;
-    pto_completion c = {.slot = s, .member = d->member, .status = PTO_DONE_OK, .error = NULL};
+    pto_completion c = {.slot = s, .origin = origin, .member = member, .status = PTO_DONE_OK, .error = NULL};
     if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) {
         c.status = PTO_DONE_SKIPPED;
+    } else if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) {
+        /* Staged before the interrupt: an interrupted run drains without
+         * running what is still queued, however deep the queues are. */
+        c.status = PTO_DONE_CANCELLED;
     } else {
-        const pto_member *m = &s->members[d->member];
+        const pto_member *m = &s->members[member];
         pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
         char err[PTO_MB_ERR_CAP];   /* room for a child's message with a Lua traceback */
         err[0] = 0;
         atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
+        /* Here, not at dispatch: an idle worker may have stolen the task. */
+        if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
         pto_trace *tr = pto_trace_on(&wt->wm->trace);
         uint64_t t0 = tr ? pto_now_ns() : 0;
         int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
-        if (tr) pto_trace_task(tr, wt, s, d->member, t0, rc);   /* before the completion: ends precede consumers */
+        if (tr) pto_trace_task(tr, wt, s, member, t0, rc);   /* before the completion: ends precede consumers */
         if (rc != 0) {
             c.status = PTO_DONE_FAILED;
             c.error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
@@ -71,7 +124,7 @@ static void wt_run_one(pto_worker_thread *wt, const pto_dispatch *d)
     }
     atomic_fetch_add_explicit(&wt->tasks_run, 1, memory_order_relaxed);
     uint32_t t = atomic_load_explicit(&wt->cq_tail, memory_order_relaxed);
-    wt->cq[t & (PTO_WT_QCAP - 1)] = c;
+    wt->cq[t & (PTO_WT_CQCAP - 1)] = c;
     atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);
     pto_event_notify(wt->wm->sched_ev);
     /* Reported first (a death must fail its task at once), then the
@@ -85,12 +138,13 @@ static void *wt_main(void *arg)
     for (;;) {
         pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
-        uint32_t h = atomic_load_explicit(&wt->dq_head, memory_order_relaxed);
-        uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_acquire);
-        while (h != t) {
-            pto_dispatch d = wt->dq[h & (PTO_WT_QCAP - 1)];
-            atomic_store_explicit(&wt->dq_head, ++h, memory_order_release);
-            wt_run_one(wt, &d);
+        pto_slot *slot;
+        int32_t member;
+        pto_worker_thread *origin;
+        for (;;) {
+            if (claim(wt, false, &slot, &member)) origin = wt;
+            else if (!(origin = steal(wt, false, &slot, &member))) break;
+            wt_run_one(wt, slot, member, origin);
         }
     }
     return NULL;
@@ -185,7 +239,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
             pto_worker_thread *wt = wm->threads[k][i];
             /* Completions nobody collected (a run abandoned by shutdown). */
             uint32_t h = atomic_load(&wt->cq_head), t = atomic_load(&wt->cq_tail);
-            for (; h != t; h++) free(wt->cq[h & (PTO_WT_QCAP - 1)].error);
+            for (; h != t; h++) free(wt->cq[h & (PTO_WT_CQCAP - 1)].error);
             free(wt);
         }
         free(wm->threads[k]);
@@ -198,7 +252,12 @@ void pto_wm_destroy(pto_worker_manager *wm)
 void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member)
 {
     uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
-    wt->dq[t & (PTO_WT_QCAP - 1)] = (pto_dispatch){slot, member};
+    pto_dispatch *e = &wt->dq[t & (PTO_WT_QCAP - 1)];
+    atomic_store_explicit(&e->slot, slot, memory_order_relaxed);
+    atomic_store_explicit(&e->member, member, memory_order_relaxed);
+    /* Pinned tasks must run here; group members start together on the
+     * distinct idle workers the scheduler picked. */
+    atomic_store_explicit(&e->stealable, slot->group_size == 1 && slot->member0.pin < 0, memory_order_relaxed);
     atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
     wt->inflight++;
     pto_event_notify(&wt->ev);
@@ -208,8 +267,8 @@ bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out)
 {
     uint32_t h = atomic_load_explicit(&wt->cq_head, memory_order_relaxed);
     if (h == atomic_load_explicit(&wt->cq_tail, memory_order_acquire)) return false;
-    *out = wt->cq[h & (PTO_WT_QCAP - 1)];
+    *out = wt->cq[h & (PTO_WT_CQCAP - 1)];
     atomic_store_explicit(&wt->cq_head, h + 1, memory_order_release);
-    wt->inflight--;
+    out->origin->inflight--;
     return true;
 }

@@ -18,16 +18,26 @@ struct pto_slot;
 struct pto_scheduler;
 
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
+/* A thread's completions include tasks it stole; it steals only while fewer
+ * than PTO_WT_QCAP of them are unpolled, and its own stay below PTO_WT_QCAP. */
+#define PTO_WT_CQCAP (2 * PTO_WT_QCAP)
 
-enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2 };
+/* CANCELLED: still staged when the run was interrupted, so not run. */
+enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2, PTO_DONE_CANCELLED = 3 };
 
+/* A staged task. Idle workers of the same kind may steal unpinned single
+ * tasks from the head of another worker's queue, so the fields are atomics
+ * read before the claiming CAS on dq_head (a thief's read may be stale; the
+ * CAS then fails and the read is discarded). */
 typedef struct pto_dispatch {
-    struct pto_slot *slot;
-    int32_t member;
+    struct pto_slot *_Atomic slot;
+    _Atomic int32_t member;
+    _Atomic bool stealable;
 } pto_dispatch;
 
 typedef struct pto_completion {
     struct pto_slot *slot;
+    struct pto_worker_thread *origin;   /* whose queue it was staged on (its inflight) */
     int32_t member;
     int32_t status;
     char *error;                  /* malloc'ed, or NULL */
@@ -44,16 +54,16 @@ typedef struct pto_worker_thread {
     pthread_t thread;
     bool started;
     pto_event ev;
-    /* scheduler -> worker */
+    /* scheduler -> worker; dq_head is claimed by CAS (owner and thieves) */
     _Alignas(64) _Atomic uint32_t dq_tail;
     _Alignas(64) _Atomic uint32_t dq_head;
     pto_dispatch dq[PTO_WT_QCAP];
     /* worker -> scheduler */
     _Alignas(64) _Atomic uint32_t cq_tail;
     _Alignas(64) _Atomic uint32_t cq_head;
-    pto_completion cq[PTO_WT_QCAP];
+    pto_completion cq[PTO_WT_CQCAP];
     /* scheduler-only */
-    int32_t inflight;
+    int32_t inflight;                       /* staged here and not completed, wherever it runs */
     struct pto_slot *pin_head, *pin_tail;   /* ready tasks pinned here */
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;
@@ -66,6 +76,7 @@ typedef struct pto_worker_manager {
     int32_t count[2], cap[2];
     _Atomic bool stopping;
     pto_event *sched_ev;          /* woken on every completion */
+    _Atomic bool *cancel;         /* the run was interrupted: staged tasks are not run */
     /* PROCESS mode */
     uint32_t start_timeout_ms;
     pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */
@@ -86,7 +97,7 @@ void pto_wm_stop(pto_worker_manager *wm);
 void pto_wm_settle(pto_worker_manager *wm);
 void pto_wm_destroy(pto_worker_manager *wm);
 
-/* Scheduler side: stage one member of slot on wt (wt->inflight < depth). */
+/* Scheduler side: stage one member of slot on wt (wt->inflight < PTO_WT_QCAP). */
 void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member);
 /* Scheduler side: take one completion; false if none. */
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out);

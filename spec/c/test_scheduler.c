@@ -192,6 +192,57 @@ static void test_idle_worker_not_held_back(void)
     pto_worker_close(w);
 }
 
+/* Many ready tasks are staged deeper than queue_depth; the ones staged
+ * behind a blocked task are taken by the idle worker, so they all run while
+ * it blocks. */
+static void test_deep_queue_stolen_by_idle_worker(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    sub1(o, CALL(120, ACT_BLOCK), 1, (int[]){0}, OUT, -1);
+    CHECK(wait_for(&blocked, 1));
+    int busy = atomic_load(&worker_of[120]);
+    pto_task_args none = {0};
+    for (int i = 0; i < 40; i++) CHECK(pto_submit_next_level(o, CALL(121 + i, ACT_RUN), &none, NULL, -1) >= 0);
+    for (int i = 0; i < 40; i++) CHECK(wait_for(&ran[121 + i], 1));
+    CHECK_EQ(atomic_load(&blocked), 1);
+    for (int i = 0; i < 40; i++) CHECK(atomic_load(&worker_of[121 + i]) != busy);
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    pto_worker_close(w);
+}
+
+/* An interrupt fails the tasks already staged behind a running one too, so
+ * the run drains without running them however deep the queue is. */
+static void test_interrupt_skips_staged(void)
+{
+    reset();
+    pto_worker *w = make(1, 0);
+    pto_orch *o = pto_run_begin(w);
+    const uint8_t OUT[] = {PTO_OUTPUT};
+    sub1(o, CALL(170, ACT_BLOCK), 1, (int[]){0}, OUT, -1);
+    CHECK(wait_for(&blocked, 1));
+    pto_task_args none = {0};
+    for (int i = 0; i < 40; i++) CHECK(pto_submit_next_level(o, CALL(171 + i, ACT_RUN), &none, NULL, -1) >= 0);
+    tu_sleep_ms(20);   /* let the scheduler stage them */
+    pto_worker_interrupt(w);
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "Worker:run: interrupted");
+    CHECK_EQ(atomic_load(&ran[170]), 1);
+    int ran_after = 0;
+    for (int i = 0; i < 40; i++) ran_after += atomic_load(&ran[171 + i]);
+    CHECK_EQ(ran_after, 0);
+    /* the Worker runs the next run normally */
+    o = pto_run_begin(w);
+    CHECK(pto_submit_next_level(o, CALL(211, ACT_RUN), &none, NULL, -1) >= 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(atomic_load(&ran[211]), 1);
+    pto_worker_close(w);
+}
+
 static void test_failure_poisons_consumers(void)
 {
     reset();
@@ -504,6 +555,8 @@ int main(void)
     RUN(test_group_completes_after_all_members);
     RUN(test_pinned_worker_fifo);
     RUN(test_idle_worker_not_held_back);
+    RUN(test_deep_queue_stolen_by_idle_worker);
+    RUN(test_interrupt_skips_staged);
     RUN(test_failure_poisons_consumers);
     RUN(test_failed_group_member);
     RUN(test_consumer_waits_for_failing_group);

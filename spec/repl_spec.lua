@@ -267,3 +267,34 @@ describe("the prompt's engine commands", function()
       assert.equal(1, spans)
     end)
 end)
+
+describe("docs/repl.md's walkthrough", function()
+  it("finds the wrong dependency in examples/repl/bgemm_bug.lua and runs the fixed DAG step by step", function()
+    local out = ok_session({
+      PROMPT, send(":hold\n"), expect("dispatch held"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("submit_tile(orch)\n"), PROMPT,
+      send(":dag\n"), expect("9 tasks; dispatch held"), PROMPT,
+      send(":task 5\n"), expect("producers: 4 (fan-in 1)"), expect("1  out  f32[4x4]"), PROMPT,
+      send("function add_into(orch, c, p) orch:submit_next_level(add, pto.args{{c, 'inout'}, {p, 'in'}}) end\n"),
+      PROMPT, send(":finish\n"), expect("run finished: 9 tasks, no failure"), PROMPT,
+      send("for i = 1, #C do C[i] = 0 end\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("submit_tile(orch)\n"), PROMPT,
+      send(":dag\n"), expect("9 tasks; dispatch held"), PROMPT,
+      send(":step 2\n"), expect("(dispatch held)"), PROMPT,
+      send(":break add\n"), expect("dispatch will hold"), PROMPT,
+      send(":release\n"), expect("stopped at a breakpoint before task 2 add (chip)"), PROMPT,
+      send(":unbreak\n"), PROMPT,
+      send(":release\n"), expect("task 8 add (chip): "), expect("(dispatch free)"), PROMPT,
+      send(":finish\n"), expect("run finished: 9 tasks, no failure"), PROMPT,
+      send("check()\n"), expect("\ntrue\n"),
+      PROMPT, EOF, WAIT,
+    }, { args = "-i examples/repl/bgemm_bug.lua" })
+    -- the buggy adds wait only for their gemm; the fixed ones also for the previous add
+    assert.matches("\n  5%s+pending%s+chip%s+add%s+%-%s+1%s+0%s+4\n", out)
+    assert.matches("\n  8%s+pending%s+chip%s+add%s+%-%s+1%s+0%s+7\n", out)
+    assert.matches("\n  5%s+pending%s+chip%s+add%s+%-%s+2%s+1%s+2,4\n", out)
+    assert.matches("\n  8%s+pending%s+chip%s+add%s+%-%s+2%s+0%s+5,7\n", out)
+  end)
+end)

@@ -213,6 +213,15 @@ static int w_step(lua_State *L)
     return 1;
 }
 
+/* w:sync(): task states are current once it returns (every submit so far
+ * wired). Nothing to do for a Worker that has no scheduler yet. */
+static int w_sync(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:sync");
+    if (W->state == W_READY && pto_dispatch_sync(W->w) != 0) return lpto_engine_error(L);
+    return 0;
+}
+
 /* w:wait([timeout_s = 60]) -> true once nothing runs and nothing more may dispatch. */
 static int w_wait(lua_State *L)
 {
@@ -357,7 +366,7 @@ void lpto_open_debug(lua_State *L)
     lua_getfield(L, -1, "methods");
     static const luaL_Reg methods[] = {
         {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
-        {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait},
+        {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
         {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
         {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
     luaL_setfuncs(L, methods, 0);

@@ -274,6 +274,8 @@ int pto_dispatch_step(pto_worker *w, int64_t n);
 int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t on);
 /* Wait at most timeout_ms until nothing runs and nothing more may dispatch (a held Worker's step is spent or has nothing left to run; it is then dropped). 1 when quiet, 0 on timeout, -1 on error. */
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms);
+/* Return once the scheduler has wired every task submitted before the call and dispatched what it may: task states are then current. 0 or -1. */
+int pto_dispatch_sync(pto_worker *w);
 /* Copy the dispatch-control state into out. */
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
 

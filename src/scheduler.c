@@ -2,6 +2,7 @@
 #include "common.h"
 #include "slot.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,13 @@ static void answer_quiet(pto_scheduler *s)
     atomic_store(&s->quiet_ack, req);
 }
 
+void pto_sched_sync(pto_scheduler *s)
+{
+    uint64_t req = atomic_fetch_add(&s->sync_req, 1) + 1;
+    pto_event_notify(&s->ev);
+    while (atomic_load(&s->sync_ack) < req && atomic_load(&s->running)) sched_yield();
+}
+
 bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms)
 {
     uint64_t req = atomic_fetch_add(&s->quiet_req, 1) + 1;
@@ -520,6 +528,8 @@ static bool sched_has_work(void *arg)
         return true;
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && s->ready_len) return true;
     if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != s->quiet_seen ||
+        atomic_load_explicit(&s->sync_req, memory_order_relaxed) !=
+            atomic_load_explicit(&s->sync_ack, memory_order_relaxed) ||
         atomic_load_explicit(&s->gate_gen, memory_order_relaxed) != s->gate_seen)
         return true;
     for (int32_t kind = 0; kind < 2; kind++)
@@ -536,9 +546,13 @@ static void *sched_main(void *arg)
 {
     pto_scheduler *s = arg;
     while (atomic_load_explicit(&s->running, memory_order_acquire)) {
+        /* A sync request seen here is answered after this whole turn, whose
+         * wiring then includes every task submitted before the request. */
+        uint64_t sync = atomic_load(&s->sync_req);
         bool wired = wire_all(s);
         dispatch_ready(s);
         bool done = complete_all(s);
+        if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
         if (wired || done) continue;
         answer_quiet(s);
         pto_event_wait(&s->ev, sched_has_work, s, SCHED_SPIN_NS, -1);

@@ -59,6 +59,7 @@ typedef struct pto_scheduler {
     _Atomic int64_t nrunning;               /* dispatched, not finished (written by this thread only) */
     _Atomic uint64_t quiet_req, quiet_ack;  /* pto_sched_wait_quiet's request and this thread's answer */
     uint64_t quiet_seen;                    /* scheduler-only */
+    _Atomic uint64_t sync_req, sync_ack;    /* pto_sched_sync: answered after one whole turn */
     _Atomic uint32_t gate_gen;              /* bumped by every change above: the scheduler wakes to look */
     uint32_t gate_seen;                     /* scheduler-only */
     pthread_mutex_t gate_mu;                /* breaks */
@@ -102,6 +103,8 @@ int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool 
 void pto_sched_draining(pto_scheduler *s, bool on);
 /* Wait until nothing runs and nothing more may dispatch; false after timeout_ms. */
 bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms);
+/* Return once the scheduler has wired every task submitted before the call and dispatched what it may. */
+void pto_sched_sync(pto_scheduler *s);
 /* True when dispatch is held with nothing running: no task can finish until a step or release. */
 bool pto_sched_stalled_by_hold(pto_scheduler *s);
 

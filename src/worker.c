@@ -309,6 +309,13 @@ int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms)
     return pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms) ? 1 : 0;
 }
 
+int pto_dispatch_sync(pto_worker *w)
+{
+    if (!dispatch_check(w, "Worker:sync")) return -1;
+    pto_sched_sync(&w->sched);
+    return 0;
+}
+
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
 {
     memset(out, 0, sizeof *out);

@@ -109,7 +109,12 @@ return function(repl)
     return table.concat(parts, ", ")
   end
 
-  local function snapshot(orch)
+  -- Task states are read after the scheduler has wired every submit so far,
+  -- so a task just submitted shows as ready, not as a transient pending.
+  local function settle(w) w:sync() end
+
+  local function snapshot(w, orch)
+    settle(w)
     local s = {}
     if orch then for _, t in ipairs(orch:tasks()) do s[t.id] = t.state end end
     return s
@@ -183,7 +188,7 @@ return function(repl)
     local n = int_arg(rest, ":step", 1)
     local w = worker()
     local orch = w:orch()
-    local before = snapshot(orch)
+    local before = snapshot(w, orch)
     local ok = try(w.step, w, n)
     wait_report(w, orch, before, ok)
   end)
@@ -191,7 +196,7 @@ return function(repl)
   add("release", nil, "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
     local w = worker()
     local orch = w:orch()
-    local before = snapshot(orch)
+    local before = snapshot(w, orch)
     try(w.release, w)
     local ok = try(w.wait, w)
     wait_report(w, orch, before, ok)
@@ -248,6 +253,7 @@ return function(repl)
   add("dag", nil, "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
     local w = worker()
     local orch = open_orch(w)
+    settle(w)
     local tasks = orch:tasks()
     out("%d task%s; %s", #tasks, #tasks == 1 and "" or "s", dispatch_line(w))
     if #tasks == 0 then return end
@@ -268,6 +274,7 @@ return function(repl)
     if not id then problem(":task: expected a task id (got '%s')", rest) end
     local w = worker()
     local orch = open_orch(w)
+    settle(w)
     local t = try(orch.task, orch, id)
     out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
     if (t.group_size or 1) > 1 then out("  group of %d members", t.group_size) end
@@ -290,6 +297,7 @@ return function(repl)
   add("ready", nil, "the tasks ready to dispatch", function()
     local w = worker()
     local orch = open_orch(w)
+    settle(w)
     local n = 0
     for _, t in ipairs(orch:tasks()) do
       if t.state == "ready" then

@@ -423,6 +423,9 @@ static void test_dispatch_control(void)
     int64_t b = sub1(o, CALL(121, ACT_RUN), 2, (int[]){0, 1}, IN_OUT, -1);
     int64_t c = sub1(o, CALL(122, ACT_RUN), 2, (int[]){1, 2}, IN_OUT, -1);
     int64_t d = sub1(o, CALL(123, ACT_RUN), 1, (int[]){3}, OUT, -1);
+    CHECK_EQ(pto_dispatch_sync(w), 0);   /* wired: states are current */
+    CHECK_EQ(task_state(o, a), PTO_TASK_READY);
+    CHECK_EQ(task_state(o, d), PTO_TASK_READY);
     CHECK_EQ(pto_dispatch_wait(w, 2000), 1);
     CHECK_EQ(ran_count((int[]){120, 121, 122, 123}, 4), 0);
     CHECK_EQ(task_state(o, a), PTO_TASK_READY);

@@ -79,7 +79,7 @@ return function(repl)
     for _, r in ipairs(rows) do
       local cells = {}
       for i, c in ipairs(r) do cells[i] = i == #r and c or c .. (" "):rep(width[i] - #c) end
-      out("  %s", table.concat(cells, "  "))
+      out("  %s", (table.concat(cells, "  "):gsub("%s+$", "")))
     end
   end
 

@@ -8,7 +8,10 @@ int luaopen_pto(lua_State *L);
 /* Async-signal-safe: make every pto call blocked in this process (a run's
  * drain, ring back-pressure) return with an "interrupted" error soon. */
 void lpto_interrupt(void);
-/* The host waits for input (begin = 1) or is done waiting (0): THREAD-mode
- * sub callables may take the interpreter lock meanwhile. */
-void lpto_idle(lua_State *L, int begin);
+/* The host is about to wait for input: THREAD-mode sub callables may take
+ * the interpreter lock meanwhile. Returns the token lpto_idle_end needs
+ * (NULL when pto is not loaded); L must not be touched until then. */
+void *lpto_idle_begin(lua_State *L);
+/* The wait is over: take the interpreter lock back. */
+void lpto_idle_end(void *token);
 #endif

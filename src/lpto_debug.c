@@ -16,12 +16,16 @@ static _Atomic unsigned interrupt_gen;
 
 void lpto_debug_interrupted(void) { atomic_fetch_add(&interrupt_gen, 1); }
 
-void lpto_idle(lua_State *L, int begin)
+void *lpto_idle_begin(lua_State *L)
 {
-    lpto_gil *g = lpto_gil_of(L);
-    if (!g) return;
-    if (begin) lpto_gil_release(g);
-    else lpto_gil_acquire(g);
+    lpto_gil *g = lpto_gil_of(L);   /* read while the lock is still ours */
+    if (g) lpto_gil_release(g);
+    return g;
+}
+
+void lpto_idle_end(void *token)
+{
+    if (token) lpto_gil_acquire(token);
 }
 
 /* ---- the Workers of this state, in creation order (pto.workers) ---- */
@@ -245,21 +249,21 @@ static lhandle *check_handle(lua_State *L, int idx, lworker *W, const char *who)
 
 /* The engine kind(s) a handle's tasks run as: a function at level >= 4 may
  * be submitted both to subs and to Worker children. */
-static int set_break(lua_State *L, lworker *W, const lhandle *h, int on)
+static void set_break(lworker *W, const lhandle *h, int on)
 {
-    int n = 0;
-    if (h->kind == H_CHIP) return pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
-    n = pto_dispatch_break(W->w, PTO_SUB, h->callable, on);
-    if (W->level >= 4) n = pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
-    (void)L;
-    return n;
+    if (h->kind == H_CHIP) {
+        pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
+        return;
+    }
+    pto_dispatch_break(W->w, PTO_SUB, h->callable, on);
+    if (W->level >= 4) pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
 }
 
 /* w:set_break(handle): hold dispatch before any task of handle's callable would start. */
 static int w_set_break(lua_State *L)
 {
     lworker *W = check_init(L, "Worker:set_break");
-    set_break(L, W, check_handle(L, 2, W, "Worker:set_break"), 1);
+    set_break(W, check_handle(L, 2, W, "Worker:set_break"), 1);
     return 0;
 }
 
@@ -271,7 +275,7 @@ static int w_clear_break(lua_State *L)
         pto_dispatch_break(W->w, PTO_SUB, UINT64_MAX, 0);
         pto_dispatch_break(W->w, PTO_NEXT_LEVEL, UINT64_MAX, 0);
     } else {
-        set_break(L, W, check_handle(L, 2, W, "Worker:clear_break"), 0);
+        set_break(W, check_handle(L, 2, W, "Worker:clear_break"), 0);
     }
     return 0;
 }

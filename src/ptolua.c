@@ -420,8 +420,11 @@ static volatile sig_atomic_t prompt_sigint;
  * input, so that THREAD-mode sub callables of tasks released at the prompt
  * (:step, :release) run meanwhile. */
 static lua_State *prompt_L;
+static void *idle_token;
 static void idle(int begin) {
-  if (prompt_L) lpto_idle(prompt_L, begin);
+  if (!prompt_L) return;
+  if (begin) idle_token = lpto_idle_begin(prompt_L);
+  else lpto_idle_end(idle_token);
 }
 static void on_prompt_sigint(int sig) {
   (void)sig;

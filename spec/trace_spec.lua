@@ -393,6 +393,72 @@ describe("w:trace_start / w:trace_stop", function()
       "the L3 task runs inside the L4 task that ran its Worker (one clock for both files)")
   end)
 
+  it("brings a PROCESS-mode Worker child's own tasks into its parent's trace, on one clock", function()
+    local w4 = pto.Worker{level = 4, mode = "process"}
+    local fills = {}
+    for i = 1, 2 do
+      local l3 = pto.Worker{level = 3, chips = 1}   -- hosted in a child process of w4
+      fills[i] = l3:register(pto.chip_kernel("fill"), "fill" .. i)
+      w4:add_worker(l3)
+    end
+    local row = w4:register(function(orch, a)
+      local i = math.tointeger(a:scalar(1))
+      orch:submit_next_level(fills[i], pto.args{{a:tensor(1), "out"}, scalars = {3.0}})
+      orch:submit_next_level(fills[i], pto.args{{a:tensor(2), "out"}, scalars = {4.0}})
+    end, "row")
+    w4:init()
+    local path = tmpname(".json")
+    local t = {pto.tensor{8}, pto.tensor{8}, pto.tensor{8}, pto.tensor{8}}
+    w4:run(function(orch)   -- before the trace: not recorded
+      orch:submit_next_level(row, pto.args{{t[1], "out"}, {t[2], "out"}, scalars = {1}}, pto.CallConfig(), {worker = 1})
+    end)
+    w4:trace_start(path)
+    w4:run(function(orch)
+      for i = 1, 2 do
+        orch:submit_next_level(row, pto.args{{t[2 * i - 1], "out"}, {t[2 * i], "out"}, scalars = {i}},
+          pto.CallConfig(), {worker = i})
+      end
+    end)
+    local info = w4:trace_stop()
+    w4:run(function(orch)   -- after the trace: not recorded either
+      orch:submit_next_level(row, pto.args{{t[1], "out"}, {t[2], "out"}, scalars = {1}}, pto.CallConfig(), {worker = 1})
+    end)
+    w4:close()
+    assert.are.equal(4, t[4][1])
+    local doc = decode_file(info.path)
+    -- the L4 tasks on the L4's own process (pid 1), one per L3 worker
+    local top = {}
+    for _, list in pairs(task_spans(doc, 1)) do
+      for _, evs in pairs(list) do top[evs[1].args.worker] = evs[1] end
+    end
+    assert.truthy(top["L3 worker 1"] and top["L3 worker 2"])
+    -- each L3's two chip tasks, in a process of its own named after its place
+    local children = {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" and e.args.name:match("^L3 worker %d") then
+        children[e.pid] = e.args.name:match("^(L3 worker %d)")
+      end
+    end
+    local n = 0
+    for pid, where in pairs(children) do
+      n = n + 1
+      local spans = 0
+      for _, list in pairs(task_spans(doc, pid)) do
+        for _, evs in pairs(list) do
+          for _, e in ipairs(evs) do
+            spans = spans + 1
+            assert.are.equal("fill" .. where:match("%d$"), e.name)
+            assert.are.equal("chip 1", e.args.worker)
+            assert.truthy(e.ts + EPS >= top[where].ts and span_end(e) <= span_end(top[where]) + EPS,
+              "an L3 task runs inside the L4 task that ran its Worker (one clock for all processes)")
+          end
+        end
+      end
+      assert.are.equal(2, spans)
+    end
+    assert.are.equal(2, n)
+  end)
+
   it("says what was wrong and what to do", function()
     assert_error(function() W:trace_start() end, "Worker:trace_start: ", "path of the trace file")
     assert_error(function() W:trace_start("/nonexistent-dir/x.json") end, "Worker:trace_start: ",

@@ -34,6 +34,26 @@ typedef struct stats_block {
     char text[];
 } stats_block;
 
+/* A PROCESS-mode Worker child's trace, travelling up. While its parent
+ * traces, the parent sets `want` (a trace generation) and its time origin;
+ * the child then traces its runs and, after each, pushes the run's events
+ * as a block of its own arena on a list the parent reads when its trace
+ * stops. Blocks are immutable once pushed, so reading needs no lock, and a
+ * child frees its blocks only after `want` changed, which the parent does
+ * after reading. */
+typedef struct trace_block {
+    uint64_t next;               /* the previous block's address, 0 at the end */
+    uint64_t len;
+    uint32_t gen;
+    char text[];
+} trace_block;
+
+typedef struct trace_link {
+    _Atomic uint32_t want;       /* parent: the generation it collects, 0 for none */
+    _Atomic uint64_t epoch;      /* parent: its traces' time origin */
+    _Atomic uint64_t head;       /* child: the newest block */
+} trace_link;
+
 struct wchild {
     sub_ctx s;                   /* first: lpto_sub_load installs shipped functions through it */
     lworker *child;
@@ -42,6 +62,9 @@ struct wchild {
     void *arena;                 /* PROCESS mode: the child's own tensor memory, carved from ours */
     uint64_t arena_bytes;
     bool process;
+    trace_link *tl;              /* PROCESS mode: in shared memory */
+    uint32_t tgen;               /* parent: the last generation it asked for */
+    uint32_t traced_gen;         /* child: the generation its blocks belong to */
 };
 
 /* ---- add_worker ------------------------------------------------------------------ */
@@ -432,6 +455,82 @@ static int run_protected(lua_State *L)
     return lua_error(L);
 }
 
+/* ---- traces of PROCESS-mode children ---- */
+
+static void free_blocks(trace_link *tl)
+{
+    uint64_t b = atomic_exchange(&tl->head, 0);
+    while (b) {
+        trace_block *x = (trace_block *)(uintptr_t)b;
+        b = x->next;
+        pto_shm_free(x);
+    }
+}
+
+/* In the child, before a run: follow the parent's wish. */
+static void trace_begin(wchild *C)
+{
+    pto_worker *w = C->child->w;
+    uint32_t want = atomic_load_explicit(&C->tl->want, memory_order_acquire);
+    if (want != C->traced_gen) {   /* a new trace, or none: what was published is read or stale */
+        free_blocks(C->tl);
+        if (pto_trace_active(w)) pto_trace_stop(w, NULL);
+        C->traced_gen = want;
+    }
+    if (want && !pto_trace_active(w)) {
+        pto_trace_set_epoch(atomic_load(&C->tl->epoch));
+        pto_trace_start(w, 0);   /* if it cannot, this run goes untraced */
+    }
+}
+
+/* In the child, after a run: publish the run's events, and record on. */
+static void trace_end(wchild *C)
+{
+    pto_worker *w = C->child->w;
+    if (!C->traced_gen || !pto_trace_active(w) || pto_trace_stop(w, NULL) != 0) return;
+    char name[96];
+    snprintf(name, sizeof name, "%s (pid %d): level-%d Worker", C->s.name, (int)getpid(), C->child->level);
+    int64_t n = pto_trace_format(w, (int32_t)getpid(), name, NULL, 0);
+    trace_block *b = n > 0 ? pto_shm_alloc(sizeof *b + (uint64_t)n + 1) : NULL;
+    if (b) {   /* no room in this child's memory: the run's events are lost, the run is not */
+        pto_trace_format(w, (int32_t)getpid(), name, b->text, (size_t)n + 1);
+        b->len = (uint64_t)n;
+        b->gen = C->traced_gen;
+        b->next = atomic_load(&C->tl->head);
+        atomic_store_explicit(&C->tl->head, (uint64_t)(uintptr_t)b, memory_order_release);
+    }
+    pto_trace_start(w, 0);
+}
+
+void lpto_level_trace(lworker *W, bool on)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        if (!C->tl) continue;
+        if (on) {
+            if (++C->tgen == 0) C->tgen = 1;
+            atomic_store(&C->tl->epoch, pto_trace_epoch());
+        }
+        atomic_store_explicit(&C->tl->want, on ? C->tgen : 0, memory_order_release);
+    }
+}
+
+void lpto_level_trace_collect(lworker *W)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        if (!C->tl) continue;
+        uint32_t gen = atomic_load(&C->tl->want);
+        for (uint64_t b = atomic_load_explicit(&C->tl->head, memory_order_acquire); gen && b;) {
+            const trace_block *x = (const trace_block *)(uintptr_t)b;
+            if (!pto_shm_contains(x) || x->len > C->arena_bytes) break;   /* a child that died mid-write */
+            if (x->gen == gen) pto_trace_attach(W->w, x->text, x->len);
+            b = x->next;
+        }
+        atomic_store_explicit(&C->tl->want, 0, memory_order_release);
+    }
+}
+
 /* The leaf's run: in the child process (PROCESS), or on the parent's worker
  * thread holding the interpreter lock (THREAD). */
 static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
@@ -446,7 +545,10 @@ static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, co
     lua_pushlightuserdata(T, (void *)cfg);
     lua_pushinteger(T, (lua_Integer)callable);
     int rc = 0;
-    if (lua_pcall(T, 4, 0, 0) != LUA_OK) {
+    if (C->tl) trace_begin(C);
+    int status = lua_pcall(T, 4, 0, 0);
+    if (C->tl) trace_end(C);
+    if (status != LUA_OK) {
         const char *m = lua_tostring(T, -1);
         snprintf(err, errlen, "%s", m ? m : "(error object is not a string)");
         rc = 1;
@@ -496,6 +598,9 @@ static int level_start(void *ctx, char *err, size_t errlen)
         snprintf(err, errlen, "%s", pto_errmsg());
         return 1;
     }
+    /* A replaced child reuses the arena: what its predecessor published is gone. */
+    atomic_store(&C->tl->head, 0);
+    C->traced_gen = 0;
     lua_settop(T, 0);
     lua_pushcfunction(T, init_protected);
     lua_pushlightuserdata(T, C);
@@ -539,7 +644,8 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
         if (C->process) {
             C->stats = pto_shm_alloc(STATS_CAP);
-            if (!C->stats) lpto_engine_error(L);
+            C->tl = pto_shm_alloc(sizeof *C->tl);
+            if (!C->stats || !C->tl) lpto_engine_error(L);
             pto_shm_stats ss;
             pto_shm_get_stats(&ss);
             /* Virtual: pages are backed only when touched. */
@@ -566,6 +672,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
     }
     lua_pop(L, 2);
+    if (pto_trace_active(W->w)) lpto_level_trace(W, true);   /* traced since before init (ptolua --trace) */
 }
 
 void lpto_level_free(lua_State *L, lworker *W)
@@ -573,6 +680,7 @@ void lpto_level_free(lua_State *L, lworker *W)
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
         pto_shm_free(C->stats);
+        pto_shm_free(C->tl);
         pto_shm_free(C->arena);
         luaL_unref(L, LUA_REGISTRYINDEX, C->child_ref);
     }

@@ -206,6 +206,10 @@ void lpto_level_free(lua_State *L, lworker *W);
 void lpto_level_stats(lua_State *L, lworker *W);
 /* Append each child's report to the buffer. */
 void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
+/* PROCESS-mode Worker children trace their runs while W traces (on), and
+ * collect attaches what they recorded to W's trace (before it stops). */
+void lpto_level_trace(lworker *W, bool on);
+void lpto_level_trace_collect(lworker *W);
 /* Push {pid, ...} of the Worker children's processes. */
 void lpto_level_pids(lua_State *L, lworker *W);
 

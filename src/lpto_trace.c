@@ -124,6 +124,7 @@ static bool finish(lua_State *L, lworker *W)
     if (entry) lua_getfield(L, base + 2, "path");  /* base + 3: a file, or false for --trace */
     else lua_pushnil(L);
     const char *path = lua_tostring(L, base + 3);
+    lpto_level_trace_collect(W);   /* PROCESS-mode Worker children's runs join W's events */
     bool ok = pto_trace_stop(W->w, path) == 0;
     if (ok && entry && !path) {
         lua_getfield(L, base + 2, "serial");
@@ -277,6 +278,7 @@ static int w_trace_start(lua_State *L)
         return lpto_error(L, who, "cannot write the trace to '%s': %s; give a path in an existing, writable directory",
                           path, why);
     if (pto_trace_start(W->w, (uint32_t)events) != 0) return lpto_engine_error_as(L, who);
+    lpto_level_trace(W, true);
     push_field(L, "tracing");
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, 2);

@@ -326,6 +326,12 @@ int64_t pto_trace_events(pto_worker *w);
 int64_t pto_trace_dropped(pto_worker *w);
 /* The stopped trace's events as comma-separated trace-event objects of process pid named name (NULL: "Worker (level 3, thread mode)"), to merge several Workers into one traceEvents array; writes at most cap bytes with a NUL and returns the full length (like snprintf), or -1 if w has no stopped trace. */
 int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf, size_t cap);
+/* Add events (comma-separated trace-event objects from pto_trace_format, e.g. of a Worker child in another process) to w's trace: pto_trace_stop's file and pto_trace_format include them until the next pto_trace_start. 0 or -1. */
+int pto_trace_attach(pto_worker *w, const char *events, size_t len);
+/* The time origin of this process's traces (CLOCK_MONOTONIC ns), 0 before the first pto_trace_start. */
+uint64_t pto_trace_epoch(void);
+/* In a child process: use origin epoch_ns (its parent's pto_trace_epoch) so traces merged from several processes share one time axis. */
+void pto_trace_set_epoch(uint64_t epoch_ns);
 /* The name given to callable of kind by pto_worker_name_callable, copied into buf like snprintf; returns its length, or -1 if it has none. */
 int pto_worker_callable_name(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap);
 

@@ -106,10 +106,18 @@ static void drop_json(pto_trace *t)
     t->json_len = 0;
 }
 
+static void drop_extra(pto_trace *t)
+{
+    free(t->extra);
+    t->extra = NULL;
+    t->extra_len = 0;
+}
+
 void pto_trace_free(pto_trace *t)
 {
     if (!t) return;
     drop_json(t);
+    drop_extra(t);
     free(t->buf);
     free(t);
 }
@@ -147,6 +155,7 @@ int pto_trace_start(pto_worker *w, uint32_t capacity_events)
         t->cap = capacity_events;
     }
     drop_json(t);
+    drop_extra(t);
     atomic_store_explicit(&t->next, 0, memory_order_relaxed);
     atomic_store_explicit(&t->run, (int32_t)w->runs, memory_order_relaxed);
     t->run_t0 = now;   /* a trace started inside a run shows that run from here */
@@ -467,6 +476,13 @@ static const char *events_json(pto_worker *w, pto_trace *t, int32_t pid, const c
         sb_reserve(&b, 0);
         b.p[0] = 0;
         format_events(w, t, pid, name, &b);
+        if (t->extra_len) {   /* other processes' events ride along */
+            sb_reserve(&b, t->extra_len + 2);
+            if (b.len) memcpy(b.p + b.len, ",\n", 2), b.len += 2;
+            memcpy(b.p + b.len, t->extra, t->extra_len);
+            b.len += t->extra_len;
+            b.p[b.len] = 0;
+        }
         t->json = b.p;
         t->json_len = b.len;
         t->json_pid = pid;
@@ -508,6 +524,27 @@ int pto_trace_stop(pto_worker *w, const char *path)
     }
     return 0;
 }
+
+int pto_trace_attach(pto_worker *w, const char *events, size_t len)
+{
+    pto_trace *t = trace_of(w);
+    if (!t) {
+        pto_set_error("Worker:trace_stop: this Worker has no trace to attach events to");
+        return -1;
+    }
+    if (!len) return 0;
+    t->extra = pto_xrealloc(t->extra, t->extra_len + len + 3);
+    if (t->extra_len) memcpy(t->extra + t->extra_len, ",\n", 2), t->extra_len += 2;
+    memcpy(t->extra + t->extra_len, events, len);
+    t->extra_len += len;
+    t->extra[t->extra_len] = 0;
+    drop_json(t);
+    return 0;
+}
+
+uint64_t pto_trace_epoch(void) { return atomic_load(&trace_epoch); }
+
+void pto_trace_set_epoch(uint64_t epoch_ns) { atomic_store(&trace_epoch, epoch_ns); }
 
 int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf, size_t cap)
 {

@@ -48,6 +48,8 @@ typedef struct pto_trace {
     size_t json_len;
     int32_t json_pid;
     char *json_name;
+    char *extra;                 /* events attached from other processes (pto_trace_attach) */
+    size_t extra_len;
 } pto_trace;
 
 /* The hooks' guard: the trace in *slot if it is recording, else NULL. */

@@ -393,8 +393,9 @@ describe("w:trace_start / w:trace_stop", function()
       "the L3 task runs inside the L4 task that ran its Worker (one clock for both files)")
   end)
 
-  it("brings a PROCESS-mode Worker child's own tasks into its parent's trace, on one clock", function()
-    local w4 = pto.Worker{level = 4, mode = "process"}
+  for _, mode4 in ipairs{"process", "thread"} do
+  it("brings a Worker child's own tasks into its parent's trace, on one clock [L4 in " .. mode4 .. " mode]", function()
+    local w4 = pto.Worker{level = 4, mode = mode4}
     local fills = {}
     for i = 1, 2 do
       local l3 = pto.Worker{level = 3, chips = 1}   -- hosted in a child process of w4
@@ -457,6 +458,37 @@ describe("w:trace_start / w:trace_stop", function()
       assert.are.equal(2, spans)
     end
     assert.are.equal(2, n)
+  end)
+  end
+
+  it("reaches every level: an L5 over an L4 over an L3, each hosted in a process of its own", function()
+    local w5, w4 = pto.Worker{level = 5, mode = "process"}, pto.Worker{level = 4, mode = "process"}
+    local l3 = pto.Worker{level = 3, chips = 1}
+    local fill = l3:register(pto.chip_kernel("fill"), "fill")
+    w4:add_worker(l3)
+    w5:add_worker(w4)
+    local row = w4:register(function(orch, a)
+      orch:submit_next_level(fill, pto.args{{a:tensor(1), "out"}, scalars = {3.0}})
+    end, "row")
+    local top = w5:register(function(orch, a)
+      orch:submit_next_level(row, pto.args{{a:tensor(1), "out"}}, pto.CallConfig())
+    end, "top")
+    local t, path = pto.tensor{8}, tmpname(".json")
+    w5:trace_start(path)
+    for _ = 1, 2 do w5:run(function(orch) orch:submit_next_level(top, pto.args{{t, "out"}}, pto.CallConfig()) end) end
+    w5:trace_stop()
+    w5:close()
+    local doc, names, seen = decode_file(path), {}, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then names[e.pid] = e.args.name end
+    end
+    for _, e in ipairs(doc.traceEvents) do
+      if e.cat == "task" then
+        local where = names[e.pid]:match("^(L%d worker 1)") or "top"
+        seen[where .. " " .. e.name] = (seen[where .. " " .. e.name] or 0) + 1
+      end
+    end
+    assert.are.same({["top top"] = 2, ["L4 worker 1 row"] = 2, ["L3 worker 1 fill"] = 2}, seen)
   end)
 
   it("says what was wrong and what to do", function()

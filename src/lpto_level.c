@@ -65,6 +65,7 @@ struct wchild {
     trace_link *tl;              /* PROCESS mode: in shared memory */
     uint32_t tgen;               /* parent: the last generation it asked for */
     uint32_t traced_gen;         /* child: the generation its blocks belong to */
+    bool traced_here;            /* THREAD mode: its trace was started for its parent's */
 };
 
 /* ---- add_worker ------------------------------------------------------------------ */
@@ -479,7 +480,9 @@ static void trace_begin(wchild *C)
     }
     if (want && !pto_trace_active(w)) {
         pto_trace_set_epoch(atomic_load(&C->tl->epoch));
-        pto_trace_start(w, 0);   /* if it cannot, this run goes untraced */
+        /* If it cannot, this run goes untraced. Its own Worker children
+         * are traced with it, a level further down. */
+        if (pto_trace_start(w, 0) == 0) lpto_level_trace(C->child, true);
     }
 }
 
@@ -487,7 +490,9 @@ static void trace_begin(wchild *C)
 static void trace_end(wchild *C)
 {
     pto_worker *w = C->child->w;
-    if (!C->traced_gen || !pto_trace_active(w) || pto_trace_stop(w, NULL) != 0) return;
+    if (!C->traced_gen || !pto_trace_active(w)) return;
+    lpto_level_trace_collect(C->child);
+    if (pto_trace_stop(w, NULL) != 0) return;
     char name[96];
     snprintf(name, sizeof name, "%s (pid %d): level-%d Worker", C->s.name, (int)getpid(), C->child->level);
     int64_t n = pto_trace_format(w, (int32_t)getpid(), name, NULL, 0);
@@ -499,14 +504,21 @@ static void trace_end(wchild *C)
         b->next = atomic_load(&C->tl->head);
         atomic_store_explicit(&C->tl->head, (uint64_t)(uintptr_t)b, memory_order_release);
     }
-    pto_trace_start(w, 0);
+    if (pto_trace_start(w, 0) == 0) lpto_level_trace(C->child, true);
 }
 
 void lpto_level_trace(lworker *W, bool on)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
-        if (!C->tl) continue;
+        if (!C->tl) {   /* THREAD mode: in this process; traced unless it already is */
+            if (on && !C->child->w) continue;
+            if (on && !pto_trace_active(C->child->w) && pto_trace_start(C->child->w, 0) == 0) {
+                C->traced_here = true;
+                lpto_level_trace(C->child, true);
+            }
+            continue;
+        }
         if (on) {
             if (++C->tgen == 0) C->tgen = 1;
             atomic_store(&C->tl->epoch, pto_trace_epoch());
@@ -519,7 +531,24 @@ void lpto_level_trace_collect(lworker *W)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
-        if (!C->tl) continue;
+        if (!C->tl) {
+            if (!C->traced_here) continue;
+            C->traced_here = false;
+            lpto_level_trace_collect(C->child);
+            if (pto_trace_stop(C->child->w, NULL) != 0) continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s: level-%d Worker", C->s.name, C->child->level);
+            /* A process of the file of its own, numbered apart from ptolua's serials and from real pids. */
+            int32_t pid = (int32_t)(1000000000 + (i + 1) * 1000 + W->level);
+            int64_t n = pto_trace_format(C->child->w, pid, name, NULL, 0);
+            char *text = n > 0 ? malloc((size_t)n + 1) : NULL;
+            if (text) {
+                pto_trace_format(C->child->w, pid, name, text, (size_t)n + 1);
+                pto_trace_attach(W->w, text, (size_t)n);
+                free(text);
+            }
+            continue;
+        }
         uint32_t gen = atomic_load(&C->tl->want);
         for (uint64_t b = atomic_load_explicit(&C->tl->head, memory_order_acquire); gen && b;) {
             const trace_block *x = (const trace_block *)(uintptr_t)b;

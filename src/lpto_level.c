@@ -552,7 +552,8 @@ void lpto_level_trace_collect(lworker *W)
         uint32_t gen = atomic_load(&C->tl->want);
         for (uint64_t b = atomic_load_explicit(&C->tl->head, memory_order_acquire); gen && b;) {
             const trace_block *x = (const trace_block *)(uintptr_t)b;
-            if (!pto_shm_contains(x) || x->len > C->arena_bytes) break;   /* a child that died mid-write */
+            /* Blocks are pushed whole, but a replaced child reuses the memory: check before reading. */
+            if (!pto_shm_contains(x) || x->len > C->arena_bytes || !pto_shm_contains(x->text + x->len)) break;
             if (x->gen == gen) pto_trace_attach(W->w, x->text, x->len);
             b = x->next;
         }

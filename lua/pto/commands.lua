@@ -54,10 +54,13 @@ return function(repl)
     return orch
   end
 
+  local levels = setmetatable({}, { __mode = "k" }) -- a Worker's level never changes
+
   -- "chip", "sub", "worker" or "alloc" for a task of w.
   local function kind_name(w, t)
     if t.kind == "sub" then return "sub" end
-    if t.kind == "next_level" then return w:stats().level >= 4 and "worker" or "chip" end
+    levels[w] = levels[w] or w:stats().level
+    if t.kind == "next_level" then return levels[w] >= 4 and "worker" or "chip" end
     return t.kind
   end
 

@@ -232,6 +232,9 @@ describe("the prompt's engine commands", function()
       local out = ok_session(steps(
         send(":break nosuch\n"), expect("registered: fill, check"), PROMPT,
         send(":break check\n"), expect("dispatch will hold before any task of check"), PROMPT,
+        send("w:set_break(fill)\n"), PROMPT,
+        send(":break\n"), expect("break before check\nbreak before fill\n"), PROMPT,
+        send(":unbreak fill\n"), expect("breakpoint on fill removed"), PROMPT,
         send(":trace " .. tracef .. "\n"), expect("; :trace stop writes it"), PROMPT,
         send("orch = w:open_run()\n"), PROMPT,
         send("x, y = pto.tensor({4}, 'f32'), pto.tensor({2, 2}, 'f32')\n"), PROMPT,

@@ -114,11 +114,7 @@ static int w_close_run(lua_State *L)
                                   "orch = w:open_run())");
     lua_settop(L, 1);
     lua_getiuservalue(L, 1, UV_ORCH);   /* 2 */
-    lpto_active_add(W->w);              /* Ctrl-C interrupts the drain, as in Worker:run */
-    lpto_gil_release(W->gil);
-    int rc = pto_run_end(W->w);
-    lpto_gil_acquire(W->gil);
-    lpto_active_remove(W->w);
+    int rc = lpto_wait_run(W, NULL);
     char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
     W->in_run = false;
     W->interactive = false;
@@ -235,18 +231,6 @@ static int w_wait(lua_State *L)
     return 1;
 }
 
-static lhandle *check_handle(lua_State *L, int idx, lworker *W, const char *who)
-{
-    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
-    if (!h)
-        lpto_error(L, who, "expected a handle returned by Worker:register (got %s)", luaL_typename(L, idx));
-    lua_getiuservalue(L, idx, 1);
-    bool mine = lua_touserdata(L, -1) == W;
-    lua_pop(L, 1);
-    if (!mine) lpto_error(L, who, "this handle was registered on another Worker");
-    return h;
-}
-
 /* The engine kind(s) a handle's tasks run as: a function at level >= 4 may
  * be submitted both to subs and to Worker children. */
 static void set_break(lworker *W, const lhandle *h, int on)
@@ -263,7 +247,7 @@ static void set_break(lworker *W, const lhandle *h, int on)
 static int w_set_break(lua_State *L)
 {
     lworker *W = check_init(L, "Worker:set_break");
-    set_break(W, check_handle(L, 2, W, "Worker:set_break"), 1);
+    set_break(W, lpto_check_handle(L, 2, W, "Worker:set_break"), 1);
     return 0;
 }
 
@@ -275,12 +259,33 @@ static int w_clear_break(lua_State *L)
         pto_dispatch_break(W->w, PTO_SUB, UINT64_MAX, 0);
         pto_dispatch_break(W->w, PTO_NEXT_LEVEL, UINT64_MAX, 0);
     } else {
-        set_break(W, check_handle(L, 2, W, "Worker:clear_break"), 0);
+        set_break(W, lpto_check_handle(L, 2, W, "Worker:clear_break"), 0);
     }
     return 0;
 }
 
-/* w:dispatch() -> {held, breakpoints, step_left, break_task, running} */
+/* Set field "breaks" of the table on top: the names of the callables with
+ * a breakpoint (a function at level >= 4 has one per kind: named once). */
+static void push_breaks(lua_State *L, lworker *W)
+{
+    int32_t kinds[64];
+    uint64_t callables[64];
+    int32_t n = pto_dispatch_breakpoints(W->w, kinds, callables, 64);
+    lua_createtable(L, n < 64 ? n : 64, 0);
+    int k = 0;
+    for (int32_t i = 0; i < n && i < 64; i++) {
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++) seen = callables[j] == callables[i] && kinds[j] != kinds[i];
+        if (seen) continue;
+        char name[256];
+        if (pto_worker_callable_name(W->w, kinds[i], callables[i], name, sizeof name) >= 0) lua_pushstring(L, name);
+        else lua_pushfstring(L, "callable %d", (int)callables[i]);
+        lua_rawseti(L, -2, ++k);
+    }
+    lua_setfield(L, -2, "breaks");
+}
+
+/* w:dispatch() -> {held, breakpoints, breaks = {name, ...}, step_left, break_task, running} */
 static int w_dispatch(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:dispatch");
@@ -299,6 +304,7 @@ static int w_dispatch(lua_State *L)
     }
     lua_pushinteger(L, st.running);
     lua_setfield(L, -2, "running");
+    if (W->state == W_READY) push_breaks(L, W);
     return 1;
 }
 

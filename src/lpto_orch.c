@@ -31,15 +31,7 @@ static lorch *check_orch(lua_State *L, int idx, const char *who)
 /* The handle at idx, registered on O's Worker, for submit kind. */
 static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const char *who)
 {
-    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
-    if (!h)
-        lpto_error(L, who, "argument 1 must be a handle returned by Worker:register (got %s); register the function "
-                           "or pto.chip_kernel first",
-                   luaL_typename(L, idx));
-    lua_getiuservalue(L, idx, 1);
-    bool mine = lua_touserdata(L, -1) == O->W;
-    lua_pop(L, 1);
-    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    const lhandle *h = lpto_check_handle(L, idx, O->W, who);
     if (h->kind != want) {
         if (O->W->level >= 4)
             lpto_error(L, who, "this handle is a chip kernel, but a level-%d Worker has no chips: its next-level "
@@ -454,21 +446,6 @@ static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
     if (ids != buf) lua_remove(L, -2);
 }
 
-/* Where addr lies: a heap ring (ring index, offset in it), else -1. */
-static int ring_of(lorch *O, uint64_t addr, uint64_t *off)
-{
-    pto_stats st;
-    pto_worker_stats(O->W->w, &st);
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        uint64_t base = (uint64_t)(uintptr_t)pto_worker_ring_base(O->W->w, r);
-        if (base && addr >= base && addr < base + st.rings[r].capacity_bytes) {
-            *off = addr - base;
-            return r;
-        }
-    }
-    return -1;
-}
-
 /* Set field "tensors" of the table on top: each member's tensors as submitted, with their tags. */
 static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t members)
 {
@@ -501,7 +478,7 @@ static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t member
             lua_pushinteger(L, (lua_Integer)t->base);
             lua_setfield(L, -2, "storage");
             uint64_t off;
-            int r = ring_of(O, t->base + t->offset, &off);
+            int r = pto_ring_locate(O->o, t->base + t->offset, &off);
             if (r >= 0) {
                 lua_pushinteger(L, r);
                 lua_setfield(L, -2, "ring");
@@ -539,7 +516,7 @@ static int o_tensormap(lua_State *L)
         lua_pushinteger(L, items[i].producer);
         lua_setfield(L, -2, "producer");
         uint64_t off;
-        int r = ring_of(O, items[i].start, &off);
+        int r = pto_ring_locate(O->o, items[i].start, &off);
         if (r >= 0) {
             lua_pushinteger(L, r);
             lua_setfield(L, -2, "ring");
@@ -609,12 +586,7 @@ static int o_task(lua_State *L)
 static int o_drain(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:drain");
-    lpto_active_add(O->W->w);   /* Ctrl-C interrupts it, as it does a run's end */
-    lpto_gil_release(O->W->gil);
-    int rc = pto_drain(O->o);
-    lpto_gil_acquire(O->W->gil);
-    lpto_active_remove(O->W->w);
-    if (rc != 0) return lpto_engine_error(L);
+    if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L);
     return 0;
 }
 

@@ -162,10 +162,15 @@ typedef struct lhandle {
 } lhandle;
 
 void lpto_open_worker(lua_State *L);
+/* The handle at idx, which must have been registered on W. */
+const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_interrupt_all(void);
 /* Runs that Ctrl-C interrupts (lpto_interrupt_all): add while blocked in a drain. */
 void lpto_active_add(pto_worker *w);
 void lpto_active_remove(pto_worker *w);
+/* pto_drain(o), or pto_run_end of W's run when o is NULL, with the interpreter
+ * lock given up (THREAD-mode subs finish meanwhile) and Ctrl-C able to stop it. */
+int lpto_wait_run(lworker *W, pto_orch *o);
 /* Argument checks shared by the Worker and the orchestrator. */
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
 bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,

@@ -34,6 +34,16 @@ void lpto_active_remove(pto_worker *w)
     }
 }
 
+int lpto_wait_run(lworker *W, pto_orch *o)
+{
+    lpto_active_add(W->w);
+    lpto_gil_release(W->gil);
+    int rc = o ? pto_drain(o) : pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    lpto_active_remove(W->w);
+    return rc;
+}
+
 void lpto_interrupt_all(void)
 {
     for (int i = 0; i < MAX_ACTIVE; i++) {
@@ -597,6 +607,20 @@ static int k_tostring(lua_State *L)
     lkernel *k = lua_touserdata(L, 1);
     lua_pushfstring(L, "chip_kernel(%s%s%s)", k->symbol, k->lib ? " in " : "", k->lib ? k->lib : "");
     return 1;
+}
+
+const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who)
+{
+    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
+    if (!h)
+        lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
+                           "or pto.chip_kernel first",
+                   idx - 1, luaL_typename(L, idx));
+    lua_getiuservalue(L, idx, 1);
+    bool mine = lua_touserdata(L, -1) == W;
+    lua_pop(L, 1);
+    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    return h;
 }
 
 static int h_tostring(lua_State *L)

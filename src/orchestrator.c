@@ -807,6 +807,13 @@ int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *te
     return m->tensor_count;
 }
 
+int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset)
+{
+    int32_t r = o ? ring_of(o, addr) : -1;
+    if (r >= 0 && offset) *offset = addr - (uint64_t)(uintptr_t)o->rings[r].base;
+    return r;
+}
+
 typedef struct tm_list {
     pto_tm_item *out;
     int64_t cap, n;

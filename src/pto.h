@@ -276,6 +276,8 @@ int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t o
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms);
 /* Return once the scheduler has wired every task submitted before the call and dispatched what it may: task states are then current. 0 or -1. */
 int pto_dispatch_sync(pto_worker *w);
+/* Copy at most cap breakpoints (kind and callable of each) into kinds and callables; returns how many are set. */
+int32_t pto_dispatch_breakpoints(pto_worker *w, int32_t *kinds, uint64_t *callables, int32_t cap);
 /* Copy the dispatch-control state into out. */
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
 
@@ -308,6 +310,8 @@ int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t 
 int64_t pto_task_count(pto_orch *o);
 /* Copy member's tensors and tags of task id (at most cap of each; either may be NULL); returns its tensor count, or -1 if the task is reclaimed or unknown. */
 int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap);
+/* The heap ring that holds address addr (and addr's offset in it), or -1 if none does. */
+int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset);
 /* Copy at most cap live TensorMap entries into out; returns how many there are, or -1 outside a run. */
 int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap);
 

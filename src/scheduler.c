@@ -405,7 +405,7 @@ bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms)
 static void dispatch_ready(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
-    s->gate_seen = atomic_load(&s->gate_gen);
+    s->gate_seen = atomic_load_explicit(&s->gate_gen, memory_order_acquire);
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed)) {
         cancel_ready(s);
         return;

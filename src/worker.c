@@ -316,6 +316,20 @@ int pto_dispatch_sync(pto_worker *w)
     return 0;
 }
 
+int32_t pto_dispatch_breakpoints(pto_worker *w, int32_t *kinds, uint64_t *callables, int32_t cap)
+{
+    if (!w) return 0;
+    pto_scheduler *s = &w->sched;
+    pthread_mutex_lock(&s->gate_mu);
+    int32_t n = s->nbreaks;
+    for (int32_t i = 0; i < n && i < cap; i++) {
+        kinds[i] = s->breaks[i].kind;
+        callables[i] = s->breaks[i].callable;
+    }
+    pthread_mutex_unlock(&s->gate_mu);
+    return n;
+}
+
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
 {
     memset(out, 0, sizeof *out);

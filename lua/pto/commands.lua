@@ -112,12 +112,10 @@ return function(repl)
     return table.concat(parts, ", ")
   end
 
-  -- Task states are read after the scheduler has wired every submit so far,
-  -- so a task just submitted shows as ready, not as a transient pending.
-  local function settle(w) w:sync() end
-
+  -- Task states are read after the scheduler has wired every submit so far
+  -- (w:sync), so a task just submitted shows as ready, not as a transient pending.
   local function snapshot(w, orch)
-    settle(w)
+    w:sync()
     local s = {}
     if orch then for _, t in ipairs(orch:tasks()) do s[t.id] = t.state end end
     return s
@@ -210,32 +208,27 @@ return function(repl)
     local f = load("return " .. rest, "=" .. who, "t")
     if f then
       local ok, v = pcall(f)
-      if ok and debug.getmetatable(v) == debug.getregistry()["pto.Handle"] then return v, rest end
+      if ok and debug.getmetatable(v) == debug.getregistry()["pto.Handle"] then return v end
     end
     local names = {}
     for _, c in ipairs(w:callables()) do
-      if c.name == rest then return c.handle, c.name end
+      if c.name == rest then return c.handle end
       names[#names + 1] = c.name or tostring(c.handle)
     end
     problem("%s: '%s' is neither a handle from Worker:register nor the name of a callable registered on this Worker "
       .. "(registered: %s)", who, rest, #names > 0 and table.concat(names, ", ") or "none")
   end
 
-  local breaks = setmetatable({}, { __mode = "k" }) -- [Worker] = {name, ...}
-
   add("break", "[callable]", "hold dispatch before any task of callable (a handle or its registered name); alone: list them",
     function(rest)
       local w = worker()
-      breaks[w] = breaks[w] or {}
       if rest == "" then
-        if #breaks[w] == 0 then out("no breakpoints") end
-        for _, name in ipairs(breaks[w]) do out("break before %s", name) end
+        local names = w:dispatch().breaks or {}
+        if #names == 0 then out("no breakpoints") end
+        for _, name in ipairs(names) do out("break before %s", name) end
         return
       end
-      local h, name = find_callable(w, rest, ":break")
-      try(w.set_break, w, h)
-      for _, n in ipairs(breaks[w]) do if n == name then name = nil break end end
-      if name then breaks[w][#breaks[w] + 1] = name end
+      try(w.set_break, w, find_callable(w, rest, ":break"))
       out("dispatch will hold before any task of %s", rest)
     end)
 
@@ -243,20 +236,17 @@ return function(repl)
     local w = worker()
     if rest == "" then
       try(w.clear_break, w)
-      breaks[w] = {}
       out("no breakpoints")
       return
     end
-    local h, name = find_callable(w, rest, ":unbreak")
-    try(w.clear_break, w, h)
-    for i, n in ipairs(breaks[w] or {}) do if n == name then table.remove(breaks[w], i) break end end
+    try(w.clear_break, w, find_callable(w, rest, ":unbreak"))
     out("breakpoint on %s removed", rest)
   end)
 
   add("dag", nil, "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
     local w = worker()
     local orch = open_orch(w)
-    settle(w)
+    w:sync()
     local tasks = orch:tasks()
     out("%d task%s; %s", #tasks, #tasks == 1 and "" or "s", dispatch_line(w))
     if #tasks == 0 then return end
@@ -277,7 +267,7 @@ return function(repl)
     if not id then problem(":task: expected a task id (got '%s')", rest) end
     local w = worker()
     local orch = open_orch(w)
-    settle(w)
+    w:sync()
     local t = try(orch.task, orch, id)
     out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
     if (t.group_size or 1) > 1 then out("  group of %d members", t.group_size) end
@@ -300,7 +290,7 @@ return function(repl)
   add("ready", nil, "the tasks ready to dispatch", function()
     local w = worker()
     local orch = open_orch(w)
-    settle(w)
+    w:sync()
     local n = 0
     for _, t in ipairs(orch:tasks()) do
       if t.state == "ready" then

@@ -130,7 +130,7 @@ static void finish_all(pto_scheduler *s)
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
             if (failed) poison(c, x);
-            if (++c->fanin_released == c->fanin_count) {
+            if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
                 if (c->poisoned) work_push(s, c);
                 else make_ready(s, c);
             }
@@ -198,11 +198,44 @@ static void running_add(pto_scheduler *s, int64_t d)
                           memory_order_release);
 }
 
-static void send(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, int32_t member)
+/* A consumer of p that may wait on wt right behind p: p is its only
+ * unfinished producer, so it can start the moment p ends, and there is no
+ * sooner start for it than on the thread that runs p. A chain of such tasks
+ * runs without a round trip through this thread per task. */
+static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p)
 {
-    atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
-    running_add(s, 1);
-    pto_wt_send(wt, slot, member);
+    for (int32_t i = 0; i < p->nconsumers; i++) {
+        pto_slot *c = p->consumers[i];
+        if (c->fanin_count - c->fanin_released == 1 && !c->chained && !c->poisoned && c->group_size == 1 &&
+            c->kind == wt->kind && (c->member0.pin < 0 || c->member0.pin == wt->index))
+            return c;
+    }
+    return NULL;
+}
+
+/* Stage the single task slot on wt, and its chain behind it. Every link is
+ * unstealable, so the worker runs them in order and knows each producer's
+ * outcome first (pto_wt_send's `after`). That costs the head its
+ * stealability, so a chain starts only at a head that runs at once or is
+ * pinned anyway; and none starts while the dispatch gate is shut, whose
+ * :step counts tasks one by one. The scheduler finishes a chained task
+ * from its completion, as any other: its producer's completion, queued
+ * before it on the same thread, only counts the fan-in. */
+static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated)
+{
+    bool pinned = slot->member0.pin >= 0;
+    pto_slot *next = !gated && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
+    pto_slot *after = NULL;
+    for (;;) {
+        atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
+        running_add(s, 1);
+        pto_wt_send(wt, slot, 0, !after && !next && !pinned, after);
+        if (!next || wt->inflight == PTO_WT_QCAP) return;
+        after = slot;
+        slot = next;
+        slot->chained = true;
+        next = chain_next(wt, slot);
+    }
 }
 
 /* Least-loaded worker of kind with room, preferring idle ones and the
@@ -422,7 +455,7 @@ static void dispatch_ready(pto_scheduler *s)
                 wt->pin_head = q.head;
                 wt->pin_tail = q.tail;
                 s->ready_len--;
-                send(s, wt, slot, 0);
+                send_single(s, wt, slot, gated);
             }
         }
         pto_ready_queue *q = &s->ready[kind];
@@ -434,7 +467,7 @@ static void dispatch_ready(pto_scheduler *s)
                 if (gated && !gate_pass(s, slot)) break;
                 queue_pop(q);
                 s->ready_len--;
-                send(s, wt, slot, 0);
+                send_single(s, wt, slot, gated);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;
@@ -443,7 +476,7 @@ static void dispatch_ready(pto_scheduler *s)
                 s->ready_len--;
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
                 running_add(s, 1);
-                for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m);
+                for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m, false, NULL);
             }
         }
     }
@@ -486,6 +519,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
         x->poisoned = true;
         if (!x->error) x->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)x->id);
     }
+    if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (c->status == PTO_DONE_FAILED) {
         if (!x->error) x->error = describe_failure(s, x, wt, c->error);
         free(c->error);

@@ -123,7 +123,9 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->fanin_released = 0;
     s->nconsumers = 0;
     s->members_done = 0;
+    s->chained = false;
     atomic_store_explicit(&s->group_failed, false, memory_order_relaxed);
+    atomic_store_explicit(&s->ran_ok, false, memory_order_relaxed);
     free(s->error);
     s->error = NULL;
     s->slab_off = s->slab_bytes = 0;

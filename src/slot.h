@@ -78,7 +78,9 @@ struct pto_slot {
     int32_t nconsumers, consumers_cap;
     pto_slot **consumers;
     int32_t members_done;
+    bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain) */
     _Atomic bool group_failed;
+    _Atomic bool ran_ok;              /* worker: a single task ran and returned 0 */
     char *error;                      /* malloc'ed; set before FAILED is published */
 
     /* heap slab */

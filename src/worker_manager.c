@@ -42,7 +42,7 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
 /* Claim the head entry of q's queue for the calling worker thread: q's own
  * thread takes any entry, a thief (another thread of q's kind) only a
  * stealable one. */
-static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member)
+static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member, pto_slot **after)
 {
     uint32_t h = atomic_load_explicit(&q->dq_head, memory_order_acquire);
     for (;;) {
@@ -50,6 +50,7 @@ static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *me
         pto_dispatch *e = &q->dq[h & (PTO_WT_QCAP - 1)];
         if (thief && !atomic_load_explicit(&e->stealable, memory_order_relaxed)) return false;
         pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
+        pto_slot *af = atomic_load_explicit(&e->after, memory_order_relaxed);
         int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
         /* Success proves h was unclaimed all along, so the entry was not
          * reused under the reads above (the scheduler never overwrites an
@@ -59,6 +60,7 @@ static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *me
                                                   memory_order_acquire)) {
             *slot = sl;
             *member = m;
+            *after = af;
             return true;
         }
     }
@@ -73,7 +75,8 @@ static bool can_steal_from(const pto_worker_thread *q)
 
 /* An idle worker thread takes a task staged on a busy one of its kind, so a
  * deep queue behind a long task never waits while this thread idles. */
-static pto_worker_thread *steal(pto_worker_thread *wt, bool probe, pto_slot **slot, int32_t *member)
+static pto_worker_thread *steal(pto_worker_thread *wt, bool probe, pto_slot **slot, int32_t *member,
+                                 pto_slot **after)
 {
     pto_worker_manager *wm = wt->wm;
     int32_t n = wm->count[wt->kind];
@@ -82,7 +85,7 @@ static pto_worker_thread *steal(pto_worker_thread *wt, bool probe, pto_slot **sl
         return NULL;   /* keeps the completion ring from overflowing (PTO_WT_CQCAP) */
     for (int32_t k = 1; k < n; k++) {
         pto_worker_thread *q = wm->threads[wt->kind][(wt->index + k) % n];
-        if (probe ? can_steal_from(q) : claim(q, true, slot, member)) return q;
+        if (probe ? can_steal_from(q) : claim(q, true, slot, member, after)) return q;
     }
     return NULL;
 }
@@ -92,14 +95,19 @@ static bool wt_has_work(void *arg)
     pto_worker_thread *wt = arg;
     return atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
                atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
-           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL);
+           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL, NULL);
 }
 
-static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_worker_thread *origin)
+static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
+                       pto_worker_thread *origin)
 {
     pto_completion c = {.slot = s, .origin = origin, .member = member, .status = PTO_DONE_OK, .error = NULL};
     if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) {
         c.status = PTO_DONE_SKIPPED;
+    } else if (after && !atomic_load_explicit(&after->ran_ok, memory_order_relaxed)) {
+        /* `after` ran on this thread just before (neither could be stolen),
+         * so its outcome is already known here, before the scheduler's. */
+        c.status = PTO_DONE_UNRUN;
     } else if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) {
         /* Staged before the interrupt: an interrupted run drains without
          * running what is still queued, however deep the queues are. */
@@ -120,6 +128,8 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_w
         if (rc != 0) {
             c.status = PTO_DONE_FAILED;
             c.error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
+        } else if (s->group_size == 1) {
+            atomic_store_explicit(&s->ran_ok, true, memory_order_relaxed);
         }
     }
     atomic_fetch_add_explicit(&wt->tasks_run, 1, memory_order_relaxed);
@@ -138,13 +148,13 @@ static void *wt_main(void *arg)
     for (;;) {
         pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
-        pto_slot *slot;
+        pto_slot *slot, *after;
         int32_t member;
         pto_worker_thread *origin;
         for (;;) {
-            if (claim(wt, false, &slot, &member)) origin = wt;
-            else if (!(origin = steal(wt, false, &slot, &member))) break;
-            wt_run_one(wt, slot, member, origin);
+            if (claim(wt, false, &slot, &member, &after)) origin = wt;
+            else if (!(origin = steal(wt, false, &slot, &member, &after))) break;
+            wt_run_one(wt, slot, member, after, origin);
         }
     }
     return NULL;
@@ -249,15 +259,14 @@ void pto_wm_destroy(pto_worker_manager *wm)
     memset(wm, 0, sizeof *wm);
 }
 
-void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member)
+void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool stealable, pto_slot *after)
 {
     uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
     pto_dispatch *e = &wt->dq[t & (PTO_WT_QCAP - 1)];
     atomic_store_explicit(&e->slot, slot, memory_order_relaxed);
+    atomic_store_explicit(&e->after, after, memory_order_relaxed);
     atomic_store_explicit(&e->member, member, memory_order_relaxed);
-    /* Pinned tasks must run here; group members start together on the
-     * distinct idle workers the scheduler picked. */
-    atomic_store_explicit(&e->stealable, slot->group_size == 1 && slot->member0.pin < 0, memory_order_relaxed);
+    atomic_store_explicit(&e->stealable, stealable, memory_order_relaxed);
     atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
     wt->inflight++;
     pto_event_notify(&wt->ev);

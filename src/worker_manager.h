@@ -22,8 +22,9 @@ struct pto_scheduler;
  * than PTO_WT_QCAP of them are unpolled, and its own stay below PTO_WT_QCAP. */
 #define PTO_WT_CQCAP (2 * PTO_WT_QCAP)
 
-/* CANCELLED: still staged when the run was interrupted, so not run. */
-enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2, PTO_DONE_CANCELLED = 3 };
+/* CANCELLED: still staged when the run was interrupted, so not run.
+ * UNRUN: chained behind its producer, which did not run to success here. */
+enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2, PTO_DONE_CANCELLED = 3, PTO_DONE_UNRUN = 4 };
 
 /* A staged task. Idle workers of the same kind may steal unpinned single
  * tasks from the head of another worker's queue, so the fields are atomics
@@ -31,6 +32,7 @@ enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2, PTO_DONE_CANC
  * CAS then fails and the read is discarded). */
 typedef struct pto_dispatch {
     struct pto_slot *_Atomic slot;
+    struct pto_slot *_Atomic after;   /* run only if this slot, staged just before here, ran_ok */
     _Atomic int32_t member;
     _Atomic bool stealable;
 } pto_dispatch;
@@ -97,8 +99,12 @@ void pto_wm_stop(pto_worker_manager *wm);
 void pto_wm_settle(pto_worker_manager *wm);
 void pto_wm_destroy(pto_worker_manager *wm);
 
-/* Scheduler side: stage one member of slot on wt (wt->inflight < PTO_WT_QCAP). */
-void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member);
+/* Scheduler side: stage one member of slot on wt (wt->inflight < PTO_WT_QCAP);
+ * an idle worker of the same kind may take it only if stealable. With
+ * `after`, a non-stealable task staged on wt before slot, slot runs only if
+ * `after` ran to success, and otherwise completes as PTO_DONE_UNRUN. */
+void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member, bool stealable,
+                 struct pto_slot *after);
 /* Scheduler side: take one completion; false if none. */
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out);
 

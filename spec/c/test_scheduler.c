@@ -495,6 +495,63 @@ static void test_dispatch_control(void)
     pto_worker_close(w);
 }
 
+/* A chain (each task's only unfinished producer is the one before it) is
+ * staged on one worker behind its head; a failing link stops the rest there,
+ * and a link pinned elsewhere breaks the chain. Holding dispatch while the
+ * chain is submitted makes every link wired before its head dispatches. */
+static void test_chain_staged_behind_producer(void)
+{
+    reset();
+    pto_worker *w = make(2, 0);
+    const uint8_t OUT[] = {PTO_OUTPUT}, INOUT[] = {PTO_INOUT};
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    pto_orch *o = pto_run_begin(w);
+    int64_t id[10];
+    id[0] = sub1(o, CALL(130, ACT_BLOCK), 1, (int[]){0}, OUT, -1);
+    for (int i = 1; i < 10; i++) id[i] = sub1(o, CALL(130 + i, i == 4 ? ACT_FAIL : ACT_RUN), 1, (int[]){0}, INOUT, -1);
+    sub1(o, CALL(140, ACT_RUN), 1, (int[]){5}, OUT, -1);   /* independent */
+    CHECK_EQ(pto_dispatch_sync(w), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    CHECK(wait_for(&blocked, 1));
+    CHECK_EQ(pto_dispatch_sync(w), 0);
+    for (int i = 1; i < 10; i++) CHECK_EQ(task_state(o, id[i]), PTO_TASK_RUNNING);   /* staged behind the head */
+    atomic_store(&gate, 1);
+    CHECK_EQ(pto_dispatch_wait(w, 5000), 1);
+    for (int i = 0; i < 10; i++) CHECK_EQ(atomic_load(&ran[130 + i]), i <= 4);
+    for (int i = 1; i <= 4; i++) CHECK_EQ(atomic_load(&worker_of[130 + i]), atomic_load(&worker_of[130]));
+    CHECK_EQ(atomic_load(&ran[140]), 1);
+    pto_task_info info;
+    CHECK_EQ(pto_task_info_get(o, id[5], &info), 0);
+    CHECK_EQ(info.state, PTO_TASK_FAILED);
+    CHECK_EQ(info.worker, -1);
+    CHECK_CONTAINS(info.error, "was not run: its producer task 4 failed");
+    CHECK_EQ(pto_task_info_get(o, id[9], &info), 0);
+    CHECK_EQ(info.state, PTO_TASK_FAILED);
+    CHECK_CONTAINS(info.error, "its producer task 8 failed");
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "kernel 134 exploded");
+    pto_stats st;
+    pto_worker_stats(w, &st);
+    CHECK_EQ(st.tasks_failed, 6);
+    CHECK_EQ(st.tasks_live, 0);
+
+    /* pins: the head on worker 0, link 3 on worker 1; each runs where pinned, in order */
+    reset();
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    o = pto_run_begin(w);
+    sub1(o, CALL(130, ACT_RUN), 1, (int[]){0}, OUT, 0);
+    for (int i = 1; i < 6; i++) sub1(o, CALL(130 + i, ACT_RUN), 1, (int[]){0}, INOUT, i == 3 ? 1 : -1);
+    CHECK_EQ(pto_dispatch_sync(w), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    for (int i = 0; i < 6; i++) CHECK_EQ(atomic_load(&ran[130 + i]), 1);
+    for (int i = 1; i < 6; i++) CHECK(atomic_load(&start_at[130 + i]) > atomic_load(&end_at[130 + i - 1]));
+    CHECK_EQ(atomic_load(&worker_of[130]), 0);
+    CHECK_EQ(atomic_load(&worker_of[132]), 0);
+    CHECK_EQ(atomic_load(&worker_of[133]), 1);
+    pto_worker_close(w);
+}
+
 /* A submit that needs ring space only held tasks could free fails at once. */
 static void test_ring_full_while_held(void)
 {
@@ -566,6 +623,7 @@ int main(void)
     RUN(test_interrupt);
     RUN(test_misuse);
     RUN(test_dispatch_control);
+    RUN(test_chain_staged_behind_producer);
     RUN(test_ring_full_while_held);
     RUN(test_inspection);
     return tu_finish();

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <sched.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,11 @@ uint64_t pto_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void pto_wait_up(_Atomic int32_t *up, int32_t want)
+{
+    while (atomic_load_explicit(up, memory_order_acquire) < want) sched_yield();
 }
 
 void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem)

@@ -4,6 +4,7 @@
 #define PTO_COMMON_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "pto.h"
@@ -25,6 +26,13 @@ char *pto_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t pto_now_ns(void);
 
 static inline uint64_t pto_align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* Wait until a thread just created counted itself into *up (want in all).
+ * A Worker's init returns only once its threads are up: a thread's start
+ * allocates (pthread_getattr_np), and a fork by another Worker's init at
+ * that moment would copy the allocator's lock held, which GCC 12's ASan
+ * allocator, having no fork handler, never releases in the child. */
+void pto_wait_up(_Atomic int32_t *up, int32_t want);
 
 /* Grow *arr (of elem bytes each, capacity *cap) to hold at least need items. */
 void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem);

@@ -579,6 +579,7 @@ static bool sched_has_work(void *arg)
 static void *sched_main(void *arg)
 {
     pto_scheduler *s = arg;
+    atomic_store_explicit(&s->up, 1, memory_order_release);
     while (atomic_load_explicit(&s->running, memory_order_acquire)) {
         /* A sync request seen here is answered after this whole turn, whose
          * wiring then includes every task submitted before the request. */
@@ -604,6 +605,7 @@ bool pto_sched_start(pto_scheduler *s)
         return false;
     }
     s->started = true;
+    pto_wait_up(&s->up, 1);
     return true;
 }
 

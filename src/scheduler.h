@@ -21,6 +21,7 @@ typedef struct pto_scheduler {
     pto_worker_manager *wm;
     pthread_t thread;
     bool started;
+    _Atomic int32_t up;                     /* 1 once the thread started (pto_wait_up) */
     _Atomic bool running;
     pto_event ev;
 

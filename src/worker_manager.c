@@ -145,6 +145,7 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
 static void *wt_main(void *arg)
 {
     pto_worker_thread *wt = arg;
+    atomic_fetch_add_explicit(&wt->wm->up, 1, memory_order_release);
     for (;;) {
         pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
@@ -199,6 +200,7 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
 {
     wm->sched_ev = sched_ev;
     if (wm->mode == PTO_MODE_PROCESS && !start_children(wm)) return false;
+    int32_t started = 0;
     for (int k = 0; k < 2; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
@@ -209,8 +211,10 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
                 return false;
             }
             wt->started = true;
+            started++;
         }
     }
+    pto_wait_up(&wm->up, started);
     return true;
 }
 

@@ -77,6 +77,7 @@ typedef struct pto_worker_manager {
     pto_worker_thread **threads[2];
     int32_t count[2], cap[2];
     _Atomic bool stopping;
+    _Atomic int32_t up;           /* worker threads that started (pto_wait_up) */
     pto_event *sched_ev;          /* woken on every completion */
     _Atomic bool *cancel;         /* the run was interrupted: staged tasks are not run */
     /* PROCESS mode */

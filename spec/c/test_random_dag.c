@@ -19,6 +19,14 @@
  * other live heap tensor, and memory is handed out again only after every
  * task that named the old tensor has ended.
  *
+ * In one seed of four, each task fails with a chance of 8%. A task then
+ * must not run if a producer it was given an edge to (pto_task_edges right
+ * after its submit) failed or did not run; it must run if no task it
+ * depends on, through those edges or the model's, fails (a failed
+ * producer already reclaimed at submit leaves no edge, so the model alone
+ * cannot say more); and the run must report the failure and count every
+ * failed and unrun task.
+ *
  * Deterministic checks: disjoint views of one base do not depend on each
  * other; WAR and WAW (OUTPUT / OUTPUT_EXISTING) create no edge; different
  * bases never interact; a task that names the same bytes twice does not wait
@@ -68,6 +76,7 @@ static _Atomic uint64_t g_clock;
 static _Atomic int g_mode;
 static _Atomic uint64_t g_seed;        /* spin pattern of the current seed */
 static _Atomic int g_bad_callable;
+static _Atomic int g_fail[MAX_TASKS];  /* random mode: the task returns an error */
 
 /* Deterministic mode: task c waits until flag g_wait[c] is set, and sets flag
  * g_set[c] when it starts. -1 = none. */
@@ -140,7 +149,7 @@ static void shake(uint64_t callable)
 static int leaf(void *ctx, uint64_t callable, const pto_args_view *v, const pto_call_config *cfg,
                 char *err, size_t errlen)
 {
-    (void)cfg; (void)err; (void)errlen;
+    (void)cfg;
     int who = (int)(intptr_t)ctx;
     if (callable >= MAX_TASKS) { atomic_fetch_add(&g_bad_callable, 1); return 0; }
     task_rec *r = &g_rec[callable];
@@ -163,6 +172,10 @@ static int leaf(void *ctx, uint64_t callable, const pto_args_view *v, const pto_
     }
     atomic_store(&r->end, atomic_fetch_add(&g_clock, 1) + 1);
     atomic_fetch_add(&r->runs, 1);
+    if (atomic_load(&g_fail[callable])) {
+        snprintf(err, errlen, "planned failure of task %d", (int)callable);
+        return 1;
+    }
     return 0;
 }
 
@@ -177,6 +190,7 @@ static void reset_recs(void)
         atomic_store(&g_rec[i].timeout, 0);
         atomic_store(&g_wait[i], -1);
         atomic_store(&g_set[i], -1);
+        atomic_store(&g_fail[i], 0);
     }
     for (int i = 0; i < MAX_FLAGS; i++) atomic_store(&g_flag[i], 0);
 }
@@ -320,6 +334,9 @@ typedef struct tdesc {
     int64_t id;
     int nprod;
     uint8_t prod[MAX_TASKS]; /* required producers */
+    int fails;               /* the leaf returns an error */
+    int may_die;             /* it, or something it depends on, fails */
+    uint8_t eprod[MAX_TASKS];/* producers the engine gave it an edge to */
 } tdesc;
 
 enum { OP_BEGIN, OP_END, OP_ALLOC, OP_TASK };
@@ -435,7 +452,11 @@ static void dump_prog(const prog *p, int with_stamps)
         int first = 1;
         for (int q = 0; q < o->arg; q++)
             if (t->prod[q]) { fprintf(stderr, "%s%d", first ? "" : ",", q); first = 0; }
-        fprintf(stderr, "}");
+        fprintf(stderr, "} edges {");
+        first = 1;
+        for (int q = 0; q < o->arg; q++)
+            if (t->eprod[q]) { fprintf(stderr, "%s%d", first ? "" : ",", q); first = 0; }
+        fprintf(stderr, "}%s", t->fails ? " FAILS" : "");
         if (with_stamps)
             fprintf(stderr, " ran=%d who=%d start=%" PRIu64 " end=%" PRIu64, atomic_load(&g_rec[o->arg].runs),
                     atomic_load(&g_rec[o->arg].who), atomic_load(&g_rec[o->arg].start),
@@ -573,7 +594,7 @@ static int check_reuse(prog *p)
             p->reuses++;
             for (int i = 0; i < p->ntasks; i++) {
                 const tdesc *t = &p->t[i];
-                for (int j = 0; j < t->nt; j++) {
+                for (int j = 0; j < t->nt && atomic_load(&g_rec[i].runs); j++) {   /* an unrun task touched nothing */
                     if (t->bufi[j] != c) continue;
                     uint64_t e = atomic_load(&g_rec[i].end);
                     if (!(e < B->born)) {
@@ -622,6 +643,8 @@ static int run_seed(uint64_t seed, int verbose)
     if (!o) { fprintf(stderr, "seed %" PRIu64 ": pto_run_begin: %s\n", seed, pto_errmsg()); return 1; }
 
     int ntasks = 30 + rnd(&s, 51);
+    uint64_t fs = seed ^ 0x5EEDFA11ull;   /* own stream: the programs stay those of earlier versions */
+    bool with_failures = seed % 4 == 0;
     int depth = 0;
     p->ninst = 0;
     p->inst_open[0] = 1;
@@ -715,6 +738,8 @@ static int run_seed(uint64_t seed, int verbose)
                 if (b->lastw[k] >= 0) t->prod[b->lastw[k]] = 1;
         }
         for (int q = 0; q < i; q++) t->nprod += t->prod[q];
+        t->fails = with_failures && splitmix(&fs) % 100 < 8;
+        atomic_store(&g_fail[i], t->fails);
 
         p->ops[p->nops++] = (op){OP_TASK, i};
         pto_task_args a = {.tensor_count = t->nt, .scalar_count = t->ns, .tensors = t->nt ? t->t : NULL,
@@ -732,6 +757,14 @@ static int run_seed(uint64_t seed, int verbose)
             break;
         }
         p->ntasks = i + 1;
+        int64_t edges[MAX_TASKS];
+        int ne = pto_task_edges(o, t->id, 0, edges, MAX_TASKS);
+        for (int e = 0; e < ne && e < MAX_TASKS; e++)
+            for (int q = 0; q < i; q++)
+                if (p->t[q].id == edges[e]) t->eprod[q] = 1;   /* others are pto_alloc slots */
+        t->may_die = t->fails;
+        for (int q = 0; q < i; q++)
+            if ((t->prod[q] || t->eprod[q]) && p->t[q].may_die) t->may_die = 1;
         t->hash = view_hash(t->nt, t->ns, t->t, t->sc);
         uint64_t born = stamp_now();
         if (auto_bytes) ring_push(p, depth, auto_bytes);
@@ -767,8 +800,16 @@ static int run_seed(uint64_t seed, int verbose)
     progress(what);
     int rc = pto_run_end(g_w);
     progress(NULL);
-    if (rc != 0) {
-        fprintf(stderr, "seed %" PRIu64 ": pto_run_end returned %d: %s\n", seed, rc, pto_errmsg());
+    bool any_fails = false;
+    int expect_failed = 0;
+    for (int i = 0; i < p->ntasks; i++) {
+        int runs = atomic_load(&g_rec[i].runs);
+        any_fails |= runs && p->t[i].fails;
+        expect_failed += !runs || p->t[i].fails;
+    }
+    if (any_fails ? rc != -1 || !strstr(pto_errmsg(), "planned failure of task") : rc != 0) {
+        fprintf(stderr, "seed %" PRIu64 ": pto_run_end returned %d (%s): %s\n", seed, rc,
+                any_fails ? "a task failed" : "nothing failed", rc ? pto_errmsg() : "");
         bad++;
     }
 
@@ -777,7 +818,11 @@ static int run_seed(uint64_t seed, int verbose)
         const tdesc *t = &p->t[i];
         task_rec *r = &g_rec[i];
         int runs = atomic_load(&r->runs);
+        if (runs == 0 && t->may_die) continue;   /* not run: something upstream failed */
         if (runs != 1) { bad += seed_fail("task ran != 1 times (task, runs)", i, runs); continue; }
+        for (int q = 0; q < i; q++)
+            if (t->eprod[q] && (p->t[q].fails || atomic_load(&g_rec[q].runs) == 0))
+                bad += seed_fail("task ran although a producer failed or did not run (task, producer)", i, q);
         uint64_t st = atomic_load(&r->start);
         for (int q = 0; q < i; q++) {
             if (!t->prod[q]) continue;
@@ -803,7 +848,8 @@ static int run_seed(uint64_t seed, int verbose)
 
     pto_stats st1;
     pto_worker_stats(g_w, &st1);
-    if (st1.tasks_failed != st0.tasks_failed) bad += seed_fail("tasks_failed grew", st0.tasks_failed, st1.tasks_failed);
+    if (st1.tasks_failed - st0.tasks_failed != expect_failed)
+        bad += seed_fail("tasks_failed grew by (got, expected)", st1.tasks_failed - st0.tasks_failed, expect_failed);
     if (st1.runs != st0.runs + 1) bad += seed_fail("stats.runs did not grow by one", st0.runs, st1.runs);
     bad += check_reclaimed("random_dag");
 

@@ -105,8 +105,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
     if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) {
         c.status = PTO_DONE_SKIPPED;
     } else if (after && !atomic_load_explicit(&after->ran_ok, memory_order_relaxed)) {
-        /* `after` ran on this thread just before (neither could be stolen),
-         * so its outcome is already known here, before the scheduler's. */
+        /* `after` was staged before s here, and neither could be stolen:
+         * it ran on this thread already, which knows its outcome before
+         * the scheduler does. */
         c.status = PTO_DONE_UNRUN;
     } else if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) {
         /* Staged before the interrupt: an interrupted run drains without

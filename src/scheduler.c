@@ -224,7 +224,8 @@ static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p)
 static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated)
 {
     bool pinned = slot->member0.pin >= 0;
-    pto_slot *next = !gated && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
+    /* Nor while older ready tasks wait for wt alone: they go first. */
+    pto_slot *next = !gated && !wt->pin_head && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
     pto_slot *after = NULL;
     for (;;) {
         atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);

@@ -549,6 +549,18 @@ static void test_chain_staged_behind_producer(void)
     CHECK_EQ(atomic_load(&worker_of[130]), 0);
     CHECK_EQ(atomic_load(&worker_of[132]), 0);
     CHECK_EQ(atomic_load(&worker_of[133]), 1);
+
+    /* no chain jumps ahead of an older ready task pinned to the same worker */
+    reset();
+    CHECK_EQ(pto_dispatch_hold(w, 1), 0);
+    o = pto_run_begin(w);
+    sub1(o, CALL(130, ACT_RUN), 1, (int[]){0}, OUT, 0);
+    sub1(o, CALL(131, ACT_RUN), 1, (int[]){3}, OUT, 0);     /* ready, waits for worker 0 */
+    sub1(o, CALL(132, ACT_RUN), 1, (int[]){0}, INOUT, 0);   /* ready only after 130 */
+    CHECK_EQ(pto_dispatch_sync(w), 0);
+    CHECK_EQ(pto_dispatch_hold(w, 0), 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK(atomic_load(&start_at[131]) < atomic_load(&start_at[132]));
     pto_worker_close(w);
 }
 

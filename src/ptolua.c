@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,11 +31,7 @@
 
 #include "lpto.h"
 #include "lpto_trace.h"
-
-#ifdef PTO_HAVE_READLINE
-#include <readline/history.h>
-#include <readline/readline.h>
-#endif
+#include "prompt.h"
 
 #define PTOLUA_DEFAULT_VERSION "0.1.0" /* when pto._VERSION is missing */
 #define INIT_VAR "LUA_INIT"
@@ -396,7 +391,9 @@ static int handle_script(lua_State *L, char **argv, int script) {
  * When stdin is not a terminal (input piped to `ptolua -i`) it stays the
  * plain lua5.4 loop, byte for byte as before, so that scripted use and
  * spec/cli_spec.lua see no change; no history file is read or written
- * then, since piped input is not something a user wants to recall. */
+ * then, since piped input is not something a user wants to recall.
+ * Reading a line (readline, history, completion, Ctrl-C) is src/prompt.c;
+ * compiling and running it is here. */
 
 /* pushline results besides "a line" (1) and "end of input" (0). */
 #define LINE_INTERRUPTED (-1)
@@ -408,248 +405,6 @@ static int handle_script(lua_State *L, char **argv, int script) {
  * loop (and if the module failed to load, which leaves the plain loop). */
 static int repl_ref = LUA_NOREF;
 
-/* At the full prompt SIGINT only sets this flag, from the moment the
- * prompt opens until it closes, except while docall runs a chunk (which
- * installs on_sigint and puts this back). So a Ctrl-C that lands between
- * two chunks (while results print, say) cannot kill the session, as it
- * would with SIG_DFL there. Installed without SA_RESTART so that the wait
- * for input is interrupted. */
-static volatile sig_atomic_t prompt_sigint;
-
-/* The state whose interpreter lock the prompt gives up while it waits for
- * input, so that THREAD-mode sub callables of tasks released at the prompt
- * (:step, :release) run meanwhile. */
-static lua_State *prompt_L;
-static void *idle_token;
-static void idle(int begin) {
-  if (!prompt_L) return;
-  if (begin) idle_token = lpto_idle_begin(prompt_L);
-  else lpto_idle_end(idle_token);
-}
-static void on_prompt_sigint(int sig) {
-  (void)sig;
-  prompt_sigint = 1;
-}
-
-#ifdef PTO_HAVE_READLINE
-#define HISTORY_MAX 1000 /* lines kept in memory and in the file */
-
-static char history_path[PATH_MAX]; /* "" when there is no history file */
-
-/* The line readline's callback interface hands over. The callback
- * interface (rather than readline()) is what lets Ctrl-C at the prompt
- * clear the line: readline() retries its read after a signal, while here
- * the loop sees the interrupted wait and abandons the line itself. */
-static char *cb_line;
-static int cb_done;
-static void on_line(char *line) {
-  cb_line = line;
-  cb_done = 1;
-  rl_callback_handler_remove(); /* restores the terminal before Lua runs */
-}
-
-/* SIGINT is blocked except inside pselect, so the flag is never set behind
- * the loop's back between its check and the wait. A Ctrl-C from before
- * the prompt appeared is forgotten. */
-static char *read_line_tty(const char *prompt, int *interrupted) {
-  sigset_t block, old_mask;
-  sigemptyset(&block);
-  sigaddset(&block, SIGINT);
-  sigprocmask(SIG_BLOCK, &block, &old_mask);
-  prompt_sigint = 0;
-  cb_line = NULL;
-  cb_done = 0;
-  *interrupted = 0;
-  rl_callback_handler_install(prompt, on_line);
-  while (!cb_done) {
-    fd_set fds;
-    int r;
-    FD_ZERO(&fds);
-    FD_SET(STDIN_FILENO, &fds);
-    /* SIGINT can arrive only while waiting here (old_mask unblocks it). */
-    idle(1);
-    r = pselect(STDIN_FILENO + 1, &fds, NULL, NULL, NULL, &old_mask);
-    idle(0);
-    if (prompt_sigint) {
-      prompt_sigint = 0;
-      rl_callback_sigcleanup();
-      rl_replace_line("", 0); /* the next prompt starts empty */
-      rl_callback_handler_remove();
-      fputs("\n", stdout);
-      fflush(stdout);
-      *interrupted = 1;
-      break;
-    }
-    if (r < 0) {
-      if (errno == EINTR) continue; /* another signal: keep reading */
-      rl_callback_handler_remove(); /* unreadable stdin: end of input */
-      break;
-    }
-    rl_callback_read_char(); /* may call on_line */
-  }
-  sigprocmask(SIG_SETMASK, &old_mask, NULL);
-  return cb_line;
-}
-
-/* ~/.ptolua_history, or $PTOLUA_HISTORY; none without either. Lines are
- * appended as they are entered (so a crash or os.exit loses nothing) and
- * the file is cut to HISTORY_MAX lines when the prompt opens and closes. */
-static void history_open(void) {
-  const char *env = getenv("PTOLUA_HISTORY");
-  const char *home = getenv("HOME");
-  int n = -1;
-  history_path[0] = '\0';
-  if (env && env[0] != '\0')
-    n = snprintf(history_path, sizeof history_path, "%s", env);
-  else if (home && home[0] != '\0')
-    n = snprintf(history_path, sizeof history_path, "%s/.ptolua_history", home);
-  if (n < 0 || (size_t)n >= sizeof history_path) { /* none, or too long */
-    history_path[0] = '\0';
-    return;
-  }
-  using_history();
-  stifle_history(HISTORY_MAX);
-  read_history(history_path); /* a missing file is an empty history */
-  history_truncate_file(history_path, HISTORY_MAX);
-}
-
-static void history_add(const char *line) {
-  if (line[0] == '\0') return;
-  add_history(line);
-  if (history_path[0] == '\0') return;
-  /* append_history needs an existing file; a first write creates it. */
-  if (append_history(1, history_path) != 0) write_history(history_path);
-}
-
-static void history_close(void) {
-  if (history_path[0] != '\0') history_truncate_file(history_path, HISTORY_MAX);
-}
-
-/* ---- completion ---- */
-
-static lua_State *complete_L; /* the state whose globals TAB completes */
-static char **cands;          /* this completion's candidates, malloc'ed */
-static size_t ncands;
-
-/* Run inside lua_pcall: pto.repl.complete(text, at_start), results
- * checked to be an array of strings. Everything that can raise (allocation
- * included) happens here, never on readline's stack outside a pcall. */
-static int complete_collect(lua_State *L) {
-  const char *text = lua_touserdata(L, 1);
-  int at_start = lua_toboolean(L, 2);
-  lua_Integer i, n;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
-  lua_getfield(L, -1, "complete");
-  lua_pushstring(L, text);
-  lua_pushboolean(L, at_start);
-  lua_call(L, 2, 1);
-  luaL_checktype(L, -1, LUA_TTABLE);
-  n = luaL_len(L, -1);
-  for (i = 1; i <= n; i++) {
-    if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "completion: not a string");
-    lua_pop(L, 1);
-  }
-  return 1;
-}
-
-static char *cand_generator(const char *text, int state) {
-  static size_t next;
-  (void)text;
-  if (state == 0) next = 0;
-  if (next >= ncands) return NULL;
-  return strdup(cands[next++]); /* readline frees what it is given */
-}
-
-static char **attempt_completion(const char *text, int start, int end) {
-  lua_State *L = complete_L;
-  int top = lua_gettop(L);
-  char **matches = NULL;
-  size_t i;
-  (void)end;
-  rl_attempted_completion_over = 1; /* never fall back to file names */
-  /* readline resets this to ' ' before every completion */
-  rl_completion_append_character = '\0';
-  if (repl_ref == LUA_NOREF || !lua_checkstack(L, 8)) return NULL;
-  ncands = 0;
-  lua_pushcfunction(L, complete_collect);
-  lua_pushlightuserdata(L, (void *)text);
-  lua_pushboolean(L, start == 0);
-  if (lua_pcall(L, 2, 1, 0) == LUA_OK) {
-    size_t n = (size_t)lua_rawlen(L, -1);
-    cands = n ? calloc(n, sizeof *cands) : NULL;
-    if (cands) {
-      for (i = 0; i < n; i++) { /* checked above to be strings: no raise */
-        lua_rawgeti(L, -1, (lua_Integer)i + 1);
-        cands[ncands] = strdup(lua_tostring(L, -1));
-        if (cands[ncands]) ncands++;
-        lua_pop(L, 1);
-      }
-      matches = rl_completion_matches(text, cand_generator);
-      for (i = 0; i < ncands; i++) free(cands[i]);
-      free(cands);
-      cands = NULL;
-      ncands = 0;
-    }
-  }
-  lua_settop(L, top); /* a failing completer just completes nothing */
-  return matches;
-}
-
-/* Words end at these; '.' and ':' are not among them so that
- * "string.fo" and "w:reg" reach the completer whole. */
-static char word_breaks[] = " \t\n\"'`@$><=;|&{}()[],+-*/%^#~";
-
-static void readline_setup(lua_State *L) {
-  complete_L = L;
-  rl_catch_signals = 0; /* SIGINT is ours (read_line_tty, docall) */
-  rl_attempted_completion_function = attempt_completion;
-  rl_completer_word_break_characters = word_breaks;
-  history_open();
-}
-#endif /* PTO_HAVE_READLINE */
-
-/* Read one line with prompt; NULL at end of input (or after Ctrl-C, with
- * *interrupted set). Caller frees. */
-static char *read_line(const char *prompt, int *interrupted) {
-  *interrupted = 0;
-#ifdef PTO_HAVE_READLINE
-  if (repl_ref != LUA_NOREF) return read_line_tty(prompt, interrupted);
-  idle(1);
-  char *line = readline(prompt);
-  idle(0);
-  return line;
-#else
-  char *line = NULL;
-  size_t cap = 0;
-  fputs(prompt, stdout);
-  fflush(stdout);
-  prompt_sigint = 0;
-  idle(1);
-  ssize_t got = getline(&line, &cap, stdin);
-  idle(0);
-  if (got < 0) {
-    free(line);
-    /* Ctrl-C at the full prompt interrupts the read: a fresh prompt */
-    if (repl_ref != LUA_NOREF && prompt_sigint) {
-      clearerr(stdin);
-      fputs("\n", stdout);
-      *interrupted = 1;
-    }
-    return NULL;
-  }
-  return line;
-#endif
-}
-
-static void save_line(const char *line) {
-#ifdef PTO_HAVE_READLINE
-  if (repl_ref != LUA_NOREF) history_add(line);
-  else if (line[0] != '\0') add_history(line);
-#else
-  (void)line;
-#endif
-}
-
 /* Push the next input line (without its newline): 1, or 0 at end of
  * input, or LINE_INTERRUPTED (nothing pushed) after Ctrl-C at the full
  * prompt. The prompt is _PROMPT / _PROMPT2 when set, as in lua5.4. */
@@ -660,7 +415,7 @@ static int pushline(lua_State *L, int firstline) {
   int interrupted;
   if (lua_getglobal(L, firstline ? "_PROMPT" : "_PROMPT2") != LUA_TNIL)
     prompt = luaL_tolstring(L, -1, NULL); /* stays on the stack while used */
-  line = read_line(prompt, &interrupted);
+  line = prompt_read(prompt, &interrupted);
   lua_settop(L, lua_gettop(L) - (lua_isnil(L, -1) ? 1 : 2));
   if (line == NULL) return interrupted ? LINE_INTERRUPTED : 0;
   len = strlen(line);
@@ -680,7 +435,7 @@ static int addreturn(lua_State *L) {
   int status = luaL_loadbuffer(L, retline, strlen(retline), "=stdin");
   if (status == LUA_OK) {
     lua_remove(L, -2); /* retline; the original line stays below */
-    save_line(line);
+    prompt_save(line);
   } else {
     lua_pop(L, 2); /* error message and retline */
   }
@@ -706,19 +461,19 @@ static int multiline(lua_State *L) {
     int status = luaL_loadbuffer(L, line, len, "=stdin");
     int more;
     if (!incomplete(L, status)) {
-      save_line(line);
+      prompt_save(line);
       return status;
     }
     more = pushline(L, 0);
     if (more == LINE_INTERRUPTED) { /* Ctrl-C drops the unfinished chunk */
-      save_line(line);
+      prompt_save(line);
       lua_pop(L, 1); /* the "<eof>" error */
       return CHUNK_CANCELLED;
     }
     /* At end of input the syntax error stays on the stack to be shown
      * (lua5.4 pops it first and prints "(null)"). */
     if (!more) {
-      save_line(line);
+      prompt_save(line);
       return status;
     }
     lua_remove(L, -2); /* the "<eof>" error */
@@ -737,7 +492,7 @@ static int loadline(lua_State *L) {
   } /* Ctrl-C at the prompt: a fresh prompt */
   if (!got) return -1;
   if (repl_ref != LUA_NOREF && lua_tostring(L, 1)[0] == ':') {
-    save_line(lua_tostring(L, 1));
+    prompt_save(lua_tostring(L, 1));
     return CHUNK_COMMAND;
   }
   if ((status = addreturn(L)) != LUA_OK) status = multiline(L);
@@ -793,14 +548,6 @@ static void repl_open(lua_State *L) {
   lua_pushliteral(L, "pto.repl");
   if (docall(L, 1, 1) == LUA_OK && lua_istable(L, -1)) {
     repl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_prompt_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-#ifdef PTO_HAVE_READLINE
-    readline_setup(L);
-#endif
   } else {
     if (!lua_isstring(L, -1)) lua_pushliteral(L, "pto.repl is not a table");
     report(L, LUA_ERRRUN);
@@ -812,12 +559,9 @@ static void repl(lua_State *L) {
   const char *saved = progname;
   int status;
   progname = NULL; /* errors at the prompt carry no program name */
-#ifdef PTO_HAVE_READLINE
-  rl_readline_name = "ptolua";
-#endif
   lua_settop(L, 0);
-  prompt_L = L;
   if (isatty(STDIN_FILENO)) repl_open(L);
+  prompt_open(L, repl_ref);
   while ((status = loadline(L)) != -1) {
     if (status == CHUNK_CANCELLED) continue;
     if (status == CHUNK_COMMAND) {
@@ -829,16 +573,10 @@ static void repl(lua_State *L) {
     else report(L, status);
   }
   lua_settop(L, 0);
-  prompt_L = NULL;
   fputs("\n", stdout);
   fflush(stdout);
-#ifdef PTO_HAVE_READLINE
-  if (repl_ref != LUA_NOREF) history_close();
-#endif
-  if (repl_ref != LUA_NOREF) {
-    signal(SIGINT, SIG_DFL); /* as outside the prompt */
-    luaL_unref(L, LUA_REGISTRYINDEX, repl_ref);
-  }
+  prompt_close();
+  if (repl_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, repl_ref);
   repl_ref = LUA_NOREF;
   progname = saved;
 }

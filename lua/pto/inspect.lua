@@ -104,7 +104,7 @@ return function(pto)
     return table.concat(lines, "\n") .. "\n"
   end
 
-  -- ptolua --dot (src/lpto_trace.c) keeps each run's DAG as it is built,
+  -- ptolua --dot (src/binding/lpto_trace.c) keeps each run's DAG as it is built,
   -- because tasks of scopes that ended are reclaimed before the run ends,
   -- and their producers and callables with them. rec = {nodes, total}.
   local DOT_MAX = 5000   -- beyond this a picture no longer helps (and dot takes minutes)

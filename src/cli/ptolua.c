@@ -392,7 +392,7 @@ static int handle_script(lua_State *L, char **argv, int script) {
  * plain lua5.4 loop, byte for byte as before, so that scripted use and
  * spec/cli_spec.lua see no change; no history file is read or written
  * then, since piped input is not something a user wants to recall.
- * Reading a line (readline, history, completion, Ctrl-C) is src/prompt.c;
+ * Reading a line (readline, history, completion, Ctrl-C) is src/cli/prompt.c;
  * compiling and running it is here. */
 
 /* pushline results besides "a line" (1) and "end of input" (0). */

@@ -1,4 +1,4 @@
--- BGEMM (seed 002's example graph): C[b] = A[b] * B[b] for a batch of
+-- BGEMM (batched GEMM as a task graph): C[b] = A[b] * B[b] for a batch of
 -- matrices stored as tiles. For every output tile and every k a gemm_tile
 -- task writes a temporary P from orch:alloc, and a tile_add task adds P into
 -- the C tile; the C tile's INOUT chain orders the adds, the temporaries are

@@ -1,4 +1,4 @@
-/* The C walkthrough of seed 001 §7 on the engine alone: c = a + b in
+/* The end-to-end walkthrough on the engine alone (no Lua): c = a + b in
  * chunks, each chunk a task on one of two in-process "chips". */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
--- The end-to-end walkthrough of seed 001 §7: the user builds TaskArgs over
+-- The end-to-end walkthrough: the user builds TaskArgs over
 -- shared tensors, the orchestration function forwards them to a chip task,
 -- the chip writes c in shared memory, and the caller sees it after run.
 local pto = require "pto"

@@ -1,5 +1,5 @@
--- api_spec.lua: every entry point and object of the user contract
--- (shared/spec/lua-api.md §1-§5), in both modes: no Worker here names a
+-- api_spec.lua: every entry point and object of the Lua API
+-- (docs/lua.md), in both modes: no Worker here names a
 -- mode unless the test is about modes, so $PTO_MODE decides (CTest runs
 -- this file once per mode).
 --
@@ -121,7 +121,7 @@ teardown(function()
   if W then W:close() end
 end)
 
-describe("entry points (§1)", function()
+describe("entry points", function()
   it("require 'pto' returns the module ptolua preloads", function()
     local m = require "pto"
     assert.are.equal(m, pto)
@@ -133,7 +133,7 @@ describe("entry points (§1)", function()
   end)
 end)
 
-describe("tags (§2)", function()
+describe("tags", function()
   it("are distinct integer constants", function()
     local seen = {}
     for _, name in ipairs{"INPUT", "OUTPUT", "INOUT", "OUTPUT_EXISTING", "NO_DEP"} do
@@ -158,7 +158,7 @@ describe("tags (§2)", function()
   end)
 end)
 
-describe("the tag table (seed 000 §TensorMap), observed through task order", function()
+describe("the tag table (TensorMap lookup and insert per tag), observed through task order", function()
   it("INPUT after OUTPUT waits for the writer (RAW)", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
@@ -307,7 +307,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
   end)
 end)
 
-describe("data types (§2)", function()
+describe("data types", function()
   local names = {"f32", "f16", "bf16", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool"}
   local consts = {FLOAT32 = "f32", FLOAT16 = "f16", BFLOAT16 = "bf16", FLOAT64 = "f64", INT8 = "i8", INT16 = "i16",
                   INT32 = "i32", INT64 = "i64", UINT8 = "u8", UINT16 = "u16", UINT32 = "u32", UINT64 = "u64",
@@ -422,7 +422,7 @@ describe("data types (§2)", function()
   end)
 end)
 
-describe("tensors (§2)", function()
+describe("tensors", function()
   it("have shape, dtype, ndims, nbytes, numel and #t", function()
     local t = pto.tensor({2, 3}, "i16")
     assert.are.same({2, 3}, t.shape)
@@ -544,7 +544,7 @@ describe("tensors (§2)", function()
   end)
 end)
 
-describe("TaskArgs (§2)", function()
+describe("TaskArgs", function()
   it("builds tensors with tags and 64-bit scalars", function()
     local t1, t2 = pto.tensor{4}, pto.tensor{4}
     local a = pto.TaskArgs()
@@ -588,7 +588,7 @@ describe("TaskArgs (§2)", function()
   end)
 end)
 
-describe("CallConfig (§2)", function()
+describe("CallConfig", function()
   it("has the documented defaults", function()
     local c = pto.CallConfig()
     assert.are.equal(0, c.block_dim)
@@ -622,7 +622,7 @@ describe("CallConfig (§2)", function()
   end)
 end)
 
-describe("Worker (§3)", function()
+describe("Worker", function()
   it("has the documented defaults", function()
     local w = pto.Worker{}
     assert.are.equal(3, w.level)
@@ -879,7 +879,7 @@ describe("Worker (§3)", function()
   end)
 end)
 
-describe("orchestrator (§4)", function()
+describe("orchestrator", function()
   it("submits next-level tasks with and without a CallConfig; ids count from 0 in each run", function()
     local a, b, c, d = pto.tensor{8}, pto.tensor{8}, pto.tensor{8}, pto.tensor{8}
     for i = 1, 8 do a[i] = i; b[i] = 10 end
@@ -1067,7 +1067,7 @@ describe("orchestrator (§4)", function()
     assert.are.same({r.id}, r.cp)
     assert.are.equal("integer", math.type(r.info.ring))
     assert.is_true(r.info.slab_bytes >= 64)
-    -- one packed slab, each OUTPUT 1024-byte aligned in it (seed 000 §8b)
+    -- one packed slab, each OUTPUT 1024-byte aligned in it
     assert.are.same({4, 4}, r.s2shape)
     assert.are.equal("i32", r.s2dtype)
     assert.is_true(r.two.slab_bytes >= 2 * 1024, r.two.slab_bytes)
@@ -1182,7 +1182,7 @@ describe("orchestrator (§4)", function()
   end)
 end)
 
-describe("sub callables in each mode (§5)", function()
+describe("sub callables in each mode", function()
   it("report through shared tensors in both modes; their Lua assignments reach the parent only in thread mode",
      function()
     local w = pto.Worker{num_sub_workers = 1}

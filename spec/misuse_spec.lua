@@ -1,4 +1,4 @@
--- misuse_spec.lua: the misuse table (spec §7). Every case must raise a Lua
+-- misuse_spec.lua: the misuse table (docs/lua.md, conventions: errors). Every case must raise a Lua
 -- error whose message starts with the function's name and says what to do,
 -- and must leave the shared Worker able to run a correct DAG afterwards.
 -- Runs in both modes ($PTO_MODE decides; no Worker here names a mode): a

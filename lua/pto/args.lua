@@ -1,5 +1,5 @@
 -- pto.args{ {a, "in"}, {b, "in"}, {c, "out"}, scalars = {42} }: a TaskArgs
--- built from a table, the shorthand of spec §2.
+-- built from a table (docs/lua.md).
 return function(pto)
   function pto.args(spec)
     if type(spec) ~= "table" then

@@ -1,4 +1,4 @@
--- Inspection of the current run, built on orch:task (spec §4): the task
+-- Inspection of the current run, built on orch:task (docs/lua.md): the task
 -- list, the DAG as nodes and edges, and Graphviz text.
 return function(pto)
   local M = {}

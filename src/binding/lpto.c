@@ -8,6 +8,7 @@
 #include "lpto.h"
 #include "lpto_priv.h"
 #include "lpto_trace.h"
+#include "pto_version.h"
 
 /* ---- the interpreter lock ------------------------------------------------- */
 
@@ -150,7 +151,7 @@ int luaopen_pto(lua_State *L)
     if (pto_shm_init(0) != 0) return luaL_error(L, "require \"pto\": %s", pto_errmsg());
     gil_create(L);
     lua_newtable(L);
-    lua_pushliteral(L, "0.1.0");
+    lua_pushliteral(L, PTO_VERSION);
     lua_setfield(L, -2, "_VERSION");
     set_int(L, "INPUT", PTO_INPUT);
     set_int(L, "OUTPUT", PTO_OUTPUT);

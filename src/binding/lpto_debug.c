@@ -235,7 +235,7 @@ static int w_wait(lua_State *L)
  * be submitted both to subs and to Worker children. */
 static void set_break(lworker *W, const lhandle *h, int on)
 {
-    if (h->kind == H_CHIP) {
+    if (h->kind == LPTO_HANDLE_KERNEL) {
         pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
         return;
     }
@@ -319,10 +319,10 @@ static int w_callables(lua_State *L)
         lua_createtable(L, 0, 3);
         lua_insert(L, -2);
         lua_setfield(L, -2, "handle");
-        lua_pushstring(L, h->kind == H_CHIP ? "chip" : "function");
+        lua_pushstring(L, h->kind == LPTO_HANDLE_KERNEL ? "chip" : "function");
         lua_setfield(L, -2, "kind");
         char name[256];
-        int kind = h->kind == H_CHIP || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
+        int kind = h->kind == LPTO_HANDLE_KERNEL || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
         if (W->w && pto_worker_callable_name(W->w, kind, h->callable, name, sizeof name) >= 0) {
             lua_pushstring(L, name);
             lua_setfield(L, -2, "name");

@@ -388,17 +388,6 @@ void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b)
     free(out.p);
 }
 
-void lpto_level_pids(lua_State *L, lworker *W)
-{
-    lua_createtable(L, W->nworkers, 0);
-    for (int i = 0; W->state == W_READY && i < W->nworkers; i++) {
-        int pid = pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i);
-        if (pid <= 0) continue;
-        lua_pushinteger(L, pid);
-        lua_rawseti(L, -2, i + 1);
-    }
-}
-
 /* ---- the leaf ---------------------------------------------------------------------- */
 
 /* fn(orch, args, cfg) with its traceback kept: Worker:run passes a

@@ -38,7 +38,7 @@ static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const ch
                                "children are Workers, which run an orchestration function registered with "
                                "Worker:register(fn); register chip kernels on the level-3 Workers",
                        O->W->level);
-        lpto_error(L, who, "%s", want == H_SUB ? "this handle is a chip kernel; submit it with orch:submit_next_level"
+        lpto_error(L, who, "%s", want == LPTO_HANDLE_FUNCTION ? "this handle is a chip kernel; submit it with orch:submit_next_level"
                                                : "this handle is a Lua sub callable; submit it with orch:submit_sub");
     }
     return h->callable;
@@ -67,7 +67,7 @@ static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_ar
                 lpto_error(L, who, "%stensor %d is an unset pto.tensor_spec tagged '%s'; only an OUTPUT can be "
                                    "unset (the submit allocates it)",
                            which ? lua_pushfstring(L, "args %d: ", which), lua_tostring(L, -1) : "", (int)i + 1,
-                           (const char *[]){"in", "out", "inout", "out_existing", "no_dep"}[a->tags[i]]);
+                           pto_tag_name(a->tags[i]));
         } else if (!t->st->valid) {
             lpto_error(L, who, "tensor %d's storage is gone: %s", (int)i + 1,
                        t->st->why_invalid ? t->st->why_invalid : "it is no longer valid");
@@ -234,7 +234,7 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
 
 /* A level-3 Worker's next-level children are chips, which run kernels; a
  * higher level's are Workers, which run orchestration functions. */
-static int want_handle(const lorch *O, int kind) { return kind == PTO_SUB || O->W->level >= 4 ? H_SUB : H_CHIP; }
+static int want_handle(const lorch *O, int kind) { return kind == PTO_SUB || O->W->level >= 4 ? LPTO_HANDLE_FUNCTION : LPTO_HANDLE_KERNEL; }
 static int next_level_count(const lworker *W) { return W->level >= 4 ? W->nworkers : W->nchips; }
 static const char *next_level_name(const lworker *W) { return W->level >= 4 ? "Worker children" : "chips"; }
 
@@ -449,7 +449,6 @@ static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
 /* Set field "tensors" of the table on top: each member's tensors as submitted, with their tags. */
 static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t members)
 {
-    static const char *const tags[] = {"in", "out", "inout", "out_existing", "no_dep"};
     lua_newtable(L);
     int k = 0;
     for (int32_t m = 0; m < members; m++) {
@@ -461,7 +460,7 @@ static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t member
         for (int32_t i = 0; i < n; i++) {
             const pto_tensor *t = &ts[i];
             lua_createtable(L, 0, 8);
-            lua_pushstring(L, tg[i] < 5 ? tags[tg[i]] : "?");
+            lua_pushstring(L, pto_tag_name(tg[i]) ? pto_tag_name(tg[i]) : "?");
             lua_setfield(L, -2, "tag");
             lua_pushstring(L, pto_dtype_name(t->dtype) ? pto_dtype_name(t->dtype) : "?");
             lua_setfield(L, -2, "dtype");

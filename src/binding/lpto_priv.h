@@ -100,7 +100,9 @@ void lpto_push_config(lua_State *L, const pto_call_config *cfg);
 
 /* ---- Worker, orchestrator, sub callables ------------------------------------- */
 enum { W_NEW, W_READY, W_CLOSED };
-enum { H_SUB, H_CHIP };
+/* What a handle registers: a Lua function (a sub callable, or an orchestration
+ * function run by Worker children) or a chip kernel. */
+enum { LPTO_HANDLE_FUNCTION, LPTO_HANDLE_KERNEL };
 /* Worker user values. */
 enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_COUNT = UV_HANDLES };
 /* Orchestrator user values. */
@@ -215,8 +217,6 @@ void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
  * collect attaches what they recorded to W's trace (before it stops). */
 void lpto_level_trace(lworker *W, bool on);
 void lpto_level_trace_collect(lworker *W);
-/* Push {pid, ...} of the Worker children's processes. */
-void lpto_level_pids(lua_State *L, lworker *W);
 
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */

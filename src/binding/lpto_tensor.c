@@ -7,8 +7,6 @@
 
 #include "lpto_priv.h"
 
-static const char *const TAG_NAMES[] = {"in", "out", "inout", "out_existing", "no_dep", NULL};
-
 int lpto_parse_tag(lua_State *L, int idx, const char *who)
 {
     if (lua_isnoneornil(L, idx)) return PTO_INPUT;
@@ -17,8 +15,8 @@ int lpto_parse_tag(lua_State *L, int idx, const char *who)
         if (lua_isinteger(L, idx) && (v = lua_tointeger(L, idx)) >= PTO_INPUT && v <= PTO_NO_DEP) return (int)v;
     } else if (lua_type(L, idx) == LUA_TSTRING) {
         const char *s = lua_tostring(L, idx);
-        for (int i = 0; TAG_NAMES[i]; i++)
-            if (strcmp(s, TAG_NAMES[i]) == 0) return i;
+        for (int i = PTO_INPUT; pto_tag_name(i); i++)
+            if (strcmp(s, pto_tag_name(i)) == 0) return i;
     }
     return lpto_error(L, who, "unknown tag %s '%s' (use pto.INPUT, pto.OUTPUT, pto.INOUT, pto.OUTPUT_EXISTING, "
                               "pto.NO_DEP or \"in\", \"out\", \"inout\", \"out_existing\", \"no_dep\")",

@@ -343,7 +343,7 @@ static int w_register(lua_State *L)
             lua_pop(L, 1);
         }
         h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){H_CHIP, (uint64_t)id};
+        *h = (lhandle){LPTO_HANDLE_KERNEL, (uint64_t)id};
     } else if (lua_isfunction(L, 2)) {
         /* Children forked at init cannot see a function registered later;
          * at level >= 4 a function may run on a sub or on a Worker child. */
@@ -374,7 +374,7 @@ static int w_register(lua_State *L)
         pto_worker_name_callable(W->w, PTO_SUB, id, name);
         if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
         h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){H_SUB, id};
+        *h = (lhandle){LPTO_HANDLE_FUNCTION, id};
     } else {
         return lpto_error(L, who, "expected a Lua function (a sub callable) or pto.chip_kernel(...) (got %s)",
                           luaL_typename(L, 2));
@@ -488,26 +488,29 @@ int lpto_worker_stats(lua_State *L)
     return 1;
 }
 
-/* w:child_pids() -> {chips = {pid, ...}, subs = {pid, ...}}: the processes
- * serving each worker now (empty in THREAD mode); for tests and tools. */
+/* Push {pid, ...}: the processes serving W's n workers of kind now (empty in THREAD mode). */
+static void push_child_pids(lua_State *L, lworker *W, int kind, int n)
+{
+    lua_createtable(L, n, 0);
+    for (int i = 0; W->state == W_READY && i < n; i++) {
+        int pid = pto_worker_child_pid(W->w, kind, i);
+        if (pid <= 0) continue;
+        lua_pushinteger(L, pid);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* w:child_pids() -> {chips = {pid, ...}, subs = {pid, ...}[, workers = {pid, ...}]}; for tests and tools. */
 static int w_child_pids(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:child_pids");
-    lua_createtable(L, 0, 2);
-    int counts[2] = {W->nchips, W->nsubs};
-    const char *names[2] = {"chips", "subs"};
-    for (int kind = 0; kind < 2; kind++) {
-        lua_createtable(L, counts[kind], 0);
-        for (int i = 0; W->state == W_READY && i < counts[kind]; i++) {
-            int pid = pto_worker_child_pid(W->w, kind, i);
-            if (pid <= 0) continue;
-            lua_pushinteger(L, pid);
-            lua_rawseti(L, -2, i + 1);
-        }
-        lua_setfield(L, -2, names[kind]);
-    }
+    lua_createtable(L, 0, 3);
+    push_child_pids(L, W, PTO_NEXT_LEVEL, W->nchips);
+    lua_setfield(L, -2, "chips");
+    push_child_pids(L, W, PTO_SUB, W->nsubs);
+    lua_setfield(L, -2, "subs");
     if (W->level >= 4) {
-        lpto_level_pids(L, W);
+        push_child_pids(L, W, PTO_NEXT_LEVEL, W->nworkers);
         lua_setfield(L, -2, "workers");
     }
     return 1;
@@ -626,7 +629,7 @@ const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *
 static int h_tostring(lua_State *L)
 {
     lhandle *h = lua_touserdata(L, 1);
-    lua_pushfstring(L, "handle(%s %d)", h->kind == H_SUB ? "sub" : "chip", (int)h->callable);
+    lua_pushfstring(L, "handle(%s %d)", h->kind == LPTO_HANDLE_FUNCTION ? "sub" : "chip", (int)h->callable);
     return 1;
 }
 

@@ -21,6 +21,12 @@ const char *pto_dtype_name(int32_t dtype)
     return dtype >= 0 && dtype < PTO_DTYPE_COUNT ? dtypes[dtype].name : NULL;
 }
 
+const char *pto_tag_name(int tag)
+{
+    static const char *const names[] = {"in", "out", "inout", "out_existing", "no_dep"};
+    return tag >= PTO_INPUT && tag <= PTO_NO_DEP ? names[tag] : NULL;
+}
+
 uint64_t pto_tensor_numel(const pto_tensor *t)
 {
     uint64_t n = 1;

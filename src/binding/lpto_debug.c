@@ -14,7 +14,11 @@
 static const char WORKERS_KEY = 'W';
 static _Atomic unsigned interrupt_gen;
 
-void lpto_debug_interrupted(void) { atomic_fetch_add(&interrupt_gen, 1); }
+void lpto_interrupt(void)
+{
+    lpto_active_interrupt();
+    atomic_fetch_add(&interrupt_gen, 1);   /* a step's wait returns */
+}
 
 void *lpto_idle_begin(lua_State *L)
 {
@@ -93,7 +97,7 @@ static int w_open_run(lua_State *L)
     lua_settop(L, 3);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
-    if (!o) return lpto_engine_error_as(L, who);
+    if (!o) return lpto_engine_error(L, who);
     W->in_run = true;
     W->interactive = true;
     lpto_push_orch(L, 1, W, o);
@@ -167,14 +171,14 @@ static lworker *check_init(lua_State *L, const char *who)
 static int w_hold(lua_State *L)
 {
     lworker *W = check_init(L, "Worker:hold");
-    if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L);
+    if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L, "Worker:hold");
     return 0;
 }
 
 static int w_release(lua_State *L)
 {
     lworker *W = check_ready(L, "Worker:release");
-    if (pto_dispatch_hold(W->w, 0) != 0) return lpto_engine_error(L);
+    if (pto_dispatch_hold(W->w, 0) != 0) return lpto_engine_error(L, "Worker:release");
     return 0;
 }
 
@@ -189,7 +193,7 @@ static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *wh
         lpto_gil_release(W->gil);
         int r = pto_dispatch_wait(W->w, 20);
         lpto_gil_acquire(W->gil);
-        if (r < 0) return lpto_engine_error_as(L, who);
+        if (r < 0) return lpto_engine_error(L, who);
         if (r == 1) return 1;
         if (atomic_load(&interrupt_gen) != gen)
             return lpto_error(L, who, "interrupted while tasks were still running (they go on; dispatch stays as "
@@ -208,7 +212,7 @@ static int w_step(lua_State *L)
     lworker *W = check_ready(L, who);
     lua_Integer n = luaL_optinteger(L, 2, 1);
     double timeout = luaL_optnumber(L, 3, 60);
-    if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error_as(L, who);
+    if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error(L, who);
     lua_pushboolean(L, wait_quiet(L, W, timeout, who));
     return 1;
 }
@@ -218,7 +222,7 @@ static int w_step(lua_State *L)
 static int w_sync(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:sync");
-    if (W->state == W_READY && pto_dispatch_sync(W->w) != 0) return lpto_engine_error(L);
+    if (W->state == W_READY && pto_dispatch_sync(W->w) != 0) return lpto_engine_error(L, "Worker:sync");
     return 0;
 }
 

@@ -664,7 +664,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         if (C->process) {
             C->stats = pto_shm_alloc(STATS_CAP);
             C->tl = pto_shm_alloc(sizeof *C->tl);
-            if (!C->stats || !C->tl) lpto_engine_error(L);
+            if (!C->stats || !C->tl) lpto_engine_error(L, who);
             pto_shm_stats ss;
             pto_shm_get_stats(&ss);
             /* Virtual: pages are backed only when touched. */
@@ -688,7 +688,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
                 lpto_error(L, who, "%s: %s", C->s.name, strip_init(lua_tostring(L, -1)));
             C->child->gil_shared = true;
         }
-        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, who);
     }
     lua_pop(L, 2);
     if (pto_trace_active(W->w)) lpto_level_trace(W, true);   /* traced since before init (ptolua --trace) */

@@ -156,7 +156,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         id = n == 1 && !pins ? pto_submit_next_level(O->o, callable, &targs[0], cfg, pin)
                              : pto_submit_next_level_group(O->o, callable, targs, n, cfg, pins);
     if (release) lpto_gil_acquire(W->gil);
-    if (id < 0) return lpto_engine_error(L);
+    if (id < 0) return lpto_engine_error(L, who);
     for (int i = 0, off = 0; i < n; i++) {
         bind_outputs(L, oidx, O, aidx[i], as[i], descs + off);
         pin_args(L, oidx, aidx[i]);
@@ -171,10 +171,10 @@ static int32_t opt_pin(lua_State *L, int idx, int nworkers, const char *kname, c
     if (lua_isnoneornil(L, idx)) return -1;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {worker = 1} (got %s)", luaL_typename(L, idx));
-    static const char *const known[] = {"worker", NULL};
-    lpto_check_fields(L, idx, known, "worker", who);
+    static const lpto_field fields[] = {{"worker", LUA_MININTEGER, LUA_MAXINTEGER}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
     lua_Integer w = 0;
-    if (!lpto_get_int_field(L, idx, "worker", &w, LUA_MININTEGER, LUA_MAXINTEGER, who)) return -1;
+    if (!lpto_get_field(L, idx, &fields[0], &w, who)) return -1;
     if (w < 1 || w > nworkers)
         lpto_error(L, who, "worker %lld does not exist: this Worker has %d %s, numbered from 1", (long long)w, nworkers,
                    kname);
@@ -205,8 +205,8 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
     if (lua_isnoneornil(L, idx)) return NULL;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {workers = {1, 2}} (got %s)", luaL_typename(L, idx));
-    static const char *const known[] = {"workers", NULL};
-    lpto_check_fields(L, idx, known, "workers", who);
+    static const lpto_field fields[] = {{"workers", 1, 0}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
     lua_getfield(L, idx, "workers");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
@@ -292,7 +292,7 @@ static int o_alloc(lua_State *L)
     if (release) lpto_gil_release(O->W->gil);
     int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
     if (release) lpto_gil_acquire(O->W->gil);
-    if (id < 0) return lpto_engine_error(L);
+    if (id < 0) return lpto_engine_error(L, who);
     push_ring_storage(L, 1, O, &d);
     lpto_push_tensor(L, &d, -1);
     return 1;
@@ -342,14 +342,14 @@ void lpto_orch_end(lua_State *L, int oidx)
 
 static int scope_begin(lua_State *L, lorch *O, const char *who)
 {
-    if (pto_scope_begin(O->o) != 0) return lpto_engine_error_as(L, who);
+    if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L, who);
     return pto_scope_depth(O->o);
 }
 
-static void scope_end(lua_State *L, int oidx, lorch *O)
+static void scope_end(lua_State *L, int oidx, lorch *O, const char *who)
 {
     int depth = pto_scope_depth(O->o);
-    if (pto_scope_end(O->o) != 0) lpto_engine_error(L);
+    if (pto_scope_end(O->o) != 0) lpto_engine_error(L, who);
     invalidate_depth(L, oidx, depth);
 }
 
@@ -363,7 +363,7 @@ static int o_scope_begin(lua_State *L)
 static int o_scope_end(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:scope_end");
-    scope_end(L, 1, O);
+    scope_end(L, 1, O, "orch:scope_end");
     return 0;
 }
 
@@ -383,7 +383,7 @@ static int sc_close(lua_State *L)
     if (pto_scope_depth(O->o) != depth)
         return lpto_error(L, "orch:scope", "scopes closed out of order: this scope opened at depth %d but the "
                                           "innermost open scope is at depth %d", depth, pto_scope_depth(O->o));
-    scope_end(L, oidx, O);
+    scope_end(L, oidx, O, "orch:scope");
     return 0;
 }
 
@@ -411,7 +411,7 @@ static int o_scope(lua_State *L)
     lua_pushvalue(L, 2);
     lua_pushvalue(L, 1);
     int status = lua_pcall(L, 1, LUA_MULTRET, 0);
-    if (O->valid && pto_scope_depth(O->o) == depth) scope_end(L, 1, O);
+    if (O->valid && pto_scope_depth(O->o) == depth) scope_end(L, 1, O, who);
     else if (status == LUA_OK && O->valid)
         return lpto_error(L, who, "the function left scopes open (depth %d, expected %d); close every scope_begin "
                                   "with scope_end",
@@ -500,7 +500,7 @@ static int o_tensormap(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:tensormap");
     int64_t n = pto_tensormap_list(O->o, NULL, 0);
-    if (n < 0) return lpto_engine_error(L);
+    if (n < 0) return lpto_engine_error(L, "orch:tensormap");
     pto_tm_item *items = lua_newuserdatauv(L, sizeof *items * (size_t)(n ? n : 1), 0);
     n = pto_tensormap_list(O->o, items, n);
     lua_createtable(L, (int)n, 0);
@@ -536,7 +536,7 @@ static int o_task(lua_State *L)
     lua_Integer id = lua_tointegerx(L, 2, &isint);
     if (!isint) return lpto_error(L, who, "expected a task id returned by a submit (got %s)", luaL_typename(L, 2));
     pto_task_info info;
-    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L);
+    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L, who);
     lua_createtable(L, 0, 12);
     lua_pushinteger(L, info.id);
     lua_setfield(L, -2, "id");
@@ -585,7 +585,7 @@ static int o_task(lua_State *L)
 static int o_drain(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:drain");
-    if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L);
+    if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L, "orch:drain");
     return 0;
 }
 
@@ -659,4 +659,5 @@ void lpto_open_orch(lua_State *L)
 
     static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
+    lpto_set_int(L, "MAX_SCOPE_DEPTH", PTO_MAX_SCOPE_DEPTH);
 }

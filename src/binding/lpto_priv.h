@@ -10,15 +10,9 @@
 #ifndef LPTO_PRIV_H
 #define LPTO_PRIV_H
 
-#include <pthread.h>
 #include <sys/types.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
 
-#include "lauxlib.h"
-#include "lua.h"
-#include "pto.h"
+#include "lpto_aux.h"
 
 #define LPTO_TENSOR "pto.Tensor"
 #define LPTO_STORAGE "pto.Storage"
@@ -29,24 +23,6 @@
 #define LPTO_HANDLE "pto.Handle"
 #define LPTO_SCOPE "pto.Scope"
 #define LPTO_KERNEL "pto.ChipKernel"
-
-/* ---- the interpreter lock -------------------------------------------------
- * Sub callables in THREAD mode run on worker threads but share the one Lua
- * state, so Lua runs under a lock. The thread that loaded the module holds
- * it whenever it runs Lua and gives it up only inside pto calls that wait
- * (a run's drain) or that may wait (submits when Lua subs exist). Tickets
- * make hand-over fair: a waiting sub gets its turn at the next submit. */
-typedef struct lpto_gil {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t next, serving;
-    _Atomic int waiters;
-} lpto_gil;
-
-void lpto_gil_acquire(lpto_gil *g);
-void lpto_gil_release(lpto_gil *g);
-/* The module's lock for L's main state. */
-lpto_gil *lpto_gil_of(lua_State *L);
 
 /* ---- storage and tensors ------------------------------------------------- */
 enum { LPTO_ST_ARENA, LPTO_ST_RING, LPTO_ST_BORROWED, LPTO_ST_PRIVATE };
@@ -166,18 +142,11 @@ typedef struct lhandle {
 void lpto_open_worker(lua_State *L);
 /* The handle at idx, which must have been registered on W. */
 const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who);
-void lpto_interrupt_all(void);
-/* Runs that Ctrl-C interrupts (lpto_interrupt_all): add while blocked in a drain. */
-void lpto_active_add(pto_worker *w);
-void lpto_active_remove(pto_worker *w);
 /* pto_drain(o), or pto_run_end of W's run when o is NULL, with the interpreter
  * lock given up (THREAD-mode subs finish meanwhile) and Ctrl-C able to stop it. */
 int lpto_wait_run(lworker *W, pto_orch *o);
 /* Argument checks shared by the Worker and the orchestrator. */
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
-bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
-                        const char *who);
-void lpto_check_fields(lua_State *L, int t, const char *const *known, const char *list, const char *who);
 
 /* lpto_orch.c: push the orchestrator of W's run o (widx: the Worker); after
  * the run has drained, lpto_orch_end makes it and its heap-ring tensors stale. */
@@ -222,15 +191,5 @@ void lpto_level_trace_collect(lworker *W);
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */
 void lpto_open_debug(lua_State *L);
 void lpto_debug_track(lua_State *L, int idx);
-/* Async-signal-safe: a Ctrl-C arrived (a step's wait returns). */
-void lpto_debug_interrupted(void);
-
-/* Error with the thread's last engine message (already prefixed). */
-int lpto_engine_error(lua_State *L);
-/* The same, with the engine's leading "name: " replaced by "who: " (the
- * engine names its own function, which is not always the one Lua called). */
-int lpto_engine_error_as(lua_State *L, const char *who);
-/* Raise "who: <formatted>" . */
-int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
 
 #endif

@@ -25,16 +25,6 @@
 
 static const char STATE_KEY = 'T';
 
-/* A table whose keys do not keep Workers alive. */
-static void push_weak_keys(lua_State *L)
-{
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-}
-
 static void push_state(lua_State *L)
 {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY) == LUA_TTABLE) return;
@@ -48,9 +38,9 @@ static void push_state(lua_State *L)
     lua_setfield(L, -2, "dags");
     lua_newtable(L);
     lua_setfield(L, -2, "pending");
-    push_weak_keys(L);
+    lpto_push_weak_keys(L);
     lua_setfield(L, -2, "dotrec");
-    push_weak_keys(L);
+    lpto_push_weak_keys(L);
     lua_setfield(L, -2, "serials");
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
@@ -259,9 +249,9 @@ static int w_trace_start(lua_State *L)
     if (!lua_isnoneornil(L, 3)) {
         if (!lua_istable(L, 3))
             return lpto_error(L, who, "the options must be a table like {events = 100000} (got %s)", luaL_typename(L, 3));
-        static const char *const known[] = {"events", NULL};
-        lpto_check_fields(L, 3, known, "events", who);
-        lpto_get_int_field(L, 3, "events", &events, 1, 1 << 26, who);
+        static const lpto_field fields[] = {{"events", 1, 1 << 26}, {NULL, 0, 0}};
+        lpto_check_fields(L, 3, fields, who);
+        lpto_get_field(L, 3, &fields[0], &events, who);
     }
     if (pto_trace_active(W->w)) {
         push_field(L, "tracing");
@@ -277,7 +267,7 @@ static int w_trace_start(lua_State *L)
     if (why)
         return lpto_error(L, who, "cannot write the trace to '%s': %s; give a path in an existing, writable directory",
                           path, why);
-    if (pto_trace_start(W->w, (uint32_t)events) != 0) return lpto_engine_error_as(L, who);
+    if (pto_trace_start(W->w, (uint32_t)events) != 0) return lpto_engine_error(L, who);
     lpto_level_trace(W, true);
     push_field(L, "tracing");
     lua_createtable(L, 0, 2);

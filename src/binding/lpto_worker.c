@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lpto_priv.h"
@@ -13,26 +14,7 @@ typedef struct lkernel {
     char *symbol;
 } lkernel;
 
-/* ---- interrupts ---------------------------------------------------------------- */
-
-#define MAX_ACTIVE 64
-static pto_worker *_Atomic active[MAX_ACTIVE];
-
-void lpto_active_add(pto_worker *w)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *none = NULL;
-        if (atomic_compare_exchange_strong(&active[i], &none, w)) return;
-    }
-}
-
-void lpto_active_remove(pto_worker *w)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *me = w;
-        if (atomic_compare_exchange_strong(&active[i], &me, NULL)) return;
-    }
-}
+/* ---- helpers --------------------------------------------------------------------- */
 
 int lpto_wait_run(lworker *W, pto_orch *o)
 {
@@ -44,16 +26,6 @@ int lpto_wait_run(lworker *W, pto_orch *o)
     return rc;
 }
 
-void lpto_interrupt_all(void)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *w = atomic_load(&active[i]);
-        if (w) pto_worker_interrupt(w);
-    }
-}
-
-/* ---- helpers --------------------------------------------------------------------- */
-
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who)
 {
     lworker *W = luaL_testudata(L, idx, LPTO_WORKER);
@@ -61,35 +33,6 @@ lworker *lpto_check_worker(lua_State *L, int idx, const char *who)
                        luaL_typename(L, idx));
     if (W->state == W_CLOSED) lpto_error(L, who, "this Worker is closed; create a new one with pto.Worker{...}");
     return W;
-}
-
-bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
-                        const char *who)
-{
-    lua_getfield(L, t, k);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        return false;
-    }
-    int isint;
-    lua_Integer v = lua_tointegerx(L, -1, &isint);
-    if (!isint) lpto_error(L, who, "%s must be an integer (got %s)", k, luaL_typename(L, -1));
-    if (v < lo || v > hi) lpto_error(L, who, "%s must be between %lld and %lld (got %lld)", k, (long long)lo, (long long)hi, (long long)v);
-    lua_pop(L, 1);
-    *out = v;
-    return true;
-}
-
-void lpto_check_fields(lua_State *L, int t, const char *const *known, const char *list, const char *who)
-{
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        bool ok = false;
-        if (lua_type(L, -2) == LUA_TSTRING)
-            for (int i = 0; known[i]; i++) ok |= strcmp(lua_tostring(L, -2), known[i]) == 0;
-        if (!ok) lpto_error(L, who, "unknown field '%s' (fields: %s)", luaL_tolstring(L, -2, NULL), list);
-        lua_pop(L, 1);
-    }
 }
 
 /* ---- Worker ------------------------------------------------------------------------ */
@@ -104,34 +47,38 @@ static int default_mode(lua_State *L, const char *who)
     return lpto_error(L, who, "the environment variable PTO_MODE is '%s'; set it to \"thread\" or \"process\", or unset it", m);
 }
 
-static const char *const WORKER_FIELDS[] = {"level", "mode", "chips", "num_sub_workers", "heap_ring_size",
-                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", "start_timeout_ms", "shm_size", NULL};
+/* pto.Worker{...}'s fields, in the order the "unknown field" message lists
+ * them; the integer ones are read in this order too, with these ranges. */
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_COUNT };
+static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
+    [F_LEVEL] = {"level", 3, 64},
+    [F_MODE] = {"mode", 1, 0},
+    [F_CHIPS] = {"chips", 0, 1024},
+    [F_SUBS] = {"num_sub_workers", 0, 1024},
+    [F_HEAP] = {"heap_ring_size", PTO_HEAP_ALIGN, (lua_Integer)1 << 46},
+    [F_ALLOC_TIMEOUT] = {"alloc_timeout_ms", 1, 24 * 3600 * 1000},
+    [F_RUNTIME] = {"chip_runtime", 1, 0},
+    [F_DEPTH] = {"queue_depth", 1, 64},
+    [F_START_TIMEOUT] = {"start_timeout_ms", 1, 24 * 3600 * 1000},
+    [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
+    [F_COUNT] = {NULL, 0, 0},
+};
 
-static int l_worker(lua_State *L)
+/* The integer fields of the table at 1 into v (0 when absent; level 3). */
+static void worker_int_fields(lua_State *L, lua_Integer v[F_COUNT], const char *who)
 {
-    const char *who = "pto.Worker";
-    if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
-        return lpto_error(L, who, "expected a table like pto.Worker{chips = 2} (got %s)", luaL_typename(L, 1));
-    if (lua_isnoneornil(L, 1)) {
-        lua_settop(L, 0);
-        lua_newtable(L);
+    for (int i = 0; i < F_COUNT; i++) {
+        v[i] = i == F_LEVEL ? 3 : 0;
+        if (WORKER_FIELDS[i].lo <= WORKER_FIELDS[i].hi) lpto_get_field(L, 1, &WORKER_FIELDS[i], &v[i], who);
     }
-    lpto_check_fields(L, 1, WORKER_FIELDS,
-                 "level, mode, chips, num_sub_workers, heap_ring_size, alloc_timeout_ms, chip_runtime, queue_depth, "
-                 "start_timeout_ms, shm_size", who);
-    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0, start_timeout = 0, shm = 0;
-    lpto_get_int_field(L, 1, "level", &level, 3, 64, who);
-    lpto_get_int_field(L, 1, "chips", &chips, 0, 1024, who);
-    lpto_get_int_field(L, 1, "num_sub_workers", &subs, 0, 1024, who);
-    lpto_get_int_field(L, 1, "heap_ring_size", &heap, PTO_HEAP_ALIGN, (lua_Integer)1 << 46, who);
-    lpto_get_int_field(L, 1, "alloc_timeout_ms", &timeout, 1, 24 * 3600 * 1000, who);
-    lpto_get_int_field(L, 1, "queue_depth", &depth, 1, 64, who);
-    lpto_get_int_field(L, 1, "start_timeout_ms", &start_timeout, 1, 24 * 3600 * 1000, who);
-    lpto_get_int_field(L, 1, "shm_size", &shm, 16 << 20, (lua_Integer)1 << 50, who);
-    if (level >= 4 && chips > 0)
-        return lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
-                                  "level-%lld Workers added with Worker:add_worker (give the chips to those)",
-                          (long long)chips, (long long)level, (long long)level - 1);
+    if (v[F_LEVEL] >= 4 && v[F_CHIPS] > 0)
+        lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
+                           "level-%lld Workers added with Worker:add_worker (give the chips to those)",
+                   (long long)v[F_CHIPS], (long long)v[F_LEVEL], (long long)v[F_LEVEL] - 1);
+}
+
+static int worker_mode_field(lua_State *L, const char *who)
+{
     lua_getfield(L, 1, "mode");
     int mode;
     if (lua_isnil(L, -1)) {
@@ -143,28 +90,17 @@ static int l_worker(lua_State *L)
         mode = strcmp(m, "process") == 0 ? PTO_MODE_PROCESS : PTO_MODE_THREAD;
     }
     lua_pop(L, 1);
-    lua_getfield(L, 1, "chip_runtime");
-    if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-        return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
-    const char *rt = lua_tostring(L, -1);
+    return mode;
+}
 
-    pto_worker_config cfg = {.level = (int32_t)level, .mode = mode, .heap_ring_size = (uint64_t)heap,
-                             .alloc_timeout_ms = (uint32_t)timeout, .queue_depth = (int32_t)depth,
-                             .start_timeout_ms = (uint32_t)start_timeout};
-    pto_worker *w = pto_worker_new(&cfg);
-    if (!w) return lpto_engine_error(L);
+/* Push a new Worker userdata over w, with its user values. */
+static lworker *push_worker(lua_State *L, pto_worker *w)
+{
     lworker *W = lua_newuserdatauv(L, sizeof *W, UV_COUNT);
     memset(W, 0, sizeof *W);
     W->w = w;
     W->owner = getpid();
-    W->shm_size = (uint64_t)shm;
-    W->level = (int)level;
-    W->mode = mode;
-    W->nchips = (int)chips;
-    W->nsubs = (int)subs;
-    W->chip_runtime = rt ? strdup(rt) : NULL;
     W->gil = lpto_gil_of(L);
-    W->fns_ref = LUA_NOREF;
     luaL_setmetatable(L, LPTO_WORKER);
     lua_newtable(L);
     lua_pushvalue(L, -1);
@@ -176,6 +112,40 @@ static int l_worker(lua_State *L)
     lua_setiuservalue(L, -2, UV_CHILDREN);
     lua_newtable(L);
     lua_setiuservalue(L, -2, UV_HANDLES);
+    return W;
+}
+
+/* pto.Worker{level, mode, chips, num_sub_workers, ...} */
+static int l_worker(lua_State *L)
+{
+    const char *who = "pto.Worker";
+    if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
+        return lpto_error(L, who, "expected a table like pto.Worker{chips = 2} (got %s)", luaL_typename(L, 1));
+    if (lua_isnoneornil(L, 1)) {
+        lua_settop(L, 0);
+        lua_newtable(L);
+    }
+    lpto_check_fields(L, 1, WORKER_FIELDS, who);
+    lua_Integer v[F_COUNT];
+    worker_int_fields(L, v, who);
+    int mode = worker_mode_field(L, who);
+    lua_getfield(L, 1, "chip_runtime");
+    if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+        return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
+    const char *rt = lua_tostring(L, -1);
+
+    pto_worker_config cfg = {.level = (int32_t)v[F_LEVEL], .mode = mode, .heap_ring_size = (uint64_t)v[F_HEAP],
+                             .alloc_timeout_ms = (uint32_t)v[F_ALLOC_TIMEOUT], .queue_depth = (int32_t)v[F_DEPTH],
+                             .start_timeout_ms = (uint32_t)v[F_START_TIMEOUT]};
+    pto_worker *w = pto_worker_new(&cfg);
+    if (!w) return lpto_engine_error(L, who);
+    lworker *W = push_worker(L, w);
+    W->shm_size = (uint64_t)v[F_SHM];
+    W->level = (int)v[F_LEVEL];
+    W->mode = mode;
+    W->nchips = (int)v[F_CHIPS];
+    W->nsubs = (int)v[F_SUBS];
+    W->chip_runtime = rt ? strdup(rt) : NULL;
     lpto_debug_track(L, -1);
     return 1;
 }
@@ -276,7 +246,7 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
         snprintf(W->chip_names[i], sizeof W->chip_names[i], "chip %d", i + 1);
         leaf.name = W->chip_names[i];
         leaf.ctx = W->chip_runtime;   /* the child dlopens this runtime (NULL: the built-in one) */
-        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, "Worker:init");
     }
     lua_getiuservalue(L, idx, UV_THREADS);
     for (int i = 0; i < W->nsubs; i++) {
@@ -290,11 +260,11 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
             leaf.run = lpto_sub_run;
             leaf.load = lpto_sub_load;
         }
-        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L, "Worker:init");
     }
     lua_pop(L, 1);
     if (W->level >= 4) lpto_level_init(L, idx, W, who);
-    if (pto_worker_init(W->w) != 0) lpto_engine_error(L);
+    if (pto_worker_init(W->w) != 0) lpto_engine_error(L, "Worker:init");
     W->state = W_READY;
 }
 
@@ -327,7 +297,7 @@ static int w_register(lua_State *L)
                           W->level);
     if (k) {
         int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
-        if (id < 0) return lpto_engine_error_as(L, who);
+        if (id < 0) return lpto_engine_error(L, who);
         pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
         if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) {
             /* children forked before this kernel resolve it themselves: "lib\0symbol\0" */
@@ -339,7 +309,7 @@ static int w_register(lua_State *L)
             luaL_addlstring(&b, k->symbol, sl + 1);
             luaL_pushresult(&b);
             if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
-                return lpto_engine_error_as(L, who);
+                return lpto_engine_error(L, who);
             lua_pop(L, 1);
         }
         h = lua_newuserdatauv(L, sizeof *h, 1);
@@ -354,9 +324,9 @@ static int w_register(lua_State *L)
             size_t len;
             const char *blob = lua_tolstring(L, -1, &len);
             if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0)
-                return lpto_engine_error_as(L, who);
+                return lpto_engine_error(L, who);
             if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
-                return lpto_engine_error_as(L, who);
+                return lpto_engine_error(L, who);
             lua_pop(L, 1);
         }
         lua_getiuservalue(L, 1, UV_FNS);
@@ -407,7 +377,7 @@ int lpto_worker_run(lua_State *L)
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
-    if (!o) return lpto_engine_error(L);
+    if (!o) return lpto_engine_error(L, who);
     W->in_run = true;
     lpto_active_add(W->w);
     lpto_push_orch(L, 1, W, o);   /* 5 */
@@ -565,6 +535,15 @@ static int w_tostring(lua_State *L)
     return 1;
 }
 
+/* Seconds on the monotonic clock, for timing runs (os.clock is CPU time). */
+static int l_now(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 /* ---- chip kernels and handles ------------------------------------------------------ */
 
 static int k_gc(lua_State *L)
@@ -583,8 +562,8 @@ static int l_chip_kernel(lua_State *L)
     if (lua_type(L, 1) == LUA_TSTRING) {
         sym = lua_tostring(L, 1);
     } else if (lua_istable(L, 1)) {
-        static const char *const known[] = {"lib", "symbol", NULL};
-        lpto_check_fields(L, 1, known, "lib, symbol", who);
+        static const lpto_field fields[] = {{"lib", 1, 0}, {"symbol", 1, 0}, {NULL, 0, 0}};
+        lpto_check_fields(L, 1, fields, who);
         lua_getfield(L, 1, "lib");
         lua_getfield(L, 1, "symbol");
         if (lua_type(L, -2) != LUA_TSTRING && !lua_isnil(L, -2))
@@ -633,20 +612,6 @@ static int h_tostring(lua_State *L)
     return 1;
 }
 
-static int l_extend_worker(lua_State *L)
-{
-    luaL_checktype(L, 1, LUA_TTABLE);
-    luaL_getmetatable(L, LPTO_WORKER);
-    lua_getfield(L, -1, "methods");
-    lua_pushnil(L);
-    while (lua_next(L, 1)) {
-        lua_pushvalue(L, -2);
-        lua_insert(L, -2);
-        lua_rawset(L, -4);
-    }
-    return 0;
-}
-
 void lpto_open_worker(lua_State *L)
 {
     luaL_newmetatable(L, LPTO_WORKER);
@@ -674,8 +639,6 @@ void lpto_open_worker(lua_State *L)
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
 
-    static const luaL_Reg fns[] = {{"Worker", l_worker}, {"chip_kernel", l_chip_kernel},
-                                   {"_extend_worker", l_extend_worker}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"Worker", l_worker}, {"chip_kernel", l_chip_kernel}, {"now", l_now}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
-    lpto_open_orch(L);
 }

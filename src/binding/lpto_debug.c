@@ -374,17 +374,14 @@ static int w_children(lua_State *L)
     return 1;
 }
 
+const luaL_Reg lpto_debug_methods[] = {
+    {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
+    {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
+    {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
+    {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
+
 void lpto_open_debug(lua_State *L)
 {
-    luaL_getmetatable(L, LPTO_WORKER);
-    lua_getfield(L, -1, "methods");
-    static const luaL_Reg methods[] = {
-        {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
-        {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
-        {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
-        {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
-    luaL_setfuncs(L, methods, 0);
-    lua_pop(L, 2);
     lua_pushcfunction(L, l_workers);
     lua_setfield(L, -2, "workers");
 }

@@ -420,7 +420,7 @@ static int run_protected(lua_State *L)
     lua_settop(L, 0);
     lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
     st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
-    lua_pushcfunction(L, lpto_worker_run);                              /* 2 */
+    lua_pushcfunction(L, lpto_worker_run_child);                        /* 2 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
     lua_rawgeti(L, -1, callable);

@@ -162,6 +162,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         pin_args(L, oidx, aidx[i]);
         off += as[i]->nt;
     }
+    lpto_trace_submitted(L, oidx, id);
     lua_pushinteger(L, id);
     return 1;
 }

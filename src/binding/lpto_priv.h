@@ -170,6 +170,7 @@ void lpto_ship_function(lua_State *L, int idx, const char *who);
 void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_worker_free(lua_State *L, lworker *W);
 int lpto_worker_run(lua_State *L);            /* Worker:run */
+int lpto_worker_run_child(lua_State *L);      /* the same, run by a Worker child's leaf */
 int lpto_worker_stats(lua_State *L);          /* Worker:stats */
 int lpto_worker_stats_report(lua_State *L);   /* Worker:stats_report */
 
@@ -187,9 +188,35 @@ void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
 void lpto_level_trace(lworker *W, bool on);
 void lpto_level_trace_collect(lworker *W);
 
+/* lpto_trace.c: Worker:trace_start / trace_stop, and the hooks the Worker's
+ * and the orchestrator's code call (each does nothing unless a trace or
+ * ptolua's --trace/--dot wants it). */
+int lpto_trace_start(lua_State *L);           /* Worker:trace_start */
+int lpto_trace_stop(lua_State *L);            /* Worker:trace_stop */
+/* The new Worker at idx (ptolua --trace: traced from now on). */
+void lpto_trace_new_worker(lua_State *L, int idx);
+/* W is closing (gc: being collected): stop the traces of W and the Worker
+ * children below it, writing their files. Pushes one message per failure
+ * and returns their count, for lpto_trace_closed once W is closed. */
+int lpto_trace_closing(lua_State *L, lworker *W, bool gc);
+/* Raise the first of the errs messages from index first (gc: warn of each). */
+int lpto_trace_closed(lua_State *L, int first, int errs, bool gc);
+/* --dot: a task was submitted to the orchestrator at oidx. */
+void lpto_trace_submitted(lua_State *L, int oidx, int64_t id);
+/* --dot, Worker:run: push the record of the run of the orchestrator at oidx
+ * and return its index (0, pushing nothing: not recorded); after the run's
+ * function, lpto_trace_dag_ran notes final task states; after the run,
+ * lpto_trace_dag_end makes the record the Worker's cluster in the file
+ * (err: the index of the run's error, or 0). */
+int lpto_trace_dag_begin(lua_State *L, int oidx);
+void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec);
+void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err);
+
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */
 void lpto_open_debug(lua_State *L);
+/* The Worker methods it defines, for the Worker's method table. */
+extern const luaL_Reg lpto_debug_methods[];
 void lpto_debug_track(lua_State *L, int idx);
 
 #endif

@@ -147,6 +147,7 @@ static int l_worker(lua_State *L)
     W->nsubs = (int)v[F_SUBS];
     W->chip_runtime = rt ? strdup(rt) : NULL;
     lpto_debug_track(L, -1);
+    lpto_trace_new_worker(L, -1);
     return 1;
 }
 
@@ -177,13 +178,12 @@ void lpto_worker_free(lua_State *L, lworker *W)
     W->fns_ref = LUA_NOREF;
 }
 
-static int w_close(lua_State *L)
+static void worker_close(lua_State *L, lworker *W)
 {
-    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
-    if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
-    if (W->state == W_CLOSED) return 0;
+    const char *who = "Worker:close";
+    if (W->state == W_CLOSED) return;
     if (W->in_run && !W->interactive)
-        return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
+        lpto_error(L, who, "a run is in progress; close the Worker after Worker:run returns");
     if (W->interactive) {   /* an open_run left open: its tasks are dropped with the Worker */
         lua_getiuservalue(L, 1, UV_ORCH);
         lpto_orch_end(L, -1);
@@ -191,18 +191,30 @@ static int w_close(lua_State *L)
         W->in_run = W->interactive = false;
     }
     if (W->parent && !W->driven)
-        return lpto_error(L, "Worker:close", "this Worker is a child of a level-%d Worker; closing that Worker closes it",
-                          W->parent->level);
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker; closing that Worker closes it",
+                   W->parent->level);
     lpto_worker_free(L, W);
-    return 0;
+}
+
+/* w:close() and __close: a traced Worker writes its trace first. */
+static int w_close(lua_State *L)
+{
+    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
+    if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
+    int first = lua_gettop(L) + 1;
+    int errs = lpto_trace_closing(L, W, false);
+    worker_close(L, W);
+    return lpto_trace_closed(L, first, errs, false);
 }
 
 static int w_gc(lua_State *L)
 {
     lworker *W = lua_touserdata(L, 1);
+    int first = lua_gettop(L) + 1;
+    int errs = lpto_trace_closing(L, W, true);
     /* A Worker child is closed by its parent, which may still be running it. */
     if ((!W->in_run || W->interactive) && !W->parent) lpto_worker_free(L, W);
-    return 0;
+    return lpto_trace_closed(L, first, errs, true);
 }
 
 static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who);
@@ -359,21 +371,56 @@ static int w_register(lua_State *L)
     return 1;
 }
 
-/* w:run(fn, args, cfg) */
-int lpto_worker_run(lua_State *L)
+/* Raise unless W may start a run now. */
+static void check_can_run(lua_State *L, lworker *W, const char *who)
+{
+    if (W->parent && !W->driven)
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
+                           "function to that Worker with orch:submit_next_level", W->parent->level);
+    if (W->interactive)
+        lpto_error(L, who, "a run opened by Worker:open_run is open on this Worker; submit to its "
+                           "orchestrator, or end it with Worker:close_run (:finish at the prompt) first");
+    if (W->in_run) lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
+    if (!lua_isfunction(L, 2))
+        lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
+                   luaL_typename(L, 2));
+}
+
+/* Wait for the run of the orchestrator at oidx to drain and end it; returns
+ * its failure (to free), or NULL. */
+static char *end_run(lua_State *L, lworker *W, int oidx)
+{
+    lpto_gil_release(W->gil);   /* THREAD-mode subs still run while the run drains */
+    int rc = pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
+    lpto_active_remove(W->w);
+    W->in_run = false;
+    lpto_orch_end(L, oidx);   /* heap-ring tensors of this run die with it */
+    lua_pushnil(L);
+    lua_setiuservalue(L, 1, UV_ORCH);
+    return fail;
+}
+
+/* Push the error of a run that failed. */
+static void push_run_failure(lua_State *L, lworker *W, const char *fail)
+{
+    /* In a tree of Workers each level's failure names its level:
+     * "Worker:run: L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ...". */
+    const char *pfx = "Worker:run: ";
+    if ((W->level >= 4 || W->parent) && strncmp(fail, pfx, strlen(pfx)) == 0)
+        lua_pushfstring(L, "%sL%d %s", pfx, W->level, fail + strlen(pfx));
+    else
+        lua_pushstring(L, fail);
+}
+
+/* w:run(fn, args, cfg); method: called as the Lua method (ptolua --dot
+ * records the run's DAG), not by a Worker child's leaf. */
+static int worker_run(lua_State *L, bool method)
 {
     const char *who = "Worker:run";
     lworker *W = lpto_check_worker(L, 1, who);
-    if (W->parent && !W->driven)
-        return lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
-                                  "function to that Worker with orch:submit_next_level", W->parent->level);
-    if (W->interactive)
-        return lpto_error(L, who, "a run opened by Worker:open_run is open on this Worker; submit to its "
-                                  "orchestrator, or end it with Worker:close_run (:finish at the prompt) first");
-    if (W->in_run) return lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
-    if (!lua_isfunction(L, 2))
-        return lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
-                          luaL_typename(L, 2));
+    check_can_run(L, W, who);
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
@@ -383,6 +430,7 @@ int lpto_worker_run(lua_State *L)
     lpto_push_orch(L, 1, W, o);   /* 5 */
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
+    int rec = method ? lpto_trace_dag_begin(L, 5) : 0;
 
     int base = lua_gettop(L);
     lua_pushvalue(L, 2);
@@ -391,34 +439,21 @@ int lpto_worker_run(lua_State *L)
     lua_pushvalue(L, 4);
     int status = lua_pcall(L, 3, LUA_MULTRET, 0);
     int nres = lua_gettop(L) - base;
-
-    lpto_gil_release(W->gil);   /* THREAD-mode subs still run while the run drains */
-    int rc = pto_run_end(W->w);
-    lpto_gil_acquire(W->gil);
-    char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
-    lpto_active_remove(W->w);
-    W->in_run = false;
-    lpto_orch_end(L, 5);   /* heap-ring tensors of this run die with it */
-    lua_pushnil(L);
-    lua_setiuservalue(L, 1, UV_ORCH);
-
-    if (status != LUA_OK) {
-        free(fail);
-        return lua_error(L);   /* the function's own error, unchanged */
-    }
-    if (fail) {
-        /* In a tree of Workers each level's failure names its level:
-         * "Worker:run: L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ...". */
-        const char *pfx = "Worker:run: ";
-        if ((W->level >= 4 || W->parent) && strncmp(fail, pfx, strlen(pfx)) == 0)
-            lua_pushfstring(L, "%sL%d %s", pfx, W->level, fail + strlen(pfx));
-        else
-            lua_pushstring(L, fail);
-        free(fail);
+    lpto_trace_dag_ran(L, 5, 1, rec);
+    char *fail = end_run(L, W, 5);
+    bool failed = status != LUA_OK || fail;
+    if (status == LUA_OK && fail) push_run_failure(L, W, fail);
+    free(fail);
+    if (failed) {   /* the function's own error passes unchanged */
+        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
         return lua_error(L);
     }
+    lpto_trace_dag_end(L, 1, rec, 0);
     return nres;
 }
+
+int lpto_worker_run(lua_State *L) { return worker_run(L, true); }
+int lpto_worker_run_child(lua_State *L) { return worker_run(L, false); }
 
 int lpto_worker_stats(lua_State *L)
 {
@@ -622,8 +657,9 @@ void lpto_open_worker(lua_State *L)
         {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", lpto_worker_run},
         {"close", w_close}, {"stats", lpto_worker_stats}, {"child_pids", w_child_pids},
         {"stats_report", lpto_worker_stats_report}, {"print_stats", w_print_stats},
-        {NULL, NULL}};
+        {"trace_start", lpto_trace_start}, {"trace_stop", lpto_trace_stop}, {NULL, NULL}};
     luaL_newlib(L, wmethods);
+    luaL_setfuncs(L, lpto_debug_methods, 0);   /* open_run, hold, step, ... */
     lua_setfield(L, -2, "methods");
     lua_pop(L, 1);
 

@@ -293,6 +293,84 @@ static int w_init(lua_State *L)
     return 1;
 }
 
+/* Children forked before this kernel resolve it themselves: ship "lib\0symbol\0". */
+static void ship_kernel(lua_State *L, lworker *W, const lkernel *k, int64_t id, const char *who)
+{
+    const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
+    size_t ll = strlen(lib), sl = strlen(k->symbol);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addlstring(&b, lib, ll + 1);
+    luaL_addlstring(&b, k->symbol, sl + 1);
+    luaL_pushresult(&b);
+    if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
+        lpto_engine_error(L, who);
+    lua_pop(L, 1);
+}
+
+/* Push the handle of kind for callable, registered on the Worker at 1. */
+static void push_handle(lua_State *L, int kind, uint64_t callable)
+{
+    lhandle *h = lua_newuserdatauv(L, sizeof *h, 1);
+    *h = (lhandle){kind, callable};
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+    luaL_setmetatable(L, LPTO_HANDLE);
+    lua_getiuservalue(L, 1, UV_HANDLES);   /* for Worker:callables (the REPL's :break by name) */
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
+}
+
+static void register_kernel(lua_State *L, lworker *W, const lkernel *k, const char *name, const char *who)
+{
+    if (W->level >= 4)
+        lpto_error(L, who, "a level-%d Worker has no chips: register chip kernels on the level-3 Workers "
+                           "that run them, and submit those handles from their orchestration function",
+                   W->level);
+    int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
+    if (id < 0) lpto_engine_error(L, who);
+    pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
+    if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) ship_kernel(L, W, k, id, who);
+    push_handle(L, LPTO_HANDLE_KERNEL, (uint64_t)id);
+}
+
+/* Ship the function's blob (on top) to the children that may run callable id. */
+static void ship_blob(lua_State *L, lworker *W, uint64_t id, const char *who)
+{
+    size_t len;
+    const char *blob = lua_tolstring(L, -1, &len);
+    if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) lpto_engine_error(L, who);
+    if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
+        lpto_engine_error(L, who);
+    lua_pop(L, 1);
+}
+
+static void register_function(lua_State *L, lworker *W, const char *name, const char *who)
+{
+    /* Children forked at init cannot see a function registered later; at
+     * level >= 4 a function may run on a sub or on a Worker child. */
+    bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
+    if (ship) lpto_ship_function(L, 2, who);
+    uint64_t id = ++W->next_fn;
+    if (ship) ship_blob(L, W, id, who);
+    lua_getiuservalue(L, 1, UV_FNS);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 1);
+    char where[160];
+    if (!name) {
+        lua_Debug ar;
+        lua_pushvalue(L, 2);
+        lua_getinfo(L, ">S", &ar);
+        snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
+        name = where;
+    }
+    pto_worker_name_callable(W->w, PTO_SUB, id, name);
+    if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
+    push_handle(L, LPTO_HANDLE_FUNCTION, id);
+}
+
 /* w:register(fn [, name]) or w:register(pto.chip_kernel(...)) -> handle */
 static int w_register(lua_State *L)
 {
@@ -302,72 +380,11 @@ static int w_register(lua_State *L)
     if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TSTRING)
         return lpto_error(L, who, "the optional name must be a string (got %s)", luaL_typename(L, 3));
     const char *name = lua_tostring(L, 3);
-    lhandle *h;
-    if (k && W->level >= 4)
-        return lpto_error(L, who, "a level-%d Worker has no chips: register chip kernels on the level-3 Workers "
-                                  "that run them, and submit those handles from their orchestration function",
-                          W->level);
-    if (k) {
-        int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
-        if (id < 0) return lpto_engine_error(L, who);
-        pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
-        if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) {
-            /* children forked before this kernel resolve it themselves: "lib\0symbol\0" */
-            const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
-            size_t ll = strlen(lib), sl = strlen(k->symbol);
-            luaL_Buffer b;
-            luaL_buffinit(L, &b);
-            luaL_addlstring(&b, lib, ll + 1);
-            luaL_addlstring(&b, k->symbol, sl + 1);
-            luaL_pushresult(&b);
-            if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
-                return lpto_engine_error(L, who);
-            lua_pop(L, 1);
-        }
-        h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){LPTO_HANDLE_KERNEL, (uint64_t)id};
-    } else if (lua_isfunction(L, 2)) {
-        /* Children forked at init cannot see a function registered later;
-         * at level >= 4 a function may run on a sub or on a Worker child. */
-        bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
-        if (ship) lpto_ship_function(L, 2, who);
-        uint64_t id = ++W->next_fn;
-        if (ship) {
-            size_t len;
-            const char *blob = lua_tolstring(L, -1, &len);
-            if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0)
-                return lpto_engine_error(L, who);
-            if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
-                return lpto_engine_error(L, who);
-            lua_pop(L, 1);
-        }
-        lua_getiuservalue(L, 1, UV_FNS);
-        lua_pushvalue(L, 2);
-        lua_rawseti(L, -2, (lua_Integer)id);
-        lua_pop(L, 1);
-        char where[160];
-        if (!name) {
-            lua_Debug ar;
-            lua_pushvalue(L, 2);
-            lua_getinfo(L, ">S", &ar);
-            snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
-            name = where;
-        }
-        pto_worker_name_callable(W->w, PTO_SUB, id, name);
-        if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
-        h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){LPTO_HANDLE_FUNCTION, id};
-    } else {
+    if (k) register_kernel(L, W, k, name, who);
+    else if (lua_isfunction(L, 2)) register_function(L, W, name, who);
+    else
         return lpto_error(L, who, "expected a Lua function (a sub callable) or pto.chip_kernel(...) (got %s)",
                           luaL_typename(L, 2));
-    }
-    lua_pushvalue(L, 1);
-    lua_setiuservalue(L, -2, 1);
-    luaL_setmetatable(L, LPTO_HANDLE);
-    lua_getiuservalue(L, 1, UV_HANDLES);   /* for Worker:callables (the REPL's :break by name) */
-    lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-    lua_pop(L, 1);
     return 1;
 }
 

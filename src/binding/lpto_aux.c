@@ -17,14 +17,12 @@ int lpto_error(lua_State *L, const char *who, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    return luaL_error(L, "%s: %s", who, buf);
+    return who ? luaL_error(L, "%s: %s", who, buf) : luaL_error(L, "%s", buf);
 }
 
 int lpto_engine_error(lua_State *L, const char *who)
 {
-    const char *m = pto_errmsg(), *colon = strstr(m, ": ");
-    if (colon && !memchr(m, ' ', (size_t)(colon - m))) m = colon + 2;   /* the engine's own "name: " */
-    return luaL_error(L, "%s: %s", who, m);
+    return who ? luaL_error(L, "%s: %s", who, pto_errmsg()) : luaL_error(L, "%s", pto_errmsg());
 }
 
 /* ---- argument tables --------------------------------------------------------------------- */

@@ -17,9 +17,10 @@
 
 /* ---- errors ------------------------------------------------------------------------- */
 
-/* Raise "who: <formatted>". */
+/* Raise "who: <formatted>" (who NULL: no Lua function was called, as when a
+ * Worker child's leaf runs a Worker; the message stands alone). */
 int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
-/* Raise "who: <the thread's last engine message>". */
+/* Raise "who: <the thread's last engine message>" (who NULL: the message alone). */
 int lpto_engine_error(lua_State *L, const char *who);
 
 /* ---- argument tables ----------------------------------------------------------------

@@ -126,9 +126,7 @@ static int w_close_run(lua_State *L)
     lua_pushnil(L);
     lua_setiuservalue(L, 1, UV_ORCH);
     if (fail) {
-        const char *pfx = "Worker:run: ";
-        const char *msg = strncmp(fail, pfx, strlen(pfx)) == 0 ? fail + strlen(pfx) : fail;
-        lua_pushfstring(L, "%s: %s", who, msg);
+        lua_pushfstring(L, "%s: %s", who, fail);
         free(fail);
         return lua_error(L);
     }
@@ -212,6 +210,11 @@ static int w_step(lua_State *L)
     lworker *W = check_ready(L, who);
     lua_Integer n = luaL_optinteger(L, 2, 1);
     double timeout = luaL_optnumber(L, 3, 60);
+    pto_dispatch_state st;
+    pto_dispatch_get(W->w, &st);
+    if (n >= 1 && !st.held)
+        return lpto_error(L, who, "dispatch is not held, so every ready task already runs; hold it first "
+                                  "(Worker:hold or :hold)");
     if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error(L, who);
     lua_pushboolean(L, wait_quiet(L, W, timeout, who));
     return 1;

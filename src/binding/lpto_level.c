@@ -436,13 +436,8 @@ static int run_protected(lua_State *L)
     C->child->driven = false;
     st->valid = false;
     if (status == LUA_OK) return 0;
-    /* "Worker:run: L3 task 2 ..." -> "L3 task 2 ...": the level above
-     * names its own task and this child. */
-    const char *m = lua_tostring(L, -1), *pfx = "Worker:run: ";
-    if (m && strncmp(m, pfx, strlen(pfx)) == 0) lua_pushstring(L, m + strlen(pfx));
-    else if (!m) lua_pushliteral(L, "(error object is not a string)");
-    else lua_pushvalue(L, -1);
-    return lua_error(L);
+    if (!lua_isstring(L, -1)) lua_pushliteral(L, "(error object is not a string)");
+    return lua_error(L);   /* "L3 task 2 ...": the level above names its own task and this child */
 }
 
 /* ---- traces of PROCESS-mode children ---- */
@@ -593,16 +588,15 @@ static int init_protected(lua_State *L)
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
     C->child->owner = getpid();   /* PROCESS mode: this child hosts it from now on */
     C->child->driven = true;
-    lpto_worker_init(L, -1, C->child, "Worker:init");
+    lpto_worker_init(L, -1, C->child, NULL);   /* no Lua function called: messages stand alone */
     C->child->driven = false;
     return 0;
 }
 
-/* "Worker:init: chip 1 (pid 9) failed to start: ..." -> "chip 1 (pid 9) failed to start: ..." */
-static const char *strip_init(const char *m)
+static const char *message(lua_State *L, int idx)
 {
-    const char *pfx = "Worker:init: ";
-    return m && strncmp(m, pfx, strlen(pfx)) == 0 ? m + strlen(pfx) : m ? m : "(error object is not a string)";
+    const char *m = lua_tostring(L, idx);
+    return m ? m : "(error object is not a string)";
 }
 
 /* PROCESS mode, in the child: initialise the hosted Worker, which forks its
@@ -624,7 +618,7 @@ static int level_start(void *ctx, char *err, size_t errlen)
     lua_pushcfunction(T, init_protected);
     lua_pushlightuserdata(T, C);
     if (lua_pcall(T, 1, 0, 0) != LUA_OK) {
-        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, strip_init(lua_tostring(T, -1)));
+        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, message(T, -1));
         lua_settop(T, 0);
         return 1;
     }
@@ -685,7 +679,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
             lua_pushcfunction(L, init_protected);
             lua_pushlightuserdata(L, C);
             if (lua_pcall(L, 1, 0, 0) != LUA_OK)
-                lpto_error(L, who, "%s: %s", C->s.name, strip_init(lua_tostring(L, -1)));
+                lpto_error(L, who, "%s: %s", C->s.name, message(L, -1));
             C->child->gil_shared = true;
         }
         if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, who);

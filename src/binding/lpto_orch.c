@@ -629,6 +629,14 @@ static int o_tostring(lua_State *L)
     return 1;
 }
 
+/* pto._check_orch(orch, who): raise as check_orch does for the Lua method who
+ * (the methods written in Lua, lua/pto/inspect.lua). */
+static int l_check_orch(lua_State *L)
+{
+    check_orch(L, 1, luaL_checkstring(L, 2));
+    return 0;
+}
+
 /* pto._extend_orch(table): methods written in Lua (lua/pto/inspect.lua). */
 static int l_extend_orch(lua_State *L)
 {
@@ -658,7 +666,7 @@ void lpto_open_orch(lua_State *L)
     lua_setfield(L, -2, "__close");
     lua_pop(L, 1);
 
-    static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {"_check_orch", l_check_orch}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
     lpto_set_int(L, "MAX_SCOPE_DEPTH", PTO_MAX_SCOPE_DEPTH);
 }

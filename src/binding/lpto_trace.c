@@ -147,7 +147,7 @@ static bool finish(lua_State *L, lworker *W)
         lua_pushinteger(L, (lua_Integer)pto_trace_dropped(W->w));
         lua_setfield(L, -2, "dropped");
     } else {
-        lua_pushstring(L, pto_errmsg());
+        lua_pushfstring(L, "Worker:trace_stop: %s", pto_errmsg());
     }
     lua_replace(L, base + 1);
     lua_settop(L, base + 1);

@@ -29,8 +29,8 @@ int lpto_wait_run(lworker *W, pto_orch *o)
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who)
 {
     lworker *W = luaL_testudata(L, idx, LPTO_WORKER);
-    if (!W) lpto_error(L, who, "expected a Worker (call it as w:%s(...)), got %s", strchr(who, ':') ? strchr(who, ':') + 1 : who,
-                       luaL_typename(L, idx));
+    const char *method = who && strchr(who, ':') ? strchr(who, ':') + 1 : who ? who : "method";
+    if (!W) lpto_error(L, who, "expected a Worker (call it as w:%s(...)), got %s", method, luaL_typename(L, idx));
     if (W->state == W_CLOSED) lpto_error(L, who, "this Worker is closed; create a new one with pto.Worker{...}");
     return W;
 }
@@ -249,16 +249,17 @@ void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who)
 static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
 {
     idx = lua_absindex(L, idx);
-
+    /* The engine's init failures name init, whichever method initialised the Worker. */
+    const char *init = who ? "Worker:init" : NULL;
     W->chip_names = calloc((size_t)W->nchips + 1, sizeof *W->chip_names);
     W->subs = calloc((size_t)W->nsubs + 1, sizeof *W->subs);
-    if (!W->chip_names || !W->subs) luaL_error(L, "%s: out of memory", who);
+    if (!W->chip_names || !W->subs) lpto_error(L, who, "out of memory");
     for (int i = 0; i < W->nchips; i++) {
         pto_leaf leaf = pto_chip_leaf();
         snprintf(W->chip_names[i], sizeof W->chip_names[i], "chip %d", i + 1);
         leaf.name = W->chip_names[i];
         leaf.ctx = W->chip_runtime;   /* the child dlopens this runtime (NULL: the built-in one) */
-        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, "Worker:init");
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, init);
     }
     lua_getiuservalue(L, idx, UV_THREADS);
     for (int i = 0; i < W->nsubs; i++) {
@@ -272,11 +273,11 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
             leaf.run = lpto_sub_run;
             leaf.load = lpto_sub_load;
         }
-        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L, "Worker:init");
+        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L, init);
     }
     lua_pop(L, 1);
     if (W->level >= 4) lpto_level_init(L, idx, W, who);
-    if (pto_worker_init(W->w) != 0) lpto_engine_error(L, "Worker:init");
+    if (pto_worker_init(W->w) != 0) lpto_engine_error(L, init);
     W->state = W_READY;
 }
 
@@ -419,23 +420,19 @@ static char *end_run(lua_State *L, lworker *W, int oidx)
     return fail;
 }
 
-/* Push the error of a run that failed. */
+/* Push the engine's failure of W's run. In a tree of Workers each level's
+ * failure names its level: "L4 task 0 (... on L3 worker 1 (pid 7)) failed:
+ * L3 task 2 ...". */
 static void push_run_failure(lua_State *L, lworker *W, const char *fail)
 {
-    /* In a tree of Workers each level's failure names its level:
-     * "Worker:run: L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ...". */
-    const char *pfx = "Worker:run: ";
-    if ((W->level >= 4 || W->parent) && strncmp(fail, pfx, strlen(pfx)) == 0)
-        lua_pushfstring(L, "%sL%d %s", pfx, W->level, fail + strlen(pfx));
-    else
-        lua_pushstring(L, fail);
+    if (W->level >= 4 || W->parent) lua_pushfstring(L, "L%d %s", W->level, fail);
+    else lua_pushstring(L, fail);
 }
 
-/* w:run(fn, args, cfg); method: called as the Lua method (ptolua --dot
- * records the run's DAG), not by a Worker child's leaf. */
-static int worker_run(lua_State *L, bool method)
+/* w:run(fn, args, cfg), called as the Lua method (who: ptolua --dot records
+ * the run's DAG) or by a Worker child's leaf (who NULL). */
+static int worker_run(lua_State *L, const char *who)
 {
-    const char *who = "Worker:run";
     lworker *W = lpto_check_worker(L, 1, who);
     check_can_run(L, W, who);
     lua_settop(L, 4);
@@ -447,7 +444,7 @@ static int worker_run(lua_State *L, bool method)
     lpto_push_orch(L, 1, W, o);   /* 5 */
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
-    int rec = method ? lpto_trace_dag_begin(L, 5) : 0;
+    int rec = who ? lpto_trace_dag_begin(L, 5) : 0;
 
     int base = lua_gettop(L);
     lua_pushvalue(L, 2);
@@ -458,19 +455,23 @@ static int worker_run(lua_State *L, bool method)
     int nres = lua_gettop(L) - base;
     lpto_trace_dag_ran(L, 5, 1, rec);
     char *fail = end_run(L, W, 5);
-    bool failed = status != LUA_OK || fail;
-    if (status == LUA_OK && fail) push_run_failure(L, W, fail);
-    free(fail);
-    if (failed) {   /* the function's own error passes unchanged */
-        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
-        return lua_error(L);
+    if (status == LUA_OK && !fail) {
+        lpto_trace_dag_end(L, 1, rec, 0);
+        return nres;
     }
-    lpto_trace_dag_end(L, 1, rec, 0);
-    return nres;
+    if (status == LUA_OK) {   /* else the function's own error passes unchanged */
+        push_run_failure(L, W, fail);
+        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
+        if (who) lua_pushfstring(L, "%s: %s", who, lua_tostring(L, -1));   /* who NULL: the level above names it */
+    } else {
+        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
+    }
+    free(fail);
+    return lua_error(L);
 }
 
-int lpto_worker_run(lua_State *L) { return worker_run(L, true); }
-int lpto_worker_run_child(lua_State *L) { return worker_run(L, false); }
+int lpto_worker_run(lua_State *L) { return worker_run(L, "Worker:run"); }
+int lpto_worker_run_child(lua_State *L) { return worker_run(L, NULL); }
 
 int lpto_worker_stats(lua_State *L)
 {

@@ -179,10 +179,10 @@ int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */
 /* At init of a level >= 4 Worker (at idx): add one next-level leaf per Worker child. */
 void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_level_free(lua_State *L, lworker *W);
-/* Add `children` (the children's statistics) to the stats table on top. */
-void lpto_level_stats(lua_State *L, lworker *W);
-/* Append each child's report to the buffer. */
-void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
+/* Push W's statistics table (Worker:stats), its Worker children's inside. */
+void lpto_level_push_stats(lua_State *L, lworker *W);
+/* Append each Worker child's report to the buffer (the stack is left alone). */
+void lpto_level_report(lworker *W, luaL_Buffer *b);
 /* PROCESS-mode Worker children trace their runs while W traces (on), and
  * collect attaches what they recorded to W's trace (before it stops). */
 void lpto_level_trace(lworker *W, bool on);

@@ -475,39 +475,7 @@ int lpto_worker_run_child(lua_State *L) { return worker_run(L, NULL); }
 
 int lpto_worker_stats(lua_State *L)
 {
-    lworker *W = lpto_check_worker(L, 1, "Worker:stats");
-    pto_stats s;
-    pto_worker_stats(W->w, &s);
-    lua_createtable(L, 0, 16);
-#define F(name) (lua_pushinteger(L, (lua_Integer)s.name), lua_setfield(L, -2, #name))
-    F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
-    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
-#undef F
-    lua_createtable(L, PTO_MAX_RING_DEPTH, 0);
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        pto_ring_stats *q = &s.rings[r];
-        lua_createtable(L, 0, 7);
-#define F(name) (lua_pushinteger(L, (lua_Integer)q->name), lua_setfield(L, -2, #name))
-        F(stalls); F(hwm_bytes); F(capacity_bytes); F(used_bytes); F(live_slabs);
-#undef F
-        lua_pushnumber(L, (double)q->stall_ns / 1e6);
-        lua_setfield(L, -2, "stall_ms");
-        lua_pushinteger(L, r);
-        lua_setfield(L, -2, "ring");
-        lua_rawseti(L, -2, r + 1);
-    }
-    lua_setfield(L, -2, "rings");
-    lua_pushinteger(L, W->nchips);
-    lua_setfield(L, -2, "chips");
-    lua_pushinteger(L, W->nsubs);
-    lua_setfield(L, -2, "sub_workers");
-    lua_pushinteger(L, W->level);
-    lua_setfield(L, -2, "level");
-    if (W->level >= 4) {
-        lua_pushinteger(L, W->nworkers);
-        lua_setfield(L, -2, "workers");
-        lpto_level_stats(L, W);
-    }
+    lpto_level_push_stats(L, lpto_check_worker(L, 1, "Worker:stats"));
     return 1;
 }
 
@@ -547,7 +515,7 @@ int lpto_worker_stats_report(lua_State *L)
     char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
     pto_worker_format_stats(W->w, p, (size_t)n + 1);
     luaL_addsize(&b, (size_t)n);
-    if (W->level >= 4) lpto_level_report(L, W, &b);
+    if (W->level >= 4) lpto_level_report(W, &b);
     luaL_pushresult(&b);
     return 1;
 }

@@ -161,8 +161,8 @@ static int read_published(wchild *C, stats_rec *out, int cap)
         if (q & 1) continue;
         uint32_t n = sb->count <= STATS_RECS && sb->count <= (uint32_t)cap ? sb->count : 0;
         memcpy(out, sb->recs, n * sizeof *out);
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&sb->seq, memory_order_relaxed) == q) return (int)n;
+        /* An RMW, not a fence (TSan has none): its release half keeps the copy before the re-check. */
+        if (atomic_fetch_add_explicit(&sb->seq, 0, memory_order_acq_rel) == q) return (int)n;
     }
     return 0;
 }
@@ -186,9 +186,8 @@ static void publish_stats(wchild *C)
 {
     stats_block *sb = C->stats;
     if (!sb) return;
-    uint32_t q = atomic_load_explicit(&sb->seq, memory_order_relaxed);
-    atomic_store_explicit(&sb->seq, q + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    /* Odd while writing: the RMW's acquire half keeps the writes after it. */
+    uint32_t q = atomic_fetch_add_explicit(&sb->seq, 1, memory_order_acq_rel);
     sb->count = (uint32_t)tree_records(C->child, sb->recs, STATS_RECS);
     atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
 }

@@ -1,19 +1,22 @@
 /* lpto.c - luaopen_pto: builds the module from its parts, as Lua's linit.c
  * opens its libraries. Nothing else lives here.
  *
- * The binding's files depend on each other one way only:
- *   lpto_aux.c      errors, options tables, the interpreter lock, the runs
- *                   Ctrl-C interrupts; knows no pto type
- *   lpto_tensor.c   Tensor and Storage                          (aux)
- *   lpto_args.c     TaskArgs and CallConfig                     (aux, tensor)
- *   lpto_sub.c      sub callables and shipping functions        (aux, tensor, args)
- *   lpto_orch.c     the Orchestrator a run hands its function   (aux, tensor, args, trace hooks)
- *   lpto_trace.c    tracing and ptolua's --trace/--dot hooks    (aux, levels)
- *   lpto_debug.c    interactive runs and dispatch control       (aux, orch, worker)
- *   lpto_worker.c   the Worker (its method table lists every    (all of the above)
- *   lpto_level.c    Worker method) and its Worker children; the two call each other
- *                   because a Worker child's leaf runs a Worker
- *   lpto.c          luaopen_pto                                 (the lpto_open_* of each)
+ * The binding's files depend on each other in one direction, tier by tier
+ * (each uses only the tiers above it):
+ *   lpto_aux.c      errors named for the Lua function, options tables, the
+ *                   interpreter lock, the runs Ctrl-C interrupts; no pto type
+ *   lpto_tensor.c   Tensor and Storage
+ *   lpto_args.c     TaskArgs and CallConfig
+ *   lpto_sub.c      sub callables, and shipping functions to children
+ *   lpto_orch.c     the orchestrator a run hands its function (its submits
+ *                   call one hook of lpto_trace.c, which does nothing
+ *                   unless ptolua --dot asks)
+ *   lpto_worker.c   the Worker type, in four files that call each other: its
+ *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
+ *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch
+ *   lpto_trace.c    control, tracing and ptolua's --trace/--dot
+ *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
+ *                   the Lua parts (lua/pto)
  * The engine under all of them never sees a Lua header. */
 #include "lpto.h"
 #include "lpto_priv.h"

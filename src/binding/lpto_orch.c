@@ -28,6 +28,30 @@ static lorch *check_orch(lua_State *L, int idx, const char *who)
     return O;
 }
 
+const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who)
+{
+    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
+    if (!h)
+        lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
+                           "or pto.chip_kernel first",
+                   idx - 1, luaL_typename(L, idx));
+    lua_getiuservalue(L, idx, 1);
+    bool mine = lua_touserdata(L, -1) == W;
+    lua_pop(L, 1);
+    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    return h;
+}
+
+int lpto_wait_run(lworker *W, pto_orch *o)
+{
+    lpto_active_add(W->w);
+    lpto_gil_release(W->gil);
+    int rc = o ? pto_drain(o) : pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    lpto_active_remove(W->w);
+    return rc;
+}
+
 /* The handle at idx, registered on O's Worker, for submit kind. */
 static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const char *who)
 {

@@ -1,4 +1,6 @@
-/* lpto_priv.h - shared internals of the Lua binding (lpto*.c).
+/* lpto_priv.h - the Lua binding's types and the interface of each of its
+ * files (lpto*.c); what every file uses without knowing a type is in
+ * lpto_aux.h, and the order the files depend on each other is in lpto.c.
  *
  * Ownership in one paragraph: a Tensor userdata describes a view
  * (pto_tensor) of a Storage userdata, which it keeps alive through its user
@@ -140,16 +142,17 @@ typedef struct lhandle {
 } lhandle;
 
 void lpto_open_worker(lua_State *L);
+/* Argument checks shared by the Worker and the orchestrator. */
+lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
+
+/* lpto_orch.c: the orchestrator of a run, and what submitting needs. */
 /* The handle at idx, which must have been registered on W. */
 const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who);
 /* pto_drain(o), or pto_run_end of W's run when o is NULL, with the interpreter
  * lock given up (THREAD-mode subs finish meanwhile) and Ctrl-C able to stop it. */
 int lpto_wait_run(lworker *W, pto_orch *o);
-/* Argument checks shared by the Worker and the orchestrator. */
-lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
-
-/* lpto_orch.c: push the orchestrator of W's run o (widx: the Worker); after
- * the run has drained, lpto_orch_end makes it and its heap-ring tensors stale. */
+/* Push the orchestrator of W's run o (widx: the Worker); after the run has
+ * drained, lpto_orch_end makes it and its heap-ring tensors stale. */
 lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o);
 void lpto_orch_end(lua_State *L, int oidx);
 void lpto_open_orch(lua_State *L);
@@ -169,10 +172,9 @@ void lpto_ship_function(lua_State *L, int idx, const char *who);
 /* lpto_worker.c internals the levels share. */
 void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_worker_free(lua_State *L, lworker *W);
-int lpto_worker_run(lua_State *L);            /* Worker:run */
-int lpto_worker_run_child(lua_State *L);      /* the same, run by a Worker child's leaf */
-int lpto_worker_stats(lua_State *L);          /* Worker:stats */
-int lpto_worker_stats_report(lua_State *L);   /* Worker:stats_report */
+/* lua_CFunction: Worker:run as a Worker child's leaf runs it (no Lua
+ * function was called: its messages stand alone). */
+int lpto_worker_run_child(lua_State *L);
 
 /* lpto_level.c: Workers of Workers. */
 int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */

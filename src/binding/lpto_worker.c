@@ -16,16 +16,6 @@ typedef struct lkernel {
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-int lpto_wait_run(lworker *W, pto_orch *o)
-{
-    lpto_active_add(W->w);
-    lpto_gil_release(W->gil);
-    int rc = o ? pto_drain(o) : pto_run_end(W->w);
-    lpto_gil_acquire(W->gil);
-    lpto_active_remove(W->w);
-    return rc;
-}
-
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who)
 {
     lworker *W = luaL_testudata(L, idx, LPTO_WORKER);
@@ -470,10 +460,10 @@ static int worker_run(lua_State *L, const char *who)
     return lua_error(L);
 }
 
-int lpto_worker_run(lua_State *L) { return worker_run(L, "Worker:run"); }
+static int w_run(lua_State *L) { return worker_run(L, "Worker:run"); }
 int lpto_worker_run_child(lua_State *L) { return worker_run(L, NULL); }
 
-int lpto_worker_stats(lua_State *L)
+static int w_stats(lua_State *L)
 {
     lpto_level_push_stats(L, lpto_check_worker(L, 1, "Worker:stats"));
     return 1;
@@ -507,7 +497,7 @@ static int w_child_pids(lua_State *L)
     return 1;
 }
 
-int lpto_worker_stats_report(lua_State *L)
+static int w_stats_report(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:stats_report");
     int n = pto_worker_format_stats(W->w, NULL, 0);
@@ -523,7 +513,7 @@ int lpto_worker_stats_report(lua_State *L)
 static int w_print_stats(lua_State *L)
 {
     lpto_check_worker(L, 1, "Worker:print_stats");
-    lpto_worker_stats_report(L);
+    w_stats_report(L);
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
     return 0;
@@ -612,20 +602,6 @@ static int k_tostring(lua_State *L)
     return 1;
 }
 
-const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who)
-{
-    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
-    if (!h)
-        lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
-                           "or pto.chip_kernel first",
-                   idx - 1, luaL_typename(L, idx));
-    lua_getiuservalue(L, idx, 1);
-    bool mine = lua_touserdata(L, -1) == W;
-    lua_pop(L, 1);
-    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
-    return h;
-}
-
 static int h_tostring(lua_State *L)
 {
     lhandle *h = lua_touserdata(L, 1);
@@ -640,9 +616,9 @@ void lpto_open_worker(lua_State *L)
                                      {"__tostring", w_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, wmeta, 0);
     static const luaL_Reg wmethods[] = {
-        {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", lpto_worker_run},
-        {"close", w_close}, {"stats", lpto_worker_stats}, {"child_pids", w_child_pids},
-        {"stats_report", lpto_worker_stats_report}, {"print_stats", w_print_stats},
+        {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", w_run},
+        {"close", w_close}, {"stats", w_stats}, {"child_pids", w_child_pids},
+        {"stats_report", w_stats_report}, {"print_stats", w_print_stats},
         {"trace_start", lpto_trace_start}, {"trace_stop", lpto_trace_stop}, {NULL, NULL}};
     luaL_newlib(L, wmethods);
     luaL_setfuncs(L, lpto_debug_methods, 0);   /* open_run, hold, step, ... */

@@ -5,9 +5,8 @@ return function(pto)
 
   -- orch:task_count(), its errors (run ended, ...) named after the call the user made.
   local function task_count(orch, who)
-    local ok, n = pcall(orch.task_count, orch)
-    if ok then return n end
-    error((tostring(n):gsub("^[^:\n]*:%d+: ", "", 1):gsub("^orch:task_count: ", who .. ": ", 1)), 0)
+    pto._check_orch(orch, who)
+    return orch:task_count()
   end
 
   local function tasks(orch, who)
@@ -133,14 +132,14 @@ return function(pto)
     end
   end
 
-  -- The run as cluster `name` of a digraph; failure: the run's error, whose
+  -- The run as cluster `name` of a digraph; failure: why the run failed, whose
   -- task is marked failed if it was reclaimed before it could be seen.
   function pto._dot_cluster(rec, name, title, failure)
     if type(failure) == "string" then
       local id = math.tointeger(tonumber(failure:match("task (%d+)")))
       for _, t in ipairs(rec.nodes) do
         if t.id == id and not t.error then
-          t.state, t.error = "failed", (failure:gsub("^Worker:run: ", "", 1))
+          t.state, t.error = "failed", failure
         end
       end
     end

@@ -575,7 +575,7 @@ static void test_bad_free(void)
 static void test_errors(void)
 {
     CHECK(pto_shm_alloc(0) == NULL);
-    CHECK_CONTAINS(pto_errmsg(), "pto.tensor: cannot allocate 0 bytes");
+    CHECK_CONTAINS(pto_errmsg(), "cannot allocate 0 bytes");
     CHECK(pto_shm_alloc(ARENA + 1) == NULL);
     CHECK_CONTAINS(pto_errmsg(), "more than the whole shared tensor memory (1 GiB); raise PTO_SHM_SIZE");
     CHECK(pto_shm_alloc(UINT64_MAX) == NULL);
@@ -586,7 +586,7 @@ static void test_errors(void)
     CHECK(a != NULL);
     CHECK(pto_shm_alloc(600 * MIB) == NULL);
     const char *m = pto_errmsg();
-    CHECK_CONTAINS(m, "pto.tensor: shared tensor memory exhausted: 629145600 bytes (600 MiB) requested, "
+    CHECK_CONTAINS(m, "shared tensor memory exhausted: 629145600 bytes (600 MiB) requested, "
                       "424 MiB free in a 1 GiB arena (largest free block 424 MiB)");
     CHECK_CONTAINS(m, "free tensors you no longer need or raise PTO_SHM_SIZE");
     pto_shm_stats st;

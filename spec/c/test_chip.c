@@ -63,7 +63,7 @@ static void test_chip_runtime_env(void)
         setenv("PTO_CHIP_RUNTIME", "/nonexistent/libchip.so", 1);
         int ok = strcmp(pto_chipsim_path(), "/nonexistent/libchip.so") == 0 &&
                  pto_kernel_register(NULL, "vector_add") == -1 &&
-                 strstr(pto_errmsg(), "pto.chip_kernel: cannot load the built-in chip runtime /nonexistent/libchip.so") &&
+                 strstr(pto_errmsg(), "cannot load the built-in chip runtime /nonexistent/libchip.so") &&
                  strstr(pto_errmsg(), "$PTO_CHIP_RUNTIME");
         if (!ok) fprintf(stderr, "child: path %s, error %s\n", pto_chipsim_path(), pto_errmsg());
         _exit(ok ? 0 : 1);
@@ -106,22 +106,22 @@ static void test_register_idempotent(void)
 static void test_register_errors(void)
 {
     CHECK_EQ(pto_kernel_register(NULL, "no_such_kernel"), -1);
-    CHECK_CONTAINS(pto_errmsg(), "pto.chip_kernel: no kernel 'no_such_kernel' in ");
+    CHECK_CONTAINS(pto_errmsg(), "no kernel 'no_such_kernel' in ");
     CHECK_CONTAINS(pto_errmsg(), "libpto_chipsim.so; it has: vector_add, vector_mul, vector_scale, fill, copy, "
                                  "gemm_tile, tile_add, reduce_sum, sleep_us, spin_us, fail");
 
     CHECK_EQ(pto_kernel_register(NULL, NULL), -1);
-    CHECK_CONTAINS(pto_errmsg(), "pto.chip_kernel: symbol is missing; name the kernel function");
+    CHECK_CONTAINS(pto_errmsg(), "symbol is missing; name the kernel function");
     CHECK_EQ(pto_kernel_register(NULL, ""), -1);
-    CHECK_CONTAINS(pto_errmsg(), "pto.chip_kernel: symbol is empty");
+    CHECK_CONTAINS(pto_errmsg(), "symbol is empty");
 
     CHECK_EQ(pto_kernel_register("/nonexistent/libmine.so", "k"), -1);
-    CHECK_CONTAINS(pto_errmsg(), "pto.chip_kernel: cannot load chip runtime /nonexistent/libmine.so (");
+    CHECK_CONTAINS(pto_errmsg(), "cannot load chip runtime /nonexistent/libmine.so (");
     CHECK_CONTAINS(pto_errmsg(), "check the `lib` path (or the Worker's chip_runtime)");
 
     /* a library without a pto_chip_kernels list */
     CHECK_EQ(pto_kernel_register("libc.so.6", "no_such_symbol_xyz"), -1);
-    CHECK_CONTAINS(pto_errmsg(), "pto.chip_kernel: no kernel 'no_such_symbol_xyz' in libc.so.6; check the `symbol`");
+    CHECK_CONTAINS(pto_errmsg(), "no kernel 'no_such_symbol_xyz' in libc.so.6; check the `symbol`");
     CHECK(!strstr(pto_errmsg(), "it has:"));
 }
 

@@ -503,7 +503,7 @@ static void start_failure_case(int mode, uint32_t timeout_ms, const char *want)
     atomic_store(&SH->start_mode, 0);
     const char *msg = pto_errmsg();
     printf("  init failed in %llu ms: %s\n", (unsigned long long)took, msg);
-    CHECK_CONTAINS(msg, "Worker:init: chip 2 (pid ");
+    CHECK_CONTAINS(msg, "chip 2 (pid ");
     CHECK_CONTAINS(msg, want);
     CHECK(took < timeout_ms + 2000);
     int n = atomic_load(&SH->starts);

@@ -122,10 +122,9 @@ static int a_tensor(lua_State *L)
 
 static int a_tag(lua_State *L)
 {
-    static const char *const names[] = {"in", "out", "inout", "out_existing", "no_dep"};
     lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tag");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tag", "tensor");
-    lua_pushstring(L, names[a->tags[i - 1]]);
+    lua_pushstring(L, pto_tag_name(a->tags[i - 1]));
     return 1;
 }
 

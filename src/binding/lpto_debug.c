@@ -14,7 +14,11 @@
 static const char WORKERS_KEY = 'W';
 static _Atomic unsigned interrupt_gen;
 
-void lpto_debug_interrupted(void) { atomic_fetch_add(&interrupt_gen, 1); }
+void lpto_interrupt(void)
+{
+    lpto_active_interrupt();
+    atomic_fetch_add(&interrupt_gen, 1);   /* a step's wait returns */
+}
 
 void *lpto_idle_begin(lua_State *L)
 {
@@ -93,7 +97,7 @@ static int w_open_run(lua_State *L)
     lua_settop(L, 3);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
-    if (!o) return lpto_engine_error_as(L, who);
+    if (!o) return lpto_engine_error(L, who);
     W->in_run = true;
     W->interactive = true;
     lpto_push_orch(L, 1, W, o);
@@ -122,9 +126,7 @@ static int w_close_run(lua_State *L)
     lua_pushnil(L);
     lua_setiuservalue(L, 1, UV_ORCH);
     if (fail) {
-        const char *pfx = "Worker:run: ";
-        const char *msg = strncmp(fail, pfx, strlen(pfx)) == 0 ? fail + strlen(pfx) : fail;
-        lua_pushfstring(L, "%s: %s", who, msg);
+        lua_pushfstring(L, "%s: %s", who, fail);
         free(fail);
         return lua_error(L);
     }
@@ -167,14 +169,14 @@ static lworker *check_init(lua_State *L, const char *who)
 static int w_hold(lua_State *L)
 {
     lworker *W = check_init(L, "Worker:hold");
-    if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L);
+    if (pto_dispatch_hold(W->w, 1) != 0) return lpto_engine_error(L, "Worker:hold");
     return 0;
 }
 
 static int w_release(lua_State *L)
 {
     lworker *W = check_ready(L, "Worker:release");
-    if (pto_dispatch_hold(W->w, 0) != 0) return lpto_engine_error(L);
+    if (pto_dispatch_hold(W->w, 0) != 0) return lpto_engine_error(L, "Worker:release");
     return 0;
 }
 
@@ -189,7 +191,7 @@ static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *wh
         lpto_gil_release(W->gil);
         int r = pto_dispatch_wait(W->w, 20);
         lpto_gil_acquire(W->gil);
-        if (r < 0) return lpto_engine_error_as(L, who);
+        if (r < 0) return lpto_engine_error(L, who);
         if (r == 1) return 1;
         if (atomic_load(&interrupt_gen) != gen)
             return lpto_error(L, who, "interrupted while tasks were still running (they go on; dispatch stays as "
@@ -208,7 +210,12 @@ static int w_step(lua_State *L)
     lworker *W = check_ready(L, who);
     lua_Integer n = luaL_optinteger(L, 2, 1);
     double timeout = luaL_optnumber(L, 3, 60);
-    if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error_as(L, who);
+    pto_dispatch_state st;
+    pto_dispatch_get(W->w, &st);
+    if (n >= 1 && !st.held)
+        return lpto_error(L, who, "dispatch is not held, so every ready task already runs; hold it first "
+                                  "(Worker:hold or :hold)");
+    if (pto_dispatch_step(W->w, (int64_t)n) != 0) return lpto_engine_error(L, who);
     lua_pushboolean(L, wait_quiet(L, W, timeout, who));
     return 1;
 }
@@ -218,7 +225,7 @@ static int w_step(lua_State *L)
 static int w_sync(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:sync");
-    if (W->state == W_READY && pto_dispatch_sync(W->w) != 0) return lpto_engine_error(L);
+    if (W->state == W_READY && pto_dispatch_sync(W->w) != 0) return lpto_engine_error(L, "Worker:sync");
     return 0;
 }
 
@@ -235,7 +242,7 @@ static int w_wait(lua_State *L)
  * be submitted both to subs and to Worker children. */
 static void set_break(lworker *W, const lhandle *h, int on)
 {
-    if (h->kind == H_CHIP) {
+    if (h->kind == LPTO_HANDLE_KERNEL) {
         pto_dispatch_break(W->w, PTO_NEXT_LEVEL, h->callable, on);
         return;
     }
@@ -319,10 +326,10 @@ static int w_callables(lua_State *L)
         lua_createtable(L, 0, 3);
         lua_insert(L, -2);
         lua_setfield(L, -2, "handle");
-        lua_pushstring(L, h->kind == H_CHIP ? "chip" : "function");
+        lua_pushstring(L, h->kind == LPTO_HANDLE_KERNEL ? "chip" : "function");
         lua_setfield(L, -2, "kind");
         char name[256];
-        int kind = h->kind == H_CHIP || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
+        int kind = h->kind == LPTO_HANDLE_KERNEL || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
         if (W->w && pto_worker_callable_name(W->w, kind, h->callable, name, sizeof name) >= 0) {
             lua_pushstring(L, name);
             lua_setfield(L, -2, "name");
@@ -370,17 +377,14 @@ static int w_children(lua_State *L)
     return 1;
 }
 
+const luaL_Reg lpto_debug_methods[] = {
+    {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
+    {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
+    {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
+    {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
+
 void lpto_open_debug(lua_State *L)
 {
-    luaL_getmetatable(L, LPTO_WORKER);
-    lua_getfield(L, -1, "methods");
-    static const luaL_Reg methods[] = {
-        {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
-        {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
-        {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
-        {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
-    luaL_setfuncs(L, methods, 0);
-    lua_pop(L, 2);
     lua_pushcfunction(L, l_workers);
     lua_setfield(L, -2, "workers");
 }

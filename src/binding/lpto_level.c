@@ -17,7 +17,8 @@
  * dependencies from its own tags. A failure is wrapped once per level
  * ("L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ... failed:
  * <root cause>"). Each child publishes its statistics after every run into
- * a shared block its parent reads (serialised as a Lua table constructor). */
+ * a shared block its parent reads: plain records, one per Worker of its
+ * tree (pto_stats is plain data, so it travels as it is). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,13 +26,24 @@
 
 #include "lpto_priv.h"
 
-#define STATS_CAP (64u * 1024u)
+/* One Worker of a tree of Workers, as its statistics travel: the records of
+ * its Worker children's trees follow it, in order (pre-order). */
+typedef struct stats_rec {
+    pto_stats s;
+    int32_t level, chips, subs, workers;
+    int32_t nkids;               /* children whose records follow */
+    bool present;                /* false: none yet (a child that never published, or closed) */
+    bool truncated;              /* some of its children did not fit */
+    char name[24];               /* the name its parent gives it ("L3 worker 2"); "" at the top */
+} stats_rec;
 
-/* Seqlock-published text: the child writes, the parent copies. */
+#define STATS_RECS 200           /* records a published block holds */
+
+/* Seqlock-published records: the child writes, the parent copies. */
 typedef struct stats_block {
     _Atomic uint32_t seq;        /* odd while the child writes */
-    uint32_t len;
-    char text[];
+    uint32_t count;
+    stats_rec recs[STATS_RECS];
 } stats_block;
 
 /* A PROCESS-mode Worker child's trace, travelling up. While its parent
@@ -110,293 +122,199 @@ int lpto_level_add_worker(lua_State *L)
     return 1;
 }
 
-/* ---- statistics travel up as a Lua table constructor ---------------------------------- */
+/* ---- statistics travel up as records -------------------------------------------------- */
 
-/* A growable C buffer: a luaL_Buffer cannot take pieces while lua_next
- * keeps a key and a value above it. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
+static int child_records(wchild *C, stats_rec *out, int cap);
 
-static void sb_add(sbuf *b, const char *s, size_t n)
+/* Write W's tree into out (at most cap records); returns how many (0: cap < 1). */
+static int tree_records(lworker *W, stats_rec *out, int cap)
 {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return;   /* statistics are best effort: a short text fails to load, giving nil */
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-static void ser_string(sbuf *b, const char *s, size_t n)
-{
-    sb_str(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[8];
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-            esc[0] = (char)c;
-            esc[1] = 0;
-        } else {
-            snprintf(esc, sizeof esc, "\\%03u", c);
-        }
-        sb_str(b, esc);
-    }
-    sb_str(b, "\"");
-}
-
-/* Numbers, strings, booleans and tables of them (keys: strings, integers). */
-static void ser_value(lua_State *L, int idx, sbuf *b, int depth)
-{
-    char num[64];
-    switch (lua_type(L, idx)) {
-    case LUA_TNUMBER:
-        if (lua_isinteger(L, idx)) {
-            snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
-        } else {
-            double d = lua_tonumber(L, idx);
-            if (d != d) snprintf(num, sizeof num, "(0/0)");
-            else if (d > 1e308 || d < -1e308) snprintf(num, sizeof num, d > 0 ? "(1/0)" : "(-1/0)");
-            else snprintf(num, sizeof num, "%.17g", d);
-        }
-        sb_str(b, num);
-        break;
-    case LUA_TSTRING: {
-        size_t n;
-        const char *s = lua_tolstring(L, idx, &n);
-        ser_string(b, s, n);
-        break;
-    }
-    case LUA_TBOOLEAN: sb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;
-    case LUA_TTABLE:
-        if (depth > 16 || !lua_checkstack(L, 4)) {
-            sb_str(b, "nil");
+    if (cap < 1) return 0;
+    stats_rec *r = out;
+    memset(r, 0, sizeof *r);
+    if (!W->w || W->state == W_CLOSED) return 1;
+    r->present = true;
+    pto_worker_stats(W->w, &r->s);
+    r->level = W->level;
+    r->chips = W->nchips;
+    r->subs = W->nsubs;
+    r->workers = W->nworkers;
+    int n = 1;
+    for (int i = 0; W->level >= 4 && W->wchildren && i < W->nworkers; i++) {
+        int k = child_records(&W->wchildren[i], out + n, cap - n);
+        if (k == 0) {
+            r->truncated = true;
             break;
         }
-        sb_str(b, "{");
-        lua_pushnil(L);
-        while (lua_next(L, idx)) {
-            int kt = lua_type(L, -2);
-            if (kt == LUA_TSTRING || (kt == LUA_TNUMBER && lua_isinteger(L, -2))) {
-                sb_str(b, "[");
-                ser_value(L, lua_absindex(L, -2), b, depth + 1);
-                sb_str(b, "]=");
-                ser_value(L, lua_absindex(L, -1), b, depth + 1);
-                sb_str(b, ",");
-            }
-            lua_pop(L, 1);
-        }
-        sb_str(b, "}");
-        break;
-    default: sb_str(b, "nil"); break;
+        n += k;
+        r->nkids++;
     }
+    return n;
 }
 
-/* Push the child Worker's statistics table (its children's inside). Reports
- * are made from these tables when asked for, not after every task. */
-static int child_stats(lua_State *L)
+/* Copy the records child C last published into out; returns how many (0: none yet). */
+static int read_published(wchild *C, stats_rec *out, int cap)
 {
-    wchild *C = lua_touserdata(L, 1);
-    lua_settop(L, 0);
-    lua_pushcfunction(L, lpto_worker_stats);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
-    lua_call(L, 1, 1);
-    return 1;
-}
-
-static int publish_protected(lua_State *L)
-{
-    wchild *C = lua_touserdata(L, 1);
-    lua_pushcfunction(L, child_stats);
-    lua_pushlightuserdata(L, C);
-    lua_call(L, 1, 1);
-    lua_replace(L, 1);
-    lua_settop(L, 1);
-    sbuf text = {0};
-    sb_str(&text, "return ");
-    ser_value(L, 1, &text, 0);
-    const char *s = text.p ? text.p : "return nil";
-    size_t n = strlen(s);
-    if (n >= STATS_CAP - sizeof(stats_block)) s = "return {truncated = true}", n = strlen(s);
     stats_block *sb = C->stats;
-    uint32_t q = atomic_load_explicit(&sb->seq, memory_order_relaxed);
-    atomic_store_explicit(&sb->seq, q + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    memcpy(sb->text, s, n);
-    sb->len = (uint32_t)n;
-    atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
-    free(text.p);
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t q = atomic_load_explicit(&sb->seq, memory_order_acquire);
+        if (q & 1) continue;
+        uint32_t n = sb->count <= STATS_RECS && sb->count <= (uint32_t)cap ? sb->count : 0;
+        memcpy(out, sb->recs, n * sizeof *out);
+        /* An RMW, not a fence (TSan has none): its release half keeps the copy before the re-check. */
+        if (atomic_fetch_add_explicit(&sb->seq, 0, memory_order_acq_rel) == q) return (int)n;
+    }
     return 0;
+}
+
+/* C's tree under its name: published (PROCESS mode) or read now (THREAD mode). */
+static int child_records(wchild *C, stats_rec *out, int cap)
+{
+    if (cap < 1) return 0;
+    int n = C->process ? read_published(C, out, cap) : tree_records(C->child, out, cap);
+    if (n == 0) {
+        memset(out, 0, sizeof *out);
+        n = 1;
+    }
+    snprintf(out->name, sizeof out->name, "%s", C->s.name);
+    return n;
 }
 
 /* In the child process: make the hosted Worker's statistics visible to the
  * parent. Best effort: statistics never fail a task. */
 static void publish_stats(wchild *C)
 {
-    if (!C->stats) return;
-    lua_State *T = C->s.T;
-    int top = lua_gettop(T);
-    lua_pushcfunction(T, publish_protected);
-    lua_pushlightuserdata(T, C);
-    (void)lua_pcall(T, 1, 0, 0);
-    lua_settop(T, top);
-}
-
-/* Push the statistics child C last published (nil if none yet). */
-static void push_published(lua_State *L, wchild *C)
-{
-    static char buf[STATS_CAP];   /* only under the interpreter lock */
     stats_block *sb = C->stats;
-    uint32_t n = 0;
-    for (int tries = 0; tries < 1000; tries++) {
-        uint32_t q = atomic_load_explicit(&sb->seq, memory_order_acquire);
-        if (q & 1) continue;
-        n = sb->len < sizeof buf ? sb->len : 0;
-        memcpy(buf, sb->text, n);
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&sb->seq, memory_order_relaxed) == q) break;
-        n = 0;
+    if (!sb) return;
+    /* Odd while writing: the RMW's acquire half keeps the writes after it. */
+    uint32_t q = atomic_fetch_add_explicit(&sb->seq, 1, memory_order_acq_rel);
+    sb->count = (uint32_t)tree_records(C->child, sb->recs, STATS_RECS);
+    atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
+}
+
+/* Records W's tree may take: THREAD-mode children are read live, PROCESS-mode ones published. */
+static int tree_cap(lworker *W)
+{
+    int cap = 1;
+    for (int i = 0; W->level >= 4 && W->wchildren && i < W->nworkers; i++) {
+        wchild *C = &W->wchildren[i];
+        cap += C->process ? STATS_RECS : tree_cap(C->child);
     }
-    if (n == 0 || luaL_loadbufferx(L, buf, n, "=child statistics", "t") != LUA_OK) {
-        lua_settop(L, lua_gettop(L) - (n != 0));
+    return cap;
+}
+
+/* Records of W's whole tree (malloc'd, count in *n), or NULL. */
+static stats_rec *tree_of(lworker *W, int *n)
+{
+    int cap = tree_cap(W);
+    stats_rec *recs = malloc((size_t)cap * sizeof *recs);
+    *n = recs ? tree_records(W, recs, cap) : 0;
+    return recs;
+}
+
+static void push_ring_stats(lua_State *L, const pto_stats *s)
+{
+    lua_createtable(L, PTO_MAX_RING_DEPTH, 0);
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        const pto_ring_stats *q = &s->rings[r];
+        lua_createtable(L, 0, 7);
+#define F(name) lpto_set_int(L, #name, (lua_Integer)q->name)
+        F(stalls); F(hwm_bytes); F(capacity_bytes); F(used_bytes); F(live_slabs);
+#undef F
+        lua_pushnumber(L, (double)q->stall_ns / 1e6);
+        lua_setfield(L, -2, "stall_ms");
+        lpto_set_int(L, "ring", r);
+        lua_rawseti(L, -2, r + 1);
+    }
+    lua_setfield(L, -2, "rings");
+}
+
+/* Push the table of record *i and its children's (nil if not present); *i moves past them. */
+static void push_record(lua_State *L, const stats_rec *recs, int n, int *i)
+{
+    const stats_rec *r = &recs[(*i)++];
+    if (!r->present) {
         lua_pushnil(L);
         return;
     }
-    lua_newtable(L);   /* no globals: the text is a table constructor */
-    lua_setupvalue(L, -2, 1);
-    if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
+    lua_createtable(L, 0, 16);
+#define F(name) lpto_set_int(L, #name, (lua_Integer)r->s.name)
+    F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
+    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
+#undef F
+    push_ring_stats(L, &r->s);
+    lpto_set_int(L, "chips", r->chips);
+    lpto_set_int(L, "sub_workers", r->subs);
+    lpto_set_int(L, "level", r->level);
+    if (r->truncated) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "truncated");
     }
-}
-
-static void push_child_stats(lua_State *L, wchild *C)
-{
-    if (C->process) {
-        push_published(L, C);
-        return;
-    }
-    lua_pushcfunction(L, child_stats);
-    lua_pushlightuserdata(L, C);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-    }
-}
-
-void lpto_level_stats(lua_State *L, lworker *W)
-{
-    lua_createtable(L, W->nworkers, 0);
-    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
-        push_child_stats(L, &W->wchildren[i]);
+    if (r->level < 4) return;
+    lpto_set_int(L, "workers", r->workers);
+    lua_createtable(L, r->nkids, 0);
+    for (int k = 0; k < r->nkids && *i < n; k++) {
+        const char *name = recs[*i].name;
+        push_record(L, recs, n, i);
         if (lua_istable(L, -1)) {
-            lua_pushstring(L, W->wchildren[i].s.name);
+            lua_pushstring(L, name);
             lua_setfield(L, -2, "name");
         }
-        lua_rawseti(L, -2, i + 1);
+        lua_rawseti(L, -2, k + 1);
     }
     lua_setfield(L, -2, "children");
 }
 
-static lua_Integer int_field(lua_State *L, int t, const char *k)
+void lpto_level_push_stats(lua_State *L, lworker *W)
 {
-    lua_getfield(L, t, k);
-    lua_Integer v = lua_tointeger(L, -1);
-    lua_pop(L, 1);
-    return v;
+    int n;
+    stats_rec *recs = tree_of(W, &n);
+    if (!recs) luaL_error(L, "Worker:stats: out of memory");
+    int i = 0;
+    push_record(L, recs, n, &i);
+    free(recs);
 }
 
-/* The inverse of Worker:stats for what the report prints. */
-static void table_to_stats(lua_State *L, int t, pto_stats *st)
+/* Append to b the report of record *i (none yet: say so) under a header
+ * naming its path from the top ("L4 worker 1 / L3 worker 2"), then its
+ * children's; *i moves past them. */
+static void add_report(luaL_Buffer *b, const stats_rec *recs, int n, int *i, const char *path, int pid)
 {
-    memset(st, 0, sizeof *st);
-#define F(name) (st->name = int_field(L, t, #name))
-    F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
-    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
-#undef F
-    lua_getfield(L, t, "rings");
-    for (int r = 0; r < PTO_MAX_RING_DEPTH && lua_istable(L, -1); r++) {
-        lua_rawgeti(L, -1, r + 1);
-        int q = lua_gettop(L);
-        pto_ring_stats *rs = &st->rings[r];
-        rs->stalls = int_field(L, q, "stalls");
-        rs->hwm_bytes = (uint64_t)int_field(L, q, "hwm_bytes");
-        rs->capacity_bytes = (uint64_t)int_field(L, q, "capacity_bytes");
-        rs->used_bytes = (uint64_t)int_field(L, q, "used_bytes");
-        rs->live_slabs = int_field(L, q, "live_slabs");
-        lua_getfield(L, q, "stall_ms");
-        rs->stall_ns = (int64_t)(lua_tonumber(L, -1) * 1e6);
-        lua_pop(L, 2);
-    }
-    lua_pop(L, 1);
-}
-
-/* Append to out the report of the statistics table at t (nil: none yet)
- * under a header naming its path from the top ("L4 worker 1 / L3 worker 2"),
- * then its children's, recursively. */
-static void add_report(lua_State *L, int t, const char *path, int pid, sbuf *out, int depth)
-{
+    const stats_rec *r = &recs[(*i)++];
     char head[256];
     if (pid > 0) snprintf(head, sizeof head, "\n== %s (pid %d) ==\n", path, pid);
     else snprintf(head, sizeof head, "\n== %s ==\n", path);
-    sb_str(out, head);
-    if (!lua_istable(L, t)) {
-        sb_str(out, "(no statistics yet)\n");
+    luaL_addstring(b, head);
+    if (!r->present) {
+        luaL_addstring(b, "(no statistics yet)\n");
         return;
     }
-    pto_stats st;
-    table_to_stats(L, t, &st);
-    int level = (int)int_field(L, t, "level");
-    int n = pto_format_stats(&st, level, NULL, 0);
-    char *text = malloc((size_t)n + 1);
+    int len = pto_format_stats(&r->s, r->level, NULL, 0);
+    char *text = malloc((size_t)len + 1);
     if (text) {
-        pto_format_stats(&st, level, text, (size_t)n + 1);
-        sb_add(out, text, (size_t)n);
+        pto_format_stats(&r->s, r->level, text, (size_t)len + 1);
+        luaL_addlstring(b, text, (size_t)len);
         free(text);
     }
-    lua_getfield(L, t, "children");
-    int kids = lua_gettop(L);
-    for (lua_Integer i = 1; depth < 16 && lua_istable(L, kids) && lua_rawgeti(L, kids, i) != LUA_TNIL; i++) {
-        lua_getfield(L, -1, "name");
-        lua_pushfstring(L, "%s / %s", path, lua_tostring(L, -1) ? lua_tostring(L, -1) : "child");
-        add_report(L, kids + 1, lua_tostring(L, -1), -1, out, depth + 1);
-        lua_settop(L, kids);
+    for (int k = 0; k < r->nkids && *i < n; k++) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s / %s", path, recs[*i].name[0] ? recs[*i].name : "child");
+        add_report(b, recs, n, i, sub, -1);
     }
-    lua_settop(L, kids - 1);
 }
 
-void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b)
+void lpto_level_report(lworker *W, luaL_Buffer *b)
 {
-    sbuf out = {0};
-    for (int i = 0; W->wchildren && i < W->nworkers; i++) {
-        wchild *C = &W->wchildren[i];
-        push_child_stats(L, C);
-        int pid = C->process && W->state == W_READY ? pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i) : -1;
-        add_report(L, lua_gettop(L), C->s.name, pid, &out, 0);
-        lua_pop(L, 1);
+    int n;
+    stats_rec *recs = tree_of(W, &n);
+    if (!recs) return;
+    int i = 1;   /* W's own report is the caller's */
+    for (int k = 0; k < recs[0].nkids && i < n; k++) {
+        wchild *C = &W->wchildren[k];
+        int pid = C->process && W->state == W_READY ? pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, k) : -1;
+        add_report(b, recs, n, &i, C->s.name, pid);
     }
-    /* the stack is as the buffer left it: add the whole text at once */
-    if (out.p) luaL_addlstring(b, out.p, out.n);
-    free(out.p);
-}
-
-void lpto_level_pids(lua_State *L, lworker *W)
-{
-    lua_createtable(L, W->nworkers, 0);
-    for (int i = 0; W->state == W_READY && i < W->nworkers; i++) {
-        int pid = pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, i);
-        if (pid <= 0) continue;
-        lua_pushinteger(L, pid);
-        lua_rawseti(L, -2, i + 1);
-    }
+    free(recs);
 }
 
 /* ---- the leaf ---------------------------------------------------------------------- */
@@ -431,7 +349,7 @@ static int run_protected(lua_State *L)
     lua_settop(L, 0);
     lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
     st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
-    lua_pushcfunction(L, lpto_worker_run);                              /* 2 */
+    lua_pushcfunction(L, lpto_worker_run_child);                        /* 2 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
     lua_rawgeti(L, -1, callable);
@@ -447,13 +365,8 @@ static int run_protected(lua_State *L)
     C->child->driven = false;
     st->valid = false;
     if (status == LUA_OK) return 0;
-    /* "Worker:run: L3 task 2 ..." -> "L3 task 2 ...": the level above
-     * names its own task and this child. */
-    const char *m = lua_tostring(L, -1), *pfx = "Worker:run: ";
-    if (m && strncmp(m, pfx, strlen(pfx)) == 0) lua_pushstring(L, m + strlen(pfx));
-    else if (!m) lua_pushliteral(L, "(error object is not a string)");
-    else lua_pushvalue(L, -1);
-    return lua_error(L);
+    if (!lua_isstring(L, -1)) lua_pushliteral(L, "(error object is not a string)");
+    return lua_error(L);   /* "L3 task 2 ...": the level above names its own task and this child */
 }
 
 /* ---- traces of PROCESS-mode children ---- */
@@ -604,16 +517,15 @@ static int init_protected(lua_State *L)
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);
     C->child->owner = getpid();   /* PROCESS mode: this child hosts it from now on */
     C->child->driven = true;
-    lpto_worker_init(L, -1, C->child, "Worker:init");
+    lpto_worker_init(L, -1, C->child, NULL);   /* no Lua function called: messages stand alone */
     C->child->driven = false;
     return 0;
 }
 
-/* "Worker:init: chip 1 (pid 9) failed to start: ..." -> "chip 1 (pid 9) failed to start: ..." */
-static const char *strip_init(const char *m)
+static const char *message(lua_State *L, int idx)
 {
-    const char *pfx = "Worker:init: ";
-    return m && strncmp(m, pfx, strlen(pfx)) == 0 ? m + strlen(pfx) : m ? m : "(error object is not a string)";
+    const char *m = lua_tostring(L, idx);
+    return m ? m : "(error object is not a string)";
 }
 
 /* PROCESS mode, in the child: initialise the hosted Worker, which forks its
@@ -635,7 +547,7 @@ static int level_start(void *ctx, char *err, size_t errlen)
     lua_pushcfunction(T, init_protected);
     lua_pushlightuserdata(T, C);
     if (lua_pcall(T, 1, 0, 0) != LUA_OK) {
-        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, strip_init(lua_tostring(T, -1)));
+        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, message(T, -1));
         lua_settop(T, 0);
         return 1;
     }
@@ -673,9 +585,9 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
         pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
         if (C->process) {
-            C->stats = pto_shm_alloc(STATS_CAP);
+            C->stats = pto_shm_alloc(sizeof *C->stats);
             C->tl = pto_shm_alloc(sizeof *C->tl);
-            if (!C->stats || !C->tl) lpto_engine_error(L);
+            if (!C->stats || !C->tl) lpto_engine_error(L, who);
             pto_shm_stats ss;
             pto_shm_get_stats(&ss);
             /* Virtual: pages are backed only when touched. */
@@ -696,10 +608,10 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
             lua_pushcfunction(L, init_protected);
             lua_pushlightuserdata(L, C);
             if (lua_pcall(L, 1, 0, 0) != LUA_OK)
-                lpto_error(L, who, "%s: %s", C->s.name, strip_init(lua_tostring(L, -1)));
+                lpto_error(L, who, "%s: %s", C->s.name, message(L, -1));
             C->child->gil_shared = true;
         }
-        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, who);
     }
     lua_pop(L, 2);
     if (pto_trace_active(W->w)) lpto_level_trace(W, true);   /* traced since before init (ptolua --trace) */

@@ -28,6 +28,30 @@ static lorch *check_orch(lua_State *L, int idx, const char *who)
     return O;
 }
 
+const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who)
+{
+    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
+    if (!h)
+        lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
+                           "or pto.chip_kernel first",
+                   idx - 1, luaL_typename(L, idx));
+    lua_getiuservalue(L, idx, 1);
+    bool mine = lua_touserdata(L, -1) == W;
+    lua_pop(L, 1);
+    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    return h;
+}
+
+int lpto_wait_run(lworker *W, pto_orch *o)
+{
+    lpto_active_add(W->w);
+    lpto_gil_release(W->gil);
+    int rc = o ? pto_drain(o) : pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    lpto_active_remove(W->w);
+    return rc;
+}
+
 /* The handle at idx, registered on O's Worker, for submit kind. */
 static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const char *who)
 {
@@ -38,7 +62,7 @@ static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const ch
                                "children are Workers, which run an orchestration function registered with "
                                "Worker:register(fn); register chip kernels on the level-3 Workers",
                        O->W->level);
-        lpto_error(L, who, "%s", want == H_SUB ? "this handle is a chip kernel; submit it with orch:submit_next_level"
+        lpto_error(L, who, "%s", want == LPTO_HANDLE_FUNCTION ? "this handle is a chip kernel; submit it with orch:submit_next_level"
                                                : "this handle is a Lua sub callable; submit it with orch:submit_sub");
     }
     return h->callable;
@@ -67,7 +91,7 @@ static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_ar
                 lpto_error(L, who, "%stensor %d is an unset pto.tensor_spec tagged '%s'; only an OUTPUT can be "
                                    "unset (the submit allocates it)",
                            which ? lua_pushfstring(L, "args %d: ", which), lua_tostring(L, -1) : "", (int)i + 1,
-                           (const char *[]){"in", "out", "inout", "out_existing", "no_dep"}[a->tags[i]]);
+                           pto_tag_name(a->tags[i]));
         } else if (!t->st->valid) {
             lpto_error(L, who, "tensor %d's storage is gone: %s", (int)i + 1,
                        t->st->why_invalid ? t->st->why_invalid : "it is no longer valid");
@@ -156,12 +180,13 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         id = n == 1 && !pins ? pto_submit_next_level(O->o, callable, &targs[0], cfg, pin)
                              : pto_submit_next_level_group(O->o, callable, targs, n, cfg, pins);
     if (release) lpto_gil_acquire(W->gil);
-    if (id < 0) return lpto_engine_error(L);
+    if (id < 0) return lpto_engine_error(L, who);
     for (int i = 0, off = 0; i < n; i++) {
         bind_outputs(L, oidx, O, aidx[i], as[i], descs + off);
         pin_args(L, oidx, aidx[i]);
         off += as[i]->nt;
     }
+    lpto_trace_submitted(L, oidx, id);
     lua_pushinteger(L, id);
     return 1;
 }
@@ -171,10 +196,10 @@ static int32_t opt_pin(lua_State *L, int idx, int nworkers, const char *kname, c
     if (lua_isnoneornil(L, idx)) return -1;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {worker = 1} (got %s)", luaL_typename(L, idx));
-    static const char *const known[] = {"worker", NULL};
-    lpto_check_fields(L, idx, known, "worker", who);
+    static const lpto_field fields[] = {{"worker", LUA_MININTEGER, LUA_MAXINTEGER}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
     lua_Integer w = 0;
-    if (!lpto_get_int_field(L, idx, "worker", &w, LUA_MININTEGER, LUA_MAXINTEGER, who)) return -1;
+    if (!lpto_get_field(L, idx, &fields[0], &w, who)) return -1;
     if (w < 1 || w > nworkers)
         lpto_error(L, who, "worker %lld does not exist: this Worker has %d %s, numbered from 1", (long long)w, nworkers,
                    kname);
@@ -205,8 +230,8 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
     if (lua_isnoneornil(L, idx)) return NULL;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {workers = {1, 2}} (got %s)", luaL_typename(L, idx));
-    static const char *const known[] = {"workers", NULL};
-    lpto_check_fields(L, idx, known, "workers", who);
+    static const lpto_field fields[] = {{"workers", 1, 0}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
     lua_getfield(L, idx, "workers");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
@@ -234,7 +259,7 @@ static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const
 
 /* A level-3 Worker's next-level children are chips, which run kernels; a
  * higher level's are Workers, which run orchestration functions. */
-static int want_handle(const lorch *O, int kind) { return kind == PTO_SUB || O->W->level >= 4 ? H_SUB : H_CHIP; }
+static int want_handle(const lorch *O, int kind) { return kind == PTO_SUB || O->W->level >= 4 ? LPTO_HANDLE_FUNCTION : LPTO_HANDLE_KERNEL; }
 static int next_level_count(const lworker *W) { return W->level >= 4 ? W->nworkers : W->nchips; }
 static const char *next_level_name(const lworker *W) { return W->level >= 4 ? "Worker children" : "chips"; }
 
@@ -292,7 +317,7 @@ static int o_alloc(lua_State *L)
     if (release) lpto_gil_release(O->W->gil);
     int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
     if (release) lpto_gil_acquire(O->W->gil);
-    if (id < 0) return lpto_engine_error(L);
+    if (id < 0) return lpto_engine_error(L, who);
     push_ring_storage(L, 1, O, &d);
     lpto_push_tensor(L, &d, -1);
     return 1;
@@ -342,14 +367,14 @@ void lpto_orch_end(lua_State *L, int oidx)
 
 static int scope_begin(lua_State *L, lorch *O, const char *who)
 {
-    if (pto_scope_begin(O->o) != 0) return lpto_engine_error_as(L, who);
+    if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L, who);
     return pto_scope_depth(O->o);
 }
 
-static void scope_end(lua_State *L, int oidx, lorch *O)
+static void scope_end(lua_State *L, int oidx, lorch *O, const char *who)
 {
     int depth = pto_scope_depth(O->o);
-    if (pto_scope_end(O->o) != 0) lpto_engine_error(L);
+    if (pto_scope_end(O->o) != 0) lpto_engine_error(L, who);
     invalidate_depth(L, oidx, depth);
 }
 
@@ -363,7 +388,7 @@ static int o_scope_begin(lua_State *L)
 static int o_scope_end(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:scope_end");
-    scope_end(L, 1, O);
+    scope_end(L, 1, O, "orch:scope_end");
     return 0;
 }
 
@@ -383,7 +408,7 @@ static int sc_close(lua_State *L)
     if (pto_scope_depth(O->o) != depth)
         return lpto_error(L, "orch:scope", "scopes closed out of order: this scope opened at depth %d but the "
                                           "innermost open scope is at depth %d", depth, pto_scope_depth(O->o));
-    scope_end(L, oidx, O);
+    scope_end(L, oidx, O, "orch:scope");
     return 0;
 }
 
@@ -411,7 +436,7 @@ static int o_scope(lua_State *L)
     lua_pushvalue(L, 2);
     lua_pushvalue(L, 1);
     int status = lua_pcall(L, 1, LUA_MULTRET, 0);
-    if (O->valid && pto_scope_depth(O->o) == depth) scope_end(L, 1, O);
+    if (O->valid && pto_scope_depth(O->o) == depth) scope_end(L, 1, O, who);
     else if (status == LUA_OK && O->valid)
         return lpto_error(L, who, "the function left scopes open (depth %d, expected %d); close every scope_begin "
                                   "with scope_end",
@@ -449,7 +474,6 @@ static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
 /* Set field "tensors" of the table on top: each member's tensors as submitted, with their tags. */
 static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t members)
 {
-    static const char *const tags[] = {"in", "out", "inout", "out_existing", "no_dep"};
     lua_newtable(L);
     int k = 0;
     for (int32_t m = 0; m < members; m++) {
@@ -461,7 +485,7 @@ static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t member
         for (int32_t i = 0; i < n; i++) {
             const pto_tensor *t = &ts[i];
             lua_createtable(L, 0, 8);
-            lua_pushstring(L, tg[i] < 5 ? tags[tg[i]] : "?");
+            lua_pushstring(L, pto_tag_name(tg[i]) ? pto_tag_name(tg[i]) : "?");
             lua_setfield(L, -2, "tag");
             lua_pushstring(L, pto_dtype_name(t->dtype) ? pto_dtype_name(t->dtype) : "?");
             lua_setfield(L, -2, "dtype");
@@ -501,7 +525,7 @@ static int o_tensormap(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:tensormap");
     int64_t n = pto_tensormap_list(O->o, NULL, 0);
-    if (n < 0) return lpto_engine_error(L);
+    if (n < 0) return lpto_engine_error(L, "orch:tensormap");
     pto_tm_item *items = lua_newuserdatauv(L, sizeof *items * (size_t)(n ? n : 1), 0);
     n = pto_tensormap_list(O->o, items, n);
     lua_createtable(L, (int)n, 0);
@@ -537,7 +561,7 @@ static int o_task(lua_State *L)
     lua_Integer id = lua_tointegerx(L, 2, &isint);
     if (!isint) return lpto_error(L, who, "expected a task id returned by a submit (got %s)", luaL_typename(L, 2));
     pto_task_info info;
-    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L);
+    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L, who);
     lua_createtable(L, 0, 12);
     lua_pushinteger(L, info.id);
     lua_setfield(L, -2, "id");
@@ -586,7 +610,7 @@ static int o_task(lua_State *L)
 static int o_drain(lua_State *L)
 {
     lorch *O = check_orch(L, 1, "orch:drain");
-    if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L);
+    if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L, "orch:drain");
     return 0;
 }
 
@@ -629,6 +653,14 @@ static int o_tostring(lua_State *L)
     return 1;
 }
 
+/* pto._check_orch(orch, who): raise as check_orch does for the Lua method who
+ * (the methods written in Lua, lua/pto/inspect.lua). */
+static int l_check_orch(lua_State *L)
+{
+    check_orch(L, 1, luaL_checkstring(L, 2));
+    return 0;
+}
+
 /* pto._extend_orch(table): methods written in Lua (lua/pto/inspect.lua). */
 static int l_extend_orch(lua_State *L)
 {
@@ -658,6 +690,7 @@ void lpto_open_orch(lua_State *L)
     lua_setfield(L, -2, "__close");
     lua_pop(L, 1);
 
-    static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {"_check_orch", l_check_orch}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
+    lpto_set_int(L, "MAX_SCOPE_DEPTH", PTO_MAX_SCOPE_DEPTH);
 }

@@ -1,4 +1,6 @@
-/* lpto_priv.h - shared internals of the Lua binding (lpto*.c).
+/* lpto_priv.h - the Lua binding's types and the interface of each of its
+ * files (lpto*.c); what every file uses without knowing a type is in
+ * lpto_aux.h, and the order the files depend on each other is in lpto.c.
  *
  * Ownership in one paragraph: a Tensor userdata describes a view
  * (pto_tensor) of a Storage userdata, which it keeps alive through its user
@@ -10,15 +12,9 @@
 #ifndef LPTO_PRIV_H
 #define LPTO_PRIV_H
 
-#include <pthread.h>
 #include <sys/types.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
 
-#include "lauxlib.h"
-#include "lua.h"
-#include "pto.h"
+#include "lpto_aux.h"
 
 #define LPTO_TENSOR "pto.Tensor"
 #define LPTO_STORAGE "pto.Storage"
@@ -29,24 +25,6 @@
 #define LPTO_HANDLE "pto.Handle"
 #define LPTO_SCOPE "pto.Scope"
 #define LPTO_KERNEL "pto.ChipKernel"
-
-/* ---- the interpreter lock -------------------------------------------------
- * Sub callables in THREAD mode run on worker threads but share the one Lua
- * state, so Lua runs under a lock. The thread that loaded the module holds
- * it whenever it runs Lua and gives it up only inside pto calls that wait
- * (a run's drain) or that may wait (submits when Lua subs exist). Tickets
- * make hand-over fair: a waiting sub gets its turn at the next submit. */
-typedef struct lpto_gil {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t next, serving;
-    _Atomic int waiters;
-} lpto_gil;
-
-void lpto_gil_acquire(lpto_gil *g);
-void lpto_gil_release(lpto_gil *g);
-/* The module's lock for L's main state. */
-lpto_gil *lpto_gil_of(lua_State *L);
 
 /* ---- storage and tensors ------------------------------------------------- */
 enum { LPTO_ST_ARENA, LPTO_ST_RING, LPTO_ST_BORROWED, LPTO_ST_PRIVATE };
@@ -100,7 +78,9 @@ void lpto_push_config(lua_State *L, const pto_call_config *cfg);
 
 /* ---- Worker, orchestrator, sub callables ------------------------------------- */
 enum { W_NEW, W_READY, W_CLOSED };
-enum { H_SUB, H_CHIP };
+/* What a handle registers: a Lua function (a sub callable, or an orchestration
+ * function run by Worker children) or a chip kernel. */
+enum { LPTO_HANDLE_FUNCTION, LPTO_HANDLE_KERNEL };
 /* Worker user values. */
 enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_COUNT = UV_HANDLES };
 /* Orchestrator user values. */
@@ -162,23 +142,17 @@ typedef struct lhandle {
 } lhandle;
 
 void lpto_open_worker(lua_State *L);
+/* Argument checks shared by the Worker and the orchestrator. */
+lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
+
+/* lpto_orch.c: the orchestrator of a run, and what submitting needs. */
 /* The handle at idx, which must have been registered on W. */
 const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who);
-void lpto_interrupt_all(void);
-/* Runs that Ctrl-C interrupts (lpto_interrupt_all): add while blocked in a drain. */
-void lpto_active_add(pto_worker *w);
-void lpto_active_remove(pto_worker *w);
 /* pto_drain(o), or pto_run_end of W's run when o is NULL, with the interpreter
  * lock given up (THREAD-mode subs finish meanwhile) and Ctrl-C able to stop it. */
 int lpto_wait_run(lworker *W, pto_orch *o);
-/* Argument checks shared by the Worker and the orchestrator. */
-lworker *lpto_check_worker(lua_State *L, int idx, const char *who);
-bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
-                        const char *who);
-void lpto_check_fields(lua_State *L, int t, const char *const *known, const char *list, const char *who);
-
-/* lpto_orch.c: push the orchestrator of W's run o (widx: the Worker); after
- * the run has drained, lpto_orch_end makes it and its heap-ring tensors stale. */
+/* Push the orchestrator of W's run o (widx: the Worker); after the run has
+ * drained, lpto_orch_end makes it and its heap-ring tensors stale. */
 lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o);
 void lpto_orch_end(lua_State *L, int oidx);
 void lpto_open_orch(lua_State *L);
@@ -198,39 +172,53 @@ void lpto_ship_function(lua_State *L, int idx, const char *who);
 /* lpto_worker.c internals the levels share. */
 void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_worker_free(lua_State *L, lworker *W);
-int lpto_worker_run(lua_State *L);            /* Worker:run */
-int lpto_worker_stats(lua_State *L);          /* Worker:stats */
-int lpto_worker_stats_report(lua_State *L);   /* Worker:stats_report */
+/* lua_CFunction: Worker:run as a Worker child's leaf runs it (no Lua
+ * function was called: its messages stand alone). */
+int lpto_worker_run_child(lua_State *L);
 
 /* lpto_level.c: Workers of Workers. */
 int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */
 /* At init of a level >= 4 Worker (at idx): add one next-level leaf per Worker child. */
 void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_level_free(lua_State *L, lworker *W);
-/* Add `children` (the children's statistics) to the stats table on top. */
-void lpto_level_stats(lua_State *L, lworker *W);
-/* Append each child's report to the buffer. */
-void lpto_level_report(lua_State *L, lworker *W, luaL_Buffer *b);
+/* Push W's statistics table (Worker:stats), its Worker children's inside. */
+void lpto_level_push_stats(lua_State *L, lworker *W);
+/* Append each Worker child's report to the buffer (the stack is left alone). */
+void lpto_level_report(lworker *W, luaL_Buffer *b);
 /* PROCESS-mode Worker children trace their runs while W traces (on), and
  * collect attaches what they recorded to W's trace (before it stops). */
 void lpto_level_trace(lworker *W, bool on);
 void lpto_level_trace_collect(lworker *W);
-/* Push {pid, ...} of the Worker children's processes. */
-void lpto_level_pids(lua_State *L, lworker *W);
+
+/* lpto_trace.c: Worker:trace_start / trace_stop, and the hooks the Worker's
+ * and the orchestrator's code call (each does nothing unless a trace or
+ * ptolua's --trace/--dot wants it). */
+int lpto_trace_start(lua_State *L);           /* Worker:trace_start */
+int lpto_trace_stop(lua_State *L);            /* Worker:trace_stop */
+/* The new Worker at idx (ptolua --trace: traced from now on). */
+void lpto_trace_new_worker(lua_State *L, int idx);
+/* W is closing (gc: being collected): stop the traces of W and the Worker
+ * children below it, writing their files. Pushes one message per failure
+ * and returns their count, for lpto_trace_closed once W is closed. */
+int lpto_trace_closing(lua_State *L, lworker *W, bool gc);
+/* Raise the first of the errs messages from index first (gc: warn of each). */
+int lpto_trace_closed(lua_State *L, int first, int errs, bool gc);
+/* --dot: a task was submitted to the orchestrator at oidx. */
+void lpto_trace_submitted(lua_State *L, int oidx, int64_t id);
+/* --dot, Worker:run: push the record of the run of the orchestrator at oidx
+ * and return its index (0, pushing nothing: not recorded); after the run's
+ * function, lpto_trace_dag_ran notes final task states; after the run,
+ * lpto_trace_dag_end makes the record the Worker's cluster in the file
+ * (err: the index of the run's error, or 0). */
+int lpto_trace_dag_begin(lua_State *L, int oidx);
+void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec);
+void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err);
 
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */
 void lpto_open_debug(lua_State *L);
+/* The Worker methods it defines, for the Worker's method table. */
+extern const luaL_Reg lpto_debug_methods[];
 void lpto_debug_track(lua_State *L, int idx);
-/* Async-signal-safe: a Ctrl-C arrived (a step's wait returns). */
-void lpto_debug_interrupted(void);
-
-/* Error with the thread's last engine message (already prefixed). */
-int lpto_engine_error(lua_State *L);
-/* The same, with the engine's leading "name: " replaced by "who: " (the
- * engine names its own function, which is not always the one Lua called). */
-int lpto_engine_error_as(lua_State *L, const char *who);
-/* Raise "who: <formatted>" . */
-int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
 
 #endif

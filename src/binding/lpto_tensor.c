@@ -7,8 +7,6 @@
 
 #include "lpto_priv.h"
 
-static const char *const TAG_NAMES[] = {"in", "out", "inout", "out_existing", "no_dep", NULL};
-
 int lpto_parse_tag(lua_State *L, int idx, const char *who)
 {
     if (lua_isnoneornil(L, idx)) return PTO_INPUT;
@@ -17,8 +15,8 @@ int lpto_parse_tag(lua_State *L, int idx, const char *who)
         if (lua_isinteger(L, idx) && (v = lua_tointeger(L, idx)) >= PTO_INPUT && v <= PTO_NO_DEP) return (int)v;
     } else if (lua_type(L, idx) == LUA_TSTRING) {
         const char *s = lua_tostring(L, idx);
-        for (int i = 0; TAG_NAMES[i]; i++)
-            if (strcmp(s, TAG_NAMES[i]) == 0) return i;
+        for (int i = PTO_INPUT; pto_tag_name(i); i++)
+            if (strcmp(s, pto_tag_name(i)) == 0) return i;
     }
     return lpto_error(L, who, "unknown tag %s '%s' (use pto.INPUT, pto.OUTPUT, pto.INOUT, pto.OUTPUT_EXISTING, "
                               "pto.NO_DEP or \"in\", \"out\", \"inout\", \"out_existing\", \"no_dep\")",
@@ -431,13 +429,8 @@ static int t_view(lua_State *L)
     if (!t->st) return lpto_error(L, who, "an unset pto.tensor_spec has no storage to view; submit it as an OUTPUT first");
     if (!lua_istable(L, 2))
         return lpto_error(L, who, "expected a table like {offset = k, shape = {...}} (got %s)", luaL_typename(L, 2));
-    lua_pushnil(L);
-    while (lua_next(L, 2)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        if (!k || (strcmp(k, "offset") && strcmp(k, "shape")))
-            return lpto_error(L, who, "unknown field '%s' (fields: offset, shape)", luaL_tolstring(L, -2, NULL));
-        lua_pop(L, 1);
-    }
+    static const lpto_field fields[] = {{"offset", 1, 0}, {"shape", 1, 0}, {NULL, 0, 0}};
+    lpto_check_fields(L, 2, fields, who);
     lua_getfield(L, 2, "offset");
     int isint = 1;
     lua_Integer off = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &isint);
@@ -487,7 +480,7 @@ static int new_tensor(lua_State *L, bool spec)
         if (!p) return lpto_error(L, who, "out of memory for %llu bytes", (unsigned long long)nbytes);
     } else {
         p = pto_shm_alloc(nbytes ? nbytes : 1);
-        if (!p) return lpto_engine_error(L);
+        if (!p) return lpto_engine_error(L, who);
     }
     d.base = (uint64_t)(uintptr_t)p;
     lpto_push_storage(L, d.base, nbytes, kind);
@@ -504,8 +497,42 @@ static int l_is_tensor(lua_State *L)
     return 1;
 }
 
+/* pto.shm_stats() -> {reserved_bytes, in_use_bytes, hwm_bytes, live_blocks}: the shared tensor memory. */
+static int l_shm_stats(lua_State *L)
+{
+    pto_shm_stats s;
+    pto_shm_get_stats(&s);
+    lua_createtable(L, 0, 4);
+    lpto_set_int(L, "reserved_bytes", (lua_Integer)s.reserved_bytes);
+    lpto_set_int(L, "in_use_bytes", (lua_Integer)s.in_use_bytes);
+    lpto_set_int(L, "hwm_bytes", (lua_Integer)s.hwm_bytes);
+    lpto_set_int(L, "live_blocks", (lua_Integer)s.live_blocks);
+    return 1;
+}
+
+/* pto.INPUT ... pto.NO_DEP, pto.FLOAT32 ... pto.BOOL, pto.MAX_DIMS. */
+static void set_constants(lua_State *L)
+{
+    lpto_set_int(L, "INPUT", PTO_INPUT);
+    lpto_set_int(L, "OUTPUT", PTO_OUTPUT);
+    lpto_set_int(L, "INOUT", PTO_INOUT);
+    lpto_set_int(L, "OUTPUT_EXISTING", PTO_OUTPUT_EXISTING);
+    lpto_set_int(L, "NO_DEP", PTO_NO_DEP);
+    static const struct { const char *name; const char *dtype; } dtypes[] = {
+        {"FLOAT32", "f32"}, {"FLOAT16", "f16"}, {"BFLOAT16", "bf16"}, {"FLOAT64", "f64"},
+        {"INT8", "i8"}, {"INT16", "i16"}, {"INT32", "i32"}, {"INT64", "i64"},
+        {"UINT8", "u8"}, {"UINT16", "u16"}, {"UINT32", "u32"}, {"UINT64", "u64"}, {"BOOL", "bool"},
+    };
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++) {
+        lua_pushstring(L, dtypes[i].dtype);
+        lua_setfield(L, -2, dtypes[i].name);
+    }
+    lpto_set_int(L, "MAX_DIMS", PTO_MAX_DIMS);
+}
+
 void lpto_open_tensor(lua_State *L)
 {
+    set_constants(L);
     luaL_newmetatable(L, LPTO_STORAGE);
     lua_pushcfunction(L, storage_gc);
     lua_setfield(L, -2, "__gc");
@@ -522,6 +549,7 @@ void lpto_open_tensor(lua_State *L)
     lua_pop(L, 1);
 
     static const luaL_Reg fns[] = {
-        {"tensor", l_tensor}, {"tensor_spec", l_tensor_spec}, {"is_tensor", l_is_tensor}, {NULL, NULL}};
+        {"tensor", l_tensor}, {"tensor_spec", l_tensor_spec}, {"is_tensor", l_is_tensor},
+        {"shm_stats", l_shm_stats}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
 }

@@ -9,10 +9,13 @@
  *   parts    [serial] = the JSON events of a finished --trace Worker
  *   dags     [serial] = the Graphviz cluster of its last run
  *   dotrec   weak-keyed [orchestrator] = its run's DAG as it is built (--dot)
- *   pending  [lightuserdata lworker] = that record, from the run's function to Worker:run
  *   serials  weak-keyed [Worker] = n (the process id in the trace, the cluster name)
  * Entries of `tracing` are removed when the Worker closes or is collected
- * (both go through close_wrap), so a key never outlives its Worker. */
+ * (both call lpto_trace_closing), so a key never outlives its Worker.
+ *
+ * Nothing here wraps a method: the Worker's and the orchestrator's own code
+ * call the lpto_trace_* hooks (lpto_priv.h), which do nothing unless a
+ * trace or ptolua's --trace/--dot asks for it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,16 +28,6 @@
 
 static const char STATE_KEY = 'T';
 
-/* A table whose keys do not keep Workers alive. */
-static void push_weak_keys(lua_State *L)
-{
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-}
-
 static void push_state(lua_State *L)
 {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY) == LUA_TTABLE) return;
@@ -46,11 +39,9 @@ static void push_state(lua_State *L)
     lua_setfield(L, -2, "parts");
     lua_newtable(L);
     lua_setfield(L, -2, "dags");
-    lua_newtable(L);
-    lua_setfield(L, -2, "pending");
-    push_weak_keys(L);
+    lpto_push_weak_keys(L);
     lua_setfield(L, -2, "dotrec");
-    push_weak_keys(L);
+    lpto_push_weak_keys(L);
     lua_setfield(L, -2, "serials");
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
@@ -156,7 +147,7 @@ static bool finish(lua_State *L, lworker *W)
         lua_pushinteger(L, (lua_Integer)pto_trace_dropped(W->w));
         lua_setfield(L, -2, "dropped");
     } else {
-        lua_pushstring(L, pto_errmsg());
+        lua_pushfstring(L, "Worker:trace_stop: %s", pto_errmsg());
     }
     lua_replace(L, base + 1);
     lua_settop(L, base + 1);
@@ -194,18 +185,12 @@ static void push_traced(lua_State *L, lworker *W)
     lua_pop(L, 1);
 }
 
-/* w:close(), __close and __gc: a traced Worker writes its trace first.
- * Upvalues: the original function, and whether this is __gc (where an
- * error can only be a warning). */
-static int close_wrap(lua_State *L)
+int lpto_trace_closing(lua_State *L, lworker *W, bool gc)
 {
-    int n = lua_gettop(L);
-    bool gc = lua_toboolean(L, lua_upvalueindex(2));
-    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
-    int errs = 0;
+    int errs = 0, base = lua_gettop(L);
     /* Not while a run is in progress (close then refuses). A Worker child
      * being collected is unreachable, so is its parent: nothing runs it. */
-    if (W && W->state != W_CLOSED && !W->in_run && W->owner == getpid()) {
+    if (W->state != W_CLOSED && !W->in_run && W->owner == getpid()) {
         push_traced(L, W);
         int list = lua_gettop(L);
         for (lua_Integer i = 1; lua_rawgeti(L, list, i) == LUA_TLIGHTUSERDATA; i++) {
@@ -214,37 +199,37 @@ static int close_wrap(lua_State *L)
             if (finish(L, V)) {
                 lua_pop(L, 1);
             } else {
-                lua_insert(L, n + 1);   /* messages collect above the arguments */
+                lua_insert(L, base + 1);   /* messages collect below the list */
                 list++;
                 errs++;
             }
         }
-        lua_settop(L, n + errs);
+        lua_settop(L, base + errs);
     }
-    if (W && gc) {   /* whatever closed it, its key must not outlive it */
+    if (gc) {   /* whatever closed it, its key must not outlive it */
         push_field(L, "tracing");
         lua_pushnil(L);
         lua_rawsetp(L, -2, W);
         lua_pop(L, 1);
     }
-    lua_pushvalue(L, lua_upvalueindex(1));
-    for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
-    lua_call(L, n, 0);
-    if (errs) {
-        if (gc) {
-            for (int i = 0; i < errs; i++) lua_warning(L, lua_tostring(L, n + 1 + i), 0);
-            return 0;
-        }
-        lua_pushvalue(L, n + 1);
-        return lua_error(L);
+    return errs;
+}
+
+int lpto_trace_closed(lua_State *L, int first, int errs, bool gc)
+{
+    if (!errs) return 0;
+    if (gc) {
+        for (int i = 0; i < errs; i++) lua_warning(L, lua_tostring(L, first + i), 0);
+        return 0;
     }
-    return 0;
+    lua_pushvalue(L, first);
+    return lua_error(L);
 }
 
 /* ---- Worker methods ------------------------------------------------------------------- */
 
 /* w:trace_start(path [, {events = N}]) */
-static int w_trace_start(lua_State *L)
+int lpto_trace_start(lua_State *L)
 {
     const char *who = "Worker:trace_start";
     lworker *W = lpto_check_worker(L, 1, who);
@@ -259,9 +244,9 @@ static int w_trace_start(lua_State *L)
     if (!lua_isnoneornil(L, 3)) {
         if (!lua_istable(L, 3))
             return lpto_error(L, who, "the options must be a table like {events = 100000} (got %s)", luaL_typename(L, 3));
-        static const char *const known[] = {"events", NULL};
-        lpto_check_fields(L, 3, known, "events", who);
-        lpto_get_int_field(L, 3, "events", &events, 1, 1 << 26, who);
+        static const lpto_field fields[] = {{"events", 1, 1 << 26}, {NULL, 0, 0}};
+        lpto_check_fields(L, 3, fields, who);
+        lpto_get_field(L, 3, &fields[0], &events, who);
     }
     if (pto_trace_active(W->w)) {
         push_field(L, "tracing");
@@ -277,7 +262,7 @@ static int w_trace_start(lua_State *L)
     if (why)
         return lpto_error(L, who, "cannot write the trace to '%s': %s; give a path in an existing, writable directory",
                           path, why);
-    if (pto_trace_start(W->w, (uint32_t)events) != 0) return lpto_engine_error_as(L, who);
+    if (pto_trace_start(W->w, (uint32_t)events) != 0) return lpto_engine_error(L, who);
     lpto_level_trace(W, true);
     push_field(L, "tracing");
     lua_createtable(L, 0, 2);
@@ -288,7 +273,7 @@ static int w_trace_start(lua_State *L)
 }
 
 /* w:trace_stop() -> {path =, events =, dropped =} */
-static int w_trace_stop(lua_State *L)
+int lpto_trace_stop(lua_State *L)
 {
     const char *who = "Worker:trace_stop";
     lworker *W = lpto_check_worker(L, 1, who);
@@ -313,34 +298,10 @@ static int l_callable_name(lua_State *L)
     return 1;
 }
 
-/* Replace metatable[field] (or methods[field] if in_methods) by close_wrap around it. */
-static void wrap_close(lua_State *L, int mt, const char *field, bool in_methods, bool gc)
-{
-    int t = mt;
-    if (in_methods) {
-        lua_getfield(L, mt, "methods");
-        t = lua_gettop(L);
-    }
-    lua_getfield(L, t, field);
-    lua_pushboolean(L, gc);
-    lua_pushcclosure(L, close_wrap, 2);
-    lua_setfield(L, t, field);
-    if (in_methods) lua_pop(L, 1);
-}
-
 void lpto_open_trace(lua_State *L)
 {
     lua_pushcfunction(L, l_callable_name);
     lua_setfield(L, -2, "_callable_name");
-    luaL_getmetatable(L, LPTO_WORKER);
-    int mt = lua_gettop(L);
-    wrap_close(L, mt, "__gc", false, true);
-    wrap_close(L, mt, "__close", false, false);
-    wrap_close(L, mt, "close", true, false);
-    lua_getfield(L, mt, "methods");
-    static const luaL_Reg methods[] = {{"trace_start", w_trace_start}, {"trace_stop", w_trace_stop}, {NULL, NULL}};
-    luaL_setfuncs(L, methods, 0);
-    lua_settop(L, mt - 1);
 }
 
 /* ---- ptolua --trace / --dot --------------------------------------------------------------- */
@@ -350,17 +311,13 @@ void lpto_open_trace(lua_State *L)
 /* The ptolua process: Workers created or run in its forked children (Lua
  * subs, hosts of Worker children) could never reach the files. */
 static pid_t cli_pid;
+static bool cli_dot;   /* --dot: runs of the Worker:run method record their DAG */
 
-/* pto.Worker{...} under --trace / --dot: numbered, and traced from the start. Upvalue: the original. */
-static int worker_wrap(lua_State *L)
+void lpto_trace_new_worker(lua_State *L, int idx)
 {
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, n, 1);
-    lworker *W = luaL_testudata(L, -1, LPTO_WORKER);
-    if (!W || getpid() != cli_pid) return 1;
-    lua_Integer serial = serial_of(L, -1);
+    if (!cli_pid || getpid() != cli_pid) return;
+    lworker *W = lua_touserdata(L, idx);
+    lua_Integer serial = serial_of(L, idx);
     push_field(L, "cli_trace");
     bool trace = lua_isstring(L, -1);
     lua_pop(L, 1);
@@ -374,7 +331,6 @@ static int worker_wrap(lua_State *L)
         lua_rawsetp(L, -2, W);
         lua_pop(L, 1);
     }
-    return 1;
 }
 
 /* Call pto[fn] with the n values on top of the stack, leaving nres results. */
@@ -389,27 +345,20 @@ static int call_pto(lua_State *L, const char *fn, int n, int nres)
     return lua_pcall(L, n, nres, 0);
 }
 
-/* The submits under --dot: the task goes into its run's record (kept in
- * `dotrec` by orchestrator) as soon as it exists. Upvalue: the original. */
-static int submit_wrap(lua_State *L)
+void lpto_trace_submitted(lua_State *L, int oidx, int64_t id)
 {
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
-    lua_call(L, n, LUA_MULTRET);
-    int nres = lua_gettop(L) - n;
-    if (nres >= 1 && lua_isinteger(L, n + 1)) {
-        push_field(L, "dotrec");
-        lua_pushvalue(L, 1);
-        if (lua_rawget(L, -2) == LUA_TTABLE) {
-            lua_pushvalue(L, 1);
-            lua_pushvalue(L, -2);
-            lua_pushvalue(L, n + 1);
-            call_pto(L, "_dot_record", 3, 0);   /* a picture is not worth failing the submit for */
-        }
-        lua_settop(L, n + nres);
+    if (!cli_dot || getpid() != cli_pid) return;
+    oidx = lua_absindex(L, oidx);
+    int top = lua_gettop(L);
+    push_field(L, "dotrec");
+    lua_pushvalue(L, oidx);
+    if (lua_rawget(L, -2) == LUA_TTABLE) {
+        lua_pushvalue(L, oidx);
+        lua_pushvalue(L, -2);
+        lua_pushinteger(L, id);
+        call_pto(L, "_dot_record", 3, 0);   /* a picture is not worth failing the submit for */
     }
-    return nres;
+    lua_settop(L, top);
 }
 
 /* After the run's function returned (or raised): wait until every task has
@@ -433,13 +382,10 @@ static void refresh_dag(lua_State *L, int oidx, int widx, int rec)
     lua_setfield(L, rec, "title");
     lua_settop(L, top);
 }
-/* The function given to Worker:run under --dot: (orch, args, cfg) with
- * upvalues fn and the Worker. Hands the run's record to run_wrap. */
-static int dot_body(lua_State *L)
+int lpto_trace_dag_begin(lua_State *L, int oidx)
 {
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(2));
-    int widx = lua_gettop(L);
+    if (!cli_dot || getpid() != cli_pid) return 0;
+    oidx = lua_absindex(L, oidx);
     lua_createtable(L, 0, 3);
     int rec = lua_gettop(L);
     lua_newtable(L);
@@ -447,65 +393,34 @@ static int dot_body(lua_State *L)
     lua_pushinteger(L, 0);
     lua_setfield(L, rec, "total");
     push_field(L, "dotrec");
-    lua_pushvalue(L, 1);
+    lua_pushvalue(L, oidx);
     lua_pushvalue(L, rec);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
-    int status = lua_pcall(L, n, LUA_MULTRET, 0);
-    int top = lua_gettop(L);
-    refresh_dag(L, 1, widx, rec);
-    push_field(L, "pending");
-    lua_pushvalue(L, rec);
-    lua_rawsetp(L, -2, lua_touserdata(L, widx));
-    lua_settop(L, top);
-    if (status != LUA_OK) return lua_error(L);   /* the function's own error, unchanged */
-    return top - rec;
+    return rec;
 }
 
-/* Worker:run under --dot: the run's DAG, with the run's failure, becomes
- * the Worker's cluster in the --dot file. Upvalue: the original. */
-static int run_wrap(lua_State *L)
+void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec)
 {
-    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
-    if (!W || !lua_isfunction(L, 2) || getpid() != cli_pid) {
-        lua_pushvalue(L, lua_upvalueindex(1));
-        lua_insert(L, 1);
-        lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
-        return lua_gettop(L);
-    }
-    if (lua_gettop(L) < 4) lua_settop(L, 4);
-    int n = lua_gettop(L);
-    lua_pushvalue(L, 2);
-    lua_pushvalue(L, 1);
-    lua_pushcclosure(L, dot_body, 2);
-    lua_replace(L, 2);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
-    int status = lua_pcall(L, n, LUA_MULTRET, 0);
+    if (rec) refresh_dag(L, lua_absindex(L, oidx), lua_absindex(L, widx), rec);
+}
+
+void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err)
+{
+    if (!rec) return;
     int top = lua_gettop(L);
-    push_field(L, "pending");
-    int pending = lua_gettop(L);
-    if (lua_rawgetp(L, pending, W) == LUA_TTABLE) {
-        int rec = lua_gettop(L);
-        lua_Integer serial = serial_of(L, 1);
-        lua_pushvalue(L, rec);
-        lua_pushfstring(L, "w%d", (int)serial);
-        lua_getfield(L, rec, "title");
-        if (status != LUA_OK) lua_pushvalue(L, n + 1);
-        else lua_pushnil(L);
-        if (call_pto(L, "_dot_cluster", 4, 1) == LUA_OK && lua_isstring(L, -1)) {
-            push_field(L, "dags");
-            lua_insert(L, -2);
-            lua_rawseti(L, -2, serial);
-        }
-        lua_pushnil(L);
-        lua_rawsetp(L, pending, W);
+    lua_Integer serial = serial_of(L, widx);
+    lua_pushvalue(L, rec);
+    lua_pushfstring(L, "w%d", (int)serial);
+    lua_getfield(L, rec, "title");
+    if (err) lua_pushvalue(L, err);
+    else lua_pushnil(L);
+    if (call_pto(L, "_dot_cluster", 4, 1) == LUA_OK && lua_isstring(L, -1)) {
+        push_field(L, "dags");
+        lua_insert(L, -2);
+        lua_rawseti(L, -2, serial);
     }
     lua_settop(L, top);
-    if (status != LUA_OK) return lua_error(L);
-    return top - n;
 }
 
 int lpto_trace_cli(lua_State *L)
@@ -519,28 +434,10 @@ int lpto_trace_cli(lua_State *L)
     lua_pushvalue(L, 2);
     lua_setfield(L, -2, "cli_dot");
     lua_pop(L, 1);
+    cli_dot = dot;
     lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
     lua_getfield(L, -1, "pto");
     if (!lua_istable(L, -1)) return luaL_error(L, "--trace/--dot: the pto module is not loaded");
-    lua_getfield(L, -1, "Worker");
-    lua_pushcclosure(L, worker_wrap, 1);
-    lua_setfield(L, -2, "Worker");
-    if (dot) {
-        luaL_getmetatable(L, LPTO_WORKER);
-        lua_getfield(L, -1, "methods");
-        lua_getfield(L, -1, "run");
-        lua_pushcclosure(L, run_wrap, 1);
-        lua_setfield(L, -2, "run");
-        luaL_getmetatable(L, LPTO_ORCH);
-        lua_getfield(L, -1, "methods");
-        static const char *const submits[] = {"submit_next_level", "submit_sub", "submit_next_level_group",
-                                              "submit_sub_group", NULL};
-        for (int i = 0; submits[i]; i++) {
-            lua_getfield(L, -1, submits[i]);
-            lua_pushcclosure(L, submit_wrap, 1);
-            lua_setfield(L, -2, submits[i]);
-        }
-    }
     return 0;
 }
 

@@ -1,12 +1,11 @@
-/* lpto_trace.h - tracing in the Lua binding (lpto_trace.c): Worker methods,
- * and what ptolua's --trace and --dot options need. */
+/* lpto_trace.h - tracing in the Lua binding (lpto_trace.c): what
+ * luaopen_pto and ptolua's --trace and --dot options need. */
 #ifndef LPTO_TRACE_H
 #define LPTO_TRACE_H
 #include "lua.h"
 
 /* Called by luaopen_pto with the module table on top: adds
- * w:trace_start / w:trace_stop (and pto._callable_name, for orch:dot) and
- * makes closing a traced Worker write its trace. */
+ * pto._callable_name (for orch:dot). */
 void lpto_open_trace(lua_State *L);
 
 /* lua_CFunction (trace_path_or_nil, dot_path_or_nil), after require "pto":

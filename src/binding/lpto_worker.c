@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lpto_priv.h"
@@ -13,83 +14,15 @@ typedef struct lkernel {
     char *symbol;
 } lkernel;
 
-/* ---- interrupts ---------------------------------------------------------------- */
-
-#define MAX_ACTIVE 64
-static pto_worker *_Atomic active[MAX_ACTIVE];
-
-void lpto_active_add(pto_worker *w)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *none = NULL;
-        if (atomic_compare_exchange_strong(&active[i], &none, w)) return;
-    }
-}
-
-void lpto_active_remove(pto_worker *w)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *me = w;
-        if (atomic_compare_exchange_strong(&active[i], &me, NULL)) return;
-    }
-}
-
-int lpto_wait_run(lworker *W, pto_orch *o)
-{
-    lpto_active_add(W->w);
-    lpto_gil_release(W->gil);
-    int rc = o ? pto_drain(o) : pto_run_end(W->w);
-    lpto_gil_acquire(W->gil);
-    lpto_active_remove(W->w);
-    return rc;
-}
-
-void lpto_interrupt_all(void)
-{
-    for (int i = 0; i < MAX_ACTIVE; i++) {
-        pto_worker *w = atomic_load(&active[i]);
-        if (w) pto_worker_interrupt(w);
-    }
-}
-
 /* ---- helpers --------------------------------------------------------------------- */
 
 lworker *lpto_check_worker(lua_State *L, int idx, const char *who)
 {
     lworker *W = luaL_testudata(L, idx, LPTO_WORKER);
-    if (!W) lpto_error(L, who, "expected a Worker (call it as w:%s(...)), got %s", strchr(who, ':') ? strchr(who, ':') + 1 : who,
-                       luaL_typename(L, idx));
+    const char *method = who && strchr(who, ':') ? strchr(who, ':') + 1 : who ? who : "method";
+    if (!W) lpto_error(L, who, "expected a Worker (call it as w:%s(...)), got %s", method, luaL_typename(L, idx));
     if (W->state == W_CLOSED) lpto_error(L, who, "this Worker is closed; create a new one with pto.Worker{...}");
     return W;
-}
-
-bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
-                        const char *who)
-{
-    lua_getfield(L, t, k);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        return false;
-    }
-    int isint;
-    lua_Integer v = lua_tointegerx(L, -1, &isint);
-    if (!isint) lpto_error(L, who, "%s must be an integer (got %s)", k, luaL_typename(L, -1));
-    if (v < lo || v > hi) lpto_error(L, who, "%s must be between %lld and %lld (got %lld)", k, (long long)lo, (long long)hi, (long long)v);
-    lua_pop(L, 1);
-    *out = v;
-    return true;
-}
-
-void lpto_check_fields(lua_State *L, int t, const char *const *known, const char *list, const char *who)
-{
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        bool ok = false;
-        if (lua_type(L, -2) == LUA_TSTRING)
-            for (int i = 0; known[i]; i++) ok |= strcmp(lua_tostring(L, -2), known[i]) == 0;
-        if (!ok) lpto_error(L, who, "unknown field '%s' (fields: %s)", luaL_tolstring(L, -2, NULL), list);
-        lua_pop(L, 1);
-    }
 }
 
 /* ---- Worker ------------------------------------------------------------------------ */
@@ -104,34 +37,38 @@ static int default_mode(lua_State *L, const char *who)
     return lpto_error(L, who, "the environment variable PTO_MODE is '%s'; set it to \"thread\" or \"process\", or unset it", m);
 }
 
-static const char *const WORKER_FIELDS[] = {"level", "mode", "chips", "num_sub_workers", "heap_ring_size",
-                                            "alloc_timeout_ms", "chip_runtime", "queue_depth", "start_timeout_ms", "shm_size", NULL};
+/* pto.Worker{...}'s fields, in the order the "unknown field" message lists
+ * them; the integer ones are read in this order too, with these ranges. */
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_COUNT };
+static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
+    [F_LEVEL] = {"level", 3, 64},
+    [F_MODE] = {"mode", 1, 0},
+    [F_CHIPS] = {"chips", 0, 1024},
+    [F_SUBS] = {"num_sub_workers", 0, 1024},
+    [F_HEAP] = {"heap_ring_size", PTO_HEAP_ALIGN, (lua_Integer)1 << 46},
+    [F_ALLOC_TIMEOUT] = {"alloc_timeout_ms", 1, 24 * 3600 * 1000},
+    [F_RUNTIME] = {"chip_runtime", 1, 0},
+    [F_DEPTH] = {"queue_depth", 1, 64},
+    [F_START_TIMEOUT] = {"start_timeout_ms", 1, 24 * 3600 * 1000},
+    [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
+    [F_COUNT] = {NULL, 0, 0},
+};
 
-static int l_worker(lua_State *L)
+/* The integer fields of the table at 1 into v (0 when absent; level 3). */
+static void worker_int_fields(lua_State *L, lua_Integer v[F_COUNT], const char *who)
 {
-    const char *who = "pto.Worker";
-    if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
-        return lpto_error(L, who, "expected a table like pto.Worker{chips = 2} (got %s)", luaL_typename(L, 1));
-    if (lua_isnoneornil(L, 1)) {
-        lua_settop(L, 0);
-        lua_newtable(L);
+    for (int i = 0; i < F_COUNT; i++) {
+        v[i] = i == F_LEVEL ? 3 : 0;
+        if (WORKER_FIELDS[i].lo <= WORKER_FIELDS[i].hi) lpto_get_field(L, 1, &WORKER_FIELDS[i], &v[i], who);
     }
-    lpto_check_fields(L, 1, WORKER_FIELDS,
-                 "level, mode, chips, num_sub_workers, heap_ring_size, alloc_timeout_ms, chip_runtime, queue_depth, "
-                 "start_timeout_ms, shm_size", who);
-    lua_Integer level = 3, chips = 0, subs = 0, heap = 0, timeout = 0, depth = 0, start_timeout = 0, shm = 0;
-    lpto_get_int_field(L, 1, "level", &level, 3, 64, who);
-    lpto_get_int_field(L, 1, "chips", &chips, 0, 1024, who);
-    lpto_get_int_field(L, 1, "num_sub_workers", &subs, 0, 1024, who);
-    lpto_get_int_field(L, 1, "heap_ring_size", &heap, PTO_HEAP_ALIGN, (lua_Integer)1 << 46, who);
-    lpto_get_int_field(L, 1, "alloc_timeout_ms", &timeout, 1, 24 * 3600 * 1000, who);
-    lpto_get_int_field(L, 1, "queue_depth", &depth, 1, 64, who);
-    lpto_get_int_field(L, 1, "start_timeout_ms", &start_timeout, 1, 24 * 3600 * 1000, who);
-    lpto_get_int_field(L, 1, "shm_size", &shm, 16 << 20, (lua_Integer)1 << 50, who);
-    if (level >= 4 && chips > 0)
-        return lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
-                                  "level-%lld Workers added with Worker:add_worker (give the chips to those)",
-                          (long long)chips, (long long)level, (long long)level - 1);
+    if (v[F_LEVEL] >= 4 && v[F_CHIPS] > 0)
+        lpto_error(L, who, "chips = %lld: a level-%lld Worker has no chips; its next-level children are "
+                           "level-%lld Workers added with Worker:add_worker (give the chips to those)",
+                   (long long)v[F_CHIPS], (long long)v[F_LEVEL], (long long)v[F_LEVEL] - 1);
+}
+
+static int worker_mode_field(lua_State *L, const char *who)
+{
     lua_getfield(L, 1, "mode");
     int mode;
     if (lua_isnil(L, -1)) {
@@ -143,28 +80,17 @@ static int l_worker(lua_State *L)
         mode = strcmp(m, "process") == 0 ? PTO_MODE_PROCESS : PTO_MODE_THREAD;
     }
     lua_pop(L, 1);
-    lua_getfield(L, 1, "chip_runtime");
-    if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-        return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
-    const char *rt = lua_tostring(L, -1);
+    return mode;
+}
 
-    pto_worker_config cfg = {.level = (int32_t)level, .mode = mode, .heap_ring_size = (uint64_t)heap,
-                             .alloc_timeout_ms = (uint32_t)timeout, .queue_depth = (int32_t)depth,
-                             .start_timeout_ms = (uint32_t)start_timeout};
-    pto_worker *w = pto_worker_new(&cfg);
-    if (!w) return lpto_engine_error(L);
+/* Push a new Worker userdata over w, with its user values. */
+static lworker *push_worker(lua_State *L, pto_worker *w)
+{
     lworker *W = lua_newuserdatauv(L, sizeof *W, UV_COUNT);
     memset(W, 0, sizeof *W);
     W->w = w;
     W->owner = getpid();
-    W->shm_size = (uint64_t)shm;
-    W->level = (int)level;
-    W->mode = mode;
-    W->nchips = (int)chips;
-    W->nsubs = (int)subs;
-    W->chip_runtime = rt ? strdup(rt) : NULL;
     W->gil = lpto_gil_of(L);
-    W->fns_ref = LUA_NOREF;
     luaL_setmetatable(L, LPTO_WORKER);
     lua_newtable(L);
     lua_pushvalue(L, -1);
@@ -176,7 +102,42 @@ static int l_worker(lua_State *L)
     lua_setiuservalue(L, -2, UV_CHILDREN);
     lua_newtable(L);
     lua_setiuservalue(L, -2, UV_HANDLES);
+    return W;
+}
+
+/* pto.Worker{level, mode, chips, num_sub_workers, ...} */
+static int l_worker(lua_State *L)
+{
+    const char *who = "pto.Worker";
+    if (!lua_isnoneornil(L, 1) && !lua_istable(L, 1))
+        return lpto_error(L, who, "expected a table like pto.Worker{chips = 2} (got %s)", luaL_typename(L, 1));
+    if (lua_isnoneornil(L, 1)) {
+        lua_settop(L, 0);
+        lua_newtable(L);
+    }
+    lpto_check_fields(L, 1, WORKER_FIELDS, who);
+    lua_Integer v[F_COUNT];
+    worker_int_fields(L, v, who);
+    int mode = worker_mode_field(L, who);
+    lua_getfield(L, 1, "chip_runtime");
+    if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+        return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
+    const char *rt = lua_tostring(L, -1);
+
+    pto_worker_config cfg = {.level = (int32_t)v[F_LEVEL], .mode = mode, .heap_ring_size = (uint64_t)v[F_HEAP],
+                             .alloc_timeout_ms = (uint32_t)v[F_ALLOC_TIMEOUT], .queue_depth = (int32_t)v[F_DEPTH],
+                             .start_timeout_ms = (uint32_t)v[F_START_TIMEOUT]};
+    pto_worker *w = pto_worker_new(&cfg);
+    if (!w) return lpto_engine_error(L, who);
+    lworker *W = push_worker(L, w);
+    W->shm_size = (uint64_t)v[F_SHM];
+    W->level = (int)v[F_LEVEL];
+    W->mode = mode;
+    W->nchips = (int)v[F_CHIPS];
+    W->nsubs = (int)v[F_SUBS];
+    W->chip_runtime = rt ? strdup(rt) : NULL;
     lpto_debug_track(L, -1);
+    lpto_trace_new_worker(L, -1);
     return 1;
 }
 
@@ -207,13 +168,12 @@ void lpto_worker_free(lua_State *L, lworker *W)
     W->fns_ref = LUA_NOREF;
 }
 
-static int w_close(lua_State *L)
+static void worker_close(lua_State *L, lworker *W)
 {
-    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
-    if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
-    if (W->state == W_CLOSED) return 0;
+    const char *who = "Worker:close";
+    if (W->state == W_CLOSED) return;
     if (W->in_run && !W->interactive)
-        return lpto_error(L, "Worker:close", "a run is in progress; close the Worker after Worker:run returns");
+        lpto_error(L, who, "a run is in progress; close the Worker after Worker:run returns");
     if (W->interactive) {   /* an open_run left open: its tasks are dropped with the Worker */
         lua_getiuservalue(L, 1, UV_ORCH);
         lpto_orch_end(L, -1);
@@ -221,18 +181,30 @@ static int w_close(lua_State *L)
         W->in_run = W->interactive = false;
     }
     if (W->parent && !W->driven)
-        return lpto_error(L, "Worker:close", "this Worker is a child of a level-%d Worker; closing that Worker closes it",
-                          W->parent->level);
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker; closing that Worker closes it",
+                   W->parent->level);
     lpto_worker_free(L, W);
-    return 0;
+}
+
+/* w:close() and __close: a traced Worker writes its trace first. */
+static int w_close(lua_State *L)
+{
+    lworker *W = luaL_testudata(L, 1, LPTO_WORKER);
+    if (!W) return lpto_error(L, "Worker:close", "expected a Worker (call it as w:close()), got %s", luaL_typename(L, 1));
+    int first = lua_gettop(L) + 1;
+    int errs = lpto_trace_closing(L, W, false);
+    worker_close(L, W);
+    return lpto_trace_closed(L, first, errs, false);
 }
 
 static int w_gc(lua_State *L)
 {
     lworker *W = lua_touserdata(L, 1);
+    int first = lua_gettop(L) + 1;
+    int errs = lpto_trace_closing(L, W, true);
     /* A Worker child is closed by its parent, which may still be running it. */
     if ((!W->in_run || W->interactive) && !W->parent) lpto_worker_free(L, W);
-    return 0;
+    return lpto_trace_closed(L, first, errs, true);
 }
 
 static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who);
@@ -267,16 +239,17 @@ void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who)
 static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
 {
     idx = lua_absindex(L, idx);
-
+    /* The engine's init failures name init, whichever method initialised the Worker. */
+    const char *init = who ? "Worker:init" : NULL;
     W->chip_names = calloc((size_t)W->nchips + 1, sizeof *W->chip_names);
     W->subs = calloc((size_t)W->nsubs + 1, sizeof *W->subs);
-    if (!W->chip_names || !W->subs) luaL_error(L, "%s: out of memory", who);
+    if (!W->chip_names || !W->subs) lpto_error(L, who, "out of memory");
     for (int i = 0; i < W->nchips; i++) {
         pto_leaf leaf = pto_chip_leaf();
         snprintf(W->chip_names[i], sizeof W->chip_names[i], "chip %d", i + 1);
         leaf.name = W->chip_names[i];
         leaf.ctx = W->chip_runtime;   /* the child dlopens this runtime (NULL: the built-in one) */
-        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, init);
     }
     lua_getiuservalue(L, idx, UV_THREADS);
     for (int i = 0; i < W->nsubs; i++) {
@@ -290,11 +263,11 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
             leaf.run = lpto_sub_run;
             leaf.load = lpto_sub_load;
         }
-        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L);
+        if (pto_worker_add_sub(W->w, &leaf) < 0) lpto_engine_error(L, init);
     }
     lua_pop(L, 1);
     if (W->level >= 4) lpto_level_init(L, idx, W, who);
-    if (pto_worker_init(W->w) != 0) lpto_engine_error(L);
+    if (pto_worker_init(W->w) != 0) lpto_engine_error(L, init);
     W->state = W_READY;
 }
 
@@ -311,6 +284,84 @@ static int w_init(lua_State *L)
     return 1;
 }
 
+/* Children forked before this kernel resolve it themselves: ship "lib\0symbol\0". */
+static void ship_kernel(lua_State *L, lworker *W, const lkernel *k, int64_t id, const char *who)
+{
+    const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
+    size_t ll = strlen(lib), sl = strlen(k->symbol);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addlstring(&b, lib, ll + 1);
+    luaL_addlstring(&b, k->symbol, sl + 1);
+    luaL_pushresult(&b);
+    if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
+        lpto_engine_error(L, who);
+    lua_pop(L, 1);
+}
+
+/* Push the handle of kind for callable, registered on the Worker at 1. */
+static void push_handle(lua_State *L, int kind, uint64_t callable)
+{
+    lhandle *h = lua_newuserdatauv(L, sizeof *h, 1);
+    *h = (lhandle){kind, callable};
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+    luaL_setmetatable(L, LPTO_HANDLE);
+    lua_getiuservalue(L, 1, UV_HANDLES);   /* for Worker:callables (the REPL's :break by name) */
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
+}
+
+static void register_kernel(lua_State *L, lworker *W, const lkernel *k, const char *name, const char *who)
+{
+    if (W->level >= 4)
+        lpto_error(L, who, "a level-%d Worker has no chips: register chip kernels on the level-3 Workers "
+                           "that run them, and submit those handles from their orchestration function",
+                   W->level);
+    int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
+    if (id < 0) lpto_engine_error(L, who);
+    pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
+    if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) ship_kernel(L, W, k, id, who);
+    push_handle(L, LPTO_HANDLE_KERNEL, (uint64_t)id);
+}
+
+/* Ship the function's blob (on top) to the children that may run callable id. */
+static void ship_blob(lua_State *L, lworker *W, uint64_t id, const char *who)
+{
+    size_t len;
+    const char *blob = lua_tolstring(L, -1, &len);
+    if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) lpto_engine_error(L, who);
+    if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
+        lpto_engine_error(L, who);
+    lua_pop(L, 1);
+}
+
+static void register_function(lua_State *L, lworker *W, const char *name, const char *who)
+{
+    /* Children forked at init cannot see a function registered later; at
+     * level >= 4 a function may run on a sub or on a Worker child. */
+    bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
+    if (ship) lpto_ship_function(L, 2, who);
+    uint64_t id = ++W->next_fn;
+    if (ship) ship_blob(L, W, id, who);
+    lua_getiuservalue(L, 1, UV_FNS);
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 1);
+    char where[160];
+    if (!name) {
+        lua_Debug ar;
+        lua_pushvalue(L, 2);
+        lua_getinfo(L, ">S", &ar);
+        snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
+        name = where;
+    }
+    pto_worker_name_callable(W->w, PTO_SUB, id, name);
+    if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
+    push_handle(L, LPTO_HANDLE_FUNCTION, id);
+}
+
 /* w:register(fn [, name]) or w:register(pto.chip_kernel(...)) -> handle */
 static int w_register(lua_State *L)
 {
@@ -320,99 +371,70 @@ static int w_register(lua_State *L)
     if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TSTRING)
         return lpto_error(L, who, "the optional name must be a string (got %s)", luaL_typename(L, 3));
     const char *name = lua_tostring(L, 3);
-    lhandle *h;
-    if (k && W->level >= 4)
-        return lpto_error(L, who, "a level-%d Worker has no chips: register chip kernels on the level-3 Workers "
-                                  "that run them, and submit those handles from their orchestration function",
-                          W->level);
-    if (k) {
-        int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
-        if (id < 0) return lpto_engine_error_as(L, who);
-        pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
-        if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) {
-            /* children forked before this kernel resolve it themselves: "lib\0symbol\0" */
-            const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
-            size_t ll = strlen(lib), sl = strlen(k->symbol);
-            luaL_Buffer b;
-            luaL_buffinit(L, &b);
-            luaL_addlstring(&b, lib, ll + 1);
-            luaL_addlstring(&b, k->symbol, sl + 1);
-            luaL_pushresult(&b);
-            if (pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, lua_tostring(L, -1), ll + sl + 2) != 0)
-                return lpto_engine_error_as(L, who);
-            lua_pop(L, 1);
-        }
-        h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){H_CHIP, (uint64_t)id};
-    } else if (lua_isfunction(L, 2)) {
-        /* Children forked at init cannot see a function registered later;
-         * at level >= 4 a function may run on a sub or on a Worker child. */
-        bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
-        if (ship) lpto_ship_function(L, 2, who);
-        uint64_t id = ++W->next_fn;
-        if (ship) {
-            size_t len;
-            const char *blob = lua_tolstring(L, -1, &len);
-            if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0)
-                return lpto_engine_error_as(L, who);
-            if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
-                return lpto_engine_error_as(L, who);
-            lua_pop(L, 1);
-        }
-        lua_getiuservalue(L, 1, UV_FNS);
-        lua_pushvalue(L, 2);
-        lua_rawseti(L, -2, (lua_Integer)id);
-        lua_pop(L, 1);
-        char where[160];
-        if (!name) {
-            lua_Debug ar;
-            lua_pushvalue(L, 2);
-            lua_getinfo(L, ">S", &ar);
-            snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
-            name = where;
-        }
-        pto_worker_name_callable(W->w, PTO_SUB, id, name);
-        if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
-        h = lua_newuserdatauv(L, sizeof *h, 1);
-        *h = (lhandle){H_SUB, id};
-    } else {
+    if (k) register_kernel(L, W, k, name, who);
+    else if (lua_isfunction(L, 2)) register_function(L, W, name, who);
+    else
         return lpto_error(L, who, "expected a Lua function (a sub callable) or pto.chip_kernel(...) (got %s)",
                           luaL_typename(L, 2));
-    }
-    lua_pushvalue(L, 1);
-    lua_setiuservalue(L, -2, 1);
-    luaL_setmetatable(L, LPTO_HANDLE);
-    lua_getiuservalue(L, 1, UV_HANDLES);   /* for Worker:callables (the REPL's :break by name) */
-    lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-    lua_pop(L, 1);
     return 1;
 }
 
-/* w:run(fn, args, cfg) */
-int lpto_worker_run(lua_State *L)
+/* Raise unless W may start a run now. */
+static void check_can_run(lua_State *L, lworker *W, const char *who)
 {
-    const char *who = "Worker:run";
-    lworker *W = lpto_check_worker(L, 1, who);
     if (W->parent && !W->driven)
-        return lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
-                                  "function to that Worker with orch:submit_next_level", W->parent->level);
+        lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
+                           "function to that Worker with orch:submit_next_level", W->parent->level);
     if (W->interactive)
-        return lpto_error(L, who, "a run opened by Worker:open_run is open on this Worker; submit to its "
-                                  "orchestrator, or end it with Worker:close_run (:finish at the prompt) first");
-    if (W->in_run) return lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
+        lpto_error(L, who, "a run opened by Worker:open_run is open on this Worker; submit to its "
+                           "orchestrator, or end it with Worker:close_run (:finish at the prompt) first");
+    if (W->in_run) lpto_error(L, who, "a run of this Worker is already in progress (runs do not nest)");
     if (!lua_isfunction(L, 2))
-        return lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
-                          luaL_typename(L, 2));
+        lpto_error(L, who, "expected the function to run, fn(orch, args, cfg), as argument 1 (got %s)",
+                   luaL_typename(L, 2));
+}
+
+/* Wait for the run of the orchestrator at oidx to drain and end it; returns
+ * its failure (to free), or NULL. */
+static char *end_run(lua_State *L, lworker *W, int oidx)
+{
+    lpto_gil_release(W->gil);   /* THREAD-mode subs still run while the run drains */
+    int rc = pto_run_end(W->w);
+    lpto_gil_acquire(W->gil);
+    char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
+    lpto_active_remove(W->w);
+    W->in_run = false;
+    lpto_orch_end(L, oidx);   /* heap-ring tensors of this run die with it */
+    lua_pushnil(L);
+    lua_setiuservalue(L, 1, UV_ORCH);
+    return fail;
+}
+
+/* Push the engine's failure of W's run. In a tree of Workers each level's
+ * failure names its level: "L4 task 0 (... on L3 worker 1 (pid 7)) failed:
+ * L3 task 2 ...". */
+static void push_run_failure(lua_State *L, lworker *W, const char *fail)
+{
+    if (W->level >= 4 || W->parent) lua_pushfstring(L, "L%d %s", W->level, fail);
+    else lua_pushstring(L, fail);
+}
+
+/* w:run(fn, args, cfg), called as the Lua method (who: ptolua --dot records
+ * the run's DAG) or by a Worker child's leaf (who NULL). */
+static int worker_run(lua_State *L, const char *who)
+{
+    lworker *W = lpto_check_worker(L, 1, who);
+    check_can_run(L, W, who);
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
-    if (!o) return lpto_engine_error(L);
+    if (!o) return lpto_engine_error(L, who);
     W->in_run = true;
     lpto_active_add(W->w);
     lpto_push_orch(L, 1, W, o);   /* 5 */
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
+    int rec = who ? lpto_trace_dag_begin(L, 5) : 0;
 
     int base = lua_gettop(L);
     lua_pushvalue(L, 2);
@@ -421,99 +443,61 @@ int lpto_worker_run(lua_State *L)
     lua_pushvalue(L, 4);
     int status = lua_pcall(L, 3, LUA_MULTRET, 0);
     int nres = lua_gettop(L) - base;
-
-    lpto_gil_release(W->gil);   /* THREAD-mode subs still run while the run drains */
-    int rc = pto_run_end(W->w);
-    lpto_gil_acquire(W->gil);
-    char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
-    lpto_active_remove(W->w);
-    W->in_run = false;
-    lpto_orch_end(L, 5);   /* heap-ring tensors of this run die with it */
-    lua_pushnil(L);
-    lua_setiuservalue(L, 1, UV_ORCH);
-
-    if (status != LUA_OK) {
-        free(fail);
-        return lua_error(L);   /* the function's own error, unchanged */
+    lpto_trace_dag_ran(L, 5, 1, rec);
+    char *fail = end_run(L, W, 5);
+    if (status == LUA_OK && !fail) {
+        lpto_trace_dag_end(L, 1, rec, 0);
+        return nres;
     }
-    if (fail) {
-        /* In a tree of Workers each level's failure names its level:
-         * "Worker:run: L4 task 0 (... on L3 worker 1 (pid 7)) failed: L3 task 2 ...". */
-        const char *pfx = "Worker:run: ";
-        if ((W->level >= 4 || W->parent) && strncmp(fail, pfx, strlen(pfx)) == 0)
-            lua_pushfstring(L, "%sL%d %s", pfx, W->level, fail + strlen(pfx));
-        else
-            lua_pushstring(L, fail);
-        free(fail);
-        return lua_error(L);
+    if (status == LUA_OK) {   /* else the function's own error passes unchanged */
+        push_run_failure(L, W, fail);
+        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
+        if (who) lua_pushfstring(L, "%s: %s", who, lua_tostring(L, -1));   /* who NULL: the level above names it */
+    } else {
+        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
     }
-    return nres;
+    free(fail);
+    return lua_error(L);
 }
 
-int lpto_worker_stats(lua_State *L)
+static int w_run(lua_State *L) { return worker_run(L, "Worker:run"); }
+int lpto_worker_run_child(lua_State *L) { return worker_run(L, NULL); }
+
+static int w_stats(lua_State *L)
 {
-    lworker *W = lpto_check_worker(L, 1, "Worker:stats");
-    pto_stats s;
-    pto_worker_stats(W->w, &s);
-    lua_createtable(L, 0, 16);
-#define F(name) (lua_pushinteger(L, (lua_Integer)s.name), lua_setfield(L, -2, #name))
-    F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
-    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
-#undef F
-    lua_createtable(L, PTO_MAX_RING_DEPTH, 0);
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        pto_ring_stats *q = &s.rings[r];
-        lua_createtable(L, 0, 7);
-#define F(name) (lua_pushinteger(L, (lua_Integer)q->name), lua_setfield(L, -2, #name))
-        F(stalls); F(hwm_bytes); F(capacity_bytes); F(used_bytes); F(live_slabs);
-#undef F
-        lua_pushnumber(L, (double)q->stall_ns / 1e6);
-        lua_setfield(L, -2, "stall_ms");
-        lua_pushinteger(L, r);
-        lua_setfield(L, -2, "ring");
-        lua_rawseti(L, -2, r + 1);
-    }
-    lua_setfield(L, -2, "rings");
-    lua_pushinteger(L, W->nchips);
-    lua_setfield(L, -2, "chips");
-    lua_pushinteger(L, W->nsubs);
-    lua_setfield(L, -2, "sub_workers");
-    lua_pushinteger(L, W->level);
-    lua_setfield(L, -2, "level");
-    if (W->level >= 4) {
-        lua_pushinteger(L, W->nworkers);
-        lua_setfield(L, -2, "workers");
-        lpto_level_stats(L, W);
-    }
+    lpto_level_push_stats(L, lpto_check_worker(L, 1, "Worker:stats"));
     return 1;
 }
 
-/* w:child_pids() -> {chips = {pid, ...}, subs = {pid, ...}}: the processes
- * serving each worker now (empty in THREAD mode); for tests and tools. */
+/* Push {pid, ...}: the processes serving W's n workers of kind now (empty in THREAD mode). */
+static void push_child_pids(lua_State *L, lworker *W, int kind, int n)
+{
+    lua_createtable(L, n, 0);
+    for (int i = 0; W->state == W_READY && i < n; i++) {
+        int pid = pto_worker_child_pid(W->w, kind, i);
+        if (pid <= 0) continue;
+        lua_pushinteger(L, pid);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* w:child_pids() -> {chips = {pid, ...}, subs = {pid, ...}[, workers = {pid, ...}]}; for tests and tools. */
 static int w_child_pids(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:child_pids");
-    lua_createtable(L, 0, 2);
-    int counts[2] = {W->nchips, W->nsubs};
-    const char *names[2] = {"chips", "subs"};
-    for (int kind = 0; kind < 2; kind++) {
-        lua_createtable(L, counts[kind], 0);
-        for (int i = 0; W->state == W_READY && i < counts[kind]; i++) {
-            int pid = pto_worker_child_pid(W->w, kind, i);
-            if (pid <= 0) continue;
-            lua_pushinteger(L, pid);
-            lua_rawseti(L, -2, i + 1);
-        }
-        lua_setfield(L, -2, names[kind]);
-    }
+    lua_createtable(L, 0, 3);
+    push_child_pids(L, W, PTO_NEXT_LEVEL, W->nchips);
+    lua_setfield(L, -2, "chips");
+    push_child_pids(L, W, PTO_SUB, W->nsubs);
+    lua_setfield(L, -2, "subs");
     if (W->level >= 4) {
-        lpto_level_pids(L, W);
+        push_child_pids(L, W, PTO_NEXT_LEVEL, W->nworkers);
         lua_setfield(L, -2, "workers");
     }
     return 1;
 }
 
-int lpto_worker_stats_report(lua_State *L)
+static int w_stats_report(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:stats_report");
     int n = pto_worker_format_stats(W->w, NULL, 0);
@@ -521,7 +505,7 @@ int lpto_worker_stats_report(lua_State *L)
     char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
     pto_worker_format_stats(W->w, p, (size_t)n + 1);
     luaL_addsize(&b, (size_t)n);
-    if (W->level >= 4) lpto_level_report(L, W, &b);
+    if (W->level >= 4) lpto_level_report(W, &b);
     luaL_pushresult(&b);
     return 1;
 }
@@ -529,7 +513,7 @@ int lpto_worker_stats_report(lua_State *L)
 static int w_print_stats(lua_State *L)
 {
     lpto_check_worker(L, 1, "Worker:print_stats");
-    lpto_worker_stats_report(L);
+    w_stats_report(L);
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
     return 0;
@@ -562,6 +546,15 @@ static int w_tostring(lua_State *L)
     return 1;
 }
 
+/* Seconds on the monotonic clock, for timing runs (os.clock is CPU time). */
+static int l_now(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 /* ---- chip kernels and handles ------------------------------------------------------ */
 
 static int k_gc(lua_State *L)
@@ -580,8 +573,8 @@ static int l_chip_kernel(lua_State *L)
     if (lua_type(L, 1) == LUA_TSTRING) {
         sym = lua_tostring(L, 1);
     } else if (lua_istable(L, 1)) {
-        static const char *const known[] = {"lib", "symbol", NULL};
-        lpto_check_fields(L, 1, known, "lib, symbol", who);
+        static const lpto_field fields[] = {{"lib", 1, 0}, {"symbol", 1, 0}, {NULL, 0, 0}};
+        lpto_check_fields(L, 1, fields, who);
         lua_getfield(L, 1, "lib");
         lua_getfield(L, 1, "symbol");
         if (lua_type(L, -2) != LUA_TSTRING && !lua_isnil(L, -2))
@@ -609,39 +602,11 @@ static int k_tostring(lua_State *L)
     return 1;
 }
 
-const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *who)
-{
-    lhandle *h = luaL_testudata(L, idx, LPTO_HANDLE);
-    if (!h)
-        lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
-                           "or pto.chip_kernel first",
-                   idx - 1, luaL_typename(L, idx));
-    lua_getiuservalue(L, idx, 1);
-    bool mine = lua_touserdata(L, -1) == W;
-    lua_pop(L, 1);
-    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
-    return h;
-}
-
 static int h_tostring(lua_State *L)
 {
     lhandle *h = lua_touserdata(L, 1);
-    lua_pushfstring(L, "handle(%s %d)", h->kind == H_SUB ? "sub" : "chip", (int)h->callable);
+    lua_pushfstring(L, "handle(%s %d)", h->kind == LPTO_HANDLE_FUNCTION ? "sub" : "chip", (int)h->callable);
     return 1;
-}
-
-static int l_extend_worker(lua_State *L)
-{
-    luaL_checktype(L, 1, LUA_TTABLE);
-    luaL_getmetatable(L, LPTO_WORKER);
-    lua_getfield(L, -1, "methods");
-    lua_pushnil(L);
-    while (lua_next(L, 1)) {
-        lua_pushvalue(L, -2);
-        lua_insert(L, -2);
-        lua_rawset(L, -4);
-    }
-    return 0;
 }
 
 void lpto_open_worker(lua_State *L)
@@ -651,11 +616,12 @@ void lpto_open_worker(lua_State *L)
                                      {"__tostring", w_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, wmeta, 0);
     static const luaL_Reg wmethods[] = {
-        {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", lpto_worker_run},
-        {"close", w_close}, {"stats", lpto_worker_stats}, {"child_pids", w_child_pids},
-        {"stats_report", lpto_worker_stats_report}, {"print_stats", w_print_stats},
-        {NULL, NULL}};
+        {"init", w_init}, {"register", w_register}, {"add_worker", lpto_level_add_worker}, {"run", w_run},
+        {"close", w_close}, {"stats", w_stats}, {"child_pids", w_child_pids},
+        {"stats_report", w_stats_report}, {"print_stats", w_print_stats},
+        {"trace_start", lpto_trace_start}, {"trace_stop", lpto_trace_stop}, {NULL, NULL}};
     luaL_newlib(L, wmethods);
+    luaL_setfuncs(L, lpto_debug_methods, 0);   /* open_run, hold, step, ... */
     lua_setfield(L, -2, "methods");
     lua_pop(L, 1);
 
@@ -671,8 +637,6 @@ void lpto_open_worker(lua_State *L)
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
 
-    static const luaL_Reg fns[] = {{"Worker", l_worker}, {"chip_kernel", l_chip_kernel},
-                                   {"_extend_worker", l_extend_worker}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"Worker", l_worker}, {"chip_kernel", l_chip_kernel}, {"now", l_now}, {NULL, NULL}};
     luaL_setfuncs(L, fns, 0);
-    lpto_open_orch(L);
 }

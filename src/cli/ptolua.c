@@ -30,10 +30,10 @@
 #include "lualib.h"
 
 #include "lpto.h"
+#include "pto_version.h"
 #include "lpto_trace.h"
 #include "prompt.h"
 
-#define PTOLUA_DEFAULT_VERSION "0.1.0" /* when pto._VERSION is missing */
 #define INIT_VAR "LUA_INIT"
 #define INIT_VAR_VERSIONED INIT_VAR "_" LUA_VERSION_MAJOR "_" LUA_VERSION_MINOR
 
@@ -99,7 +99,7 @@ static void print_usage(FILE *f, const char *badoption) {
 
 static void print_version(lua_State *L) {
   int top = lua_gettop(L);
-  const char *v = PTOLUA_DEFAULT_VERSION;
+  const char *v = PTO_VERSION; /* when pto._VERSION is missing */
   /* Raw reads: printing the version must not run user metamethods. */
   lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
   lua_pushliteral(L, "pto");

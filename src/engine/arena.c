@@ -349,7 +349,7 @@ static void *map_arena(uint64_t size, uint64_t *got)
         int err = errno;
         uint64_t half = page_up(n / 2);
         if (n <= MIN_HALVED || half < MIN_HALVED) {
-            pto_set_error("pto.tensor: cannot reserve %s of shared tensor memory (mmap: %s%s%s); "
+            pto_set_error("cannot reserve %s of shared tensor memory (mmap: %s%s%s); "
                           "set PTO_SHM_SIZE to a size this machine allows, e.g. PTO_SHM_SIZE=1G",
                           fmt_size(want, sizeof want, size), strerror(err), n < size ? ", also at sizes down to " : "",
                           n < size ? fmt_size(now, sizeof now, n) : "");
@@ -370,7 +370,7 @@ int pto_shm_init(uint64_t bytes)
     uint64_t size = bytes;
     const char *env = getenv("PTO_SHM_SIZE");
     if (!size && env && *env && pto_shm_parse_size(env, &size) != 0) {
-        pto_set_error("pto.tensor: PTO_SHM_SIZE=\"%s\" is not a size; give bytes, optionally with a K, M, G or T "
+        pto_set_error("PTO_SHM_SIZE=\"%s\" is not a size; give bytes, optionally with a K, M, G or T "
                       "suffix (e.g. PTO_SHM_SIZE=16G)", env);
         pthread_mutex_unlock(&A.lock);
         return -1;
@@ -378,7 +378,7 @@ int pto_shm_init(uint64_t bytes)
     if (!size) size = DEFAULT_SIZE;
     if (size > MAX_SIZE) {
         char b[32];
-        pto_set_error("pto.tensor: shared tensor memory of %s is more than any address space; "
+        pto_set_error("shared tensor memory of %s is more than any address space; "
                       "set PTO_SHM_SIZE to a size this machine allows, e.g. PTO_SHM_SIZE=64G",
                       fmt_size(b, sizeof b, size));
         pthread_mutex_unlock(&A.lock);
@@ -416,7 +416,7 @@ int pto_shm_adopt(void *block, uint64_t bytes)
     pthread_mutex_lock(&A.lock);
     uintptr_t lo = (uintptr_t)block, hi = lo + bytes;
     if (!A.child || !A.outer_base || lo < A.outer_base || hi > A.outer_base + A.outer_size || hi < lo) {
-        pto_set_error("Worker:init: cannot adopt %llu bytes at %p as this process's tensor memory: %s",
+        pto_set_error("cannot adopt %llu bytes at %p as this process's tensor memory: %s",
                       (unsigned long long)bytes, block,
                       !A.child ? "only a forked child adopts memory" : "it is not inside the shared tensor memory");
         pthread_mutex_unlock(&A.lock);
@@ -425,7 +425,7 @@ int pto_shm_adopt(void *block, uint64_t bytes)
     lo = (lo + A.page - 1) & ~(uintptr_t)(A.page - 1);   /* page-aligned offsets keep page releases exact */
     hi &= ~(uintptr_t)(A.page - 1);
     if (hi <= lo) {
-        pto_set_error("Worker:init: %llu bytes are too few to adopt as tensor memory", (unsigned long long)bytes);
+        pto_set_error("%llu bytes are too few to adopt as tensor memory", (unsigned long long)bytes);
         pthread_mutex_unlock(&A.lock);
         return -1;
     }
@@ -471,18 +471,18 @@ void *pto_shm_alloc(uint64_t nbytes)
     char b1[32], b2[32], b3[32], b4[32];
     if (pto_shm_init(0) != 0) return NULL;
     if (nbytes == 0) {
-        pto_set_error("pto.tensor: cannot allocate 0 bytes of shared tensor memory; a tensor needs at least one element");
+        pto_set_error("cannot allocate 0 bytes of shared tensor memory; a tensor needs at least one element");
         return NULL;
     }
     pthread_mutex_lock(&A.lock);
     if (A.child) {
-        pto_set_error("pto.tensor: cannot create a tensor in a forked child (pid %d); only the process that "
+        pto_set_error("cannot create a tensor in a forked child (pid %d); only the process that "
                       "reserved the shared tensor memory (pid %d) allocates, create it there",
                       (int)getpid(), (int)A.owner);
         goto fail;
     }
     if (nbytes > A.size) {
-        pto_set_error("pto.tensor: %llu bytes (%s) requested, more than the whole shared tensor memory (%s); "
+        pto_set_error("%llu bytes (%s) requested, more than the whole shared tensor memory (%s); "
                       "raise PTO_SHM_SIZE", (unsigned long long)nbytes, fmt_size(b1, sizeof b1, nbytes),
                       fmt_size(b2, sizeof b2, A.size));
         goto fail;
@@ -490,7 +490,7 @@ void *pto_shm_alloc(uint64_t nbytes)
     uint64_t n = pto_align_up(nbytes, GRAN);
     blk *f = find_free(n);
     if (!f) {
-        pto_set_error("pto.tensor: shared tensor memory exhausted: %llu bytes (%s) requested, %s free in a %s arena "
+        pto_set_error("shared tensor memory exhausted: %llu bytes (%s) requested, %s free in a %s arena "
                       "(largest free block %s); free tensors you no longer need or raise PTO_SHM_SIZE",
                       (unsigned long long)nbytes, fmt_size(b1, sizeof b1, nbytes),
                       fmt_size(b2, sizeof b2, A.free_bytes), fmt_size(b3, sizeof b3, A.size),
@@ -556,14 +556,14 @@ void pto_shm_free(void *p)
 {
     if (!p) return;
     if (!pto_shm_contains(p)) {
-        pto_set_error("pto.tensor: free of %p ignored: it is not in the shared tensor memory", p);
+        pto_set_error("free of %p ignored: it is not in the shared tensor memory", p);
         return;
     }
     pthread_mutex_lock(&A.lock);
     uintptr_t base = atomic_load_explicit(&A.base, memory_order_relaxed);
     if (A.child || (uintptr_t)p < base || (uintptr_t)p - base >= A.size) {
         /* The parent may have freed and reused this block since the fork. */
-        pto_set_error("pto.tensor: free of %p ignored in a forked child (pid %d); the process that reserved the "
+        pto_set_error("free of %p ignored in a forked child (pid %d); the process that reserved the "
                       "shared tensor memory (pid %d) frees its tensors", p, (int)getpid(), (int)A.owner);
         pthread_mutex_unlock(&A.lock);
         return;
@@ -572,7 +572,7 @@ void pto_shm_free(void *p)
     uint64_t slot = A.live ? live_find(off) : 0;
     blk *b = A.live ? A.live[slot].b : NULL;
     if (!b) {
-        pto_set_error("pto.tensor: free of %p (offset %llu in shared tensor memory) ignored: it is not the start "
+        pto_set_error("free of %p (offset %llu in shared tensor memory) ignored: it is not the start "
                       "of a live block (freed twice, or never returned by pto_shm_alloc)",
                       p, (unsigned long long)off);
         pthread_mutex_unlock(&A.lock);

@@ -22,7 +22,6 @@
 #include <unistd.h>
 #include "common.h"
 
-#define ERR "pto.chip_kernel: "
 #define PTO_MAX_KERNELS 4096
 
 typedef struct pto_kernel_entry {
@@ -116,10 +115,10 @@ static void *open_lib(const char *path, bool builtin)
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         if (builtin)
-            pto_set_error(ERR "cannot load the built-in chip runtime %s (%s); point $PTO_CHIP_RUNTIME or the "
+            pto_set_error("cannot load the built-in chip runtime %s (%s); point $PTO_CHIP_RUNTIME or the "
                           "Worker's chip_runtime at a built libpto_chipsim.so", path, dlerror());
         else
-            pto_set_error(ERR "cannot load chip runtime %s (%s); check the `lib` path (or the Worker's "
+            pto_set_error("cannot load chip runtime %s (%s); check the `lib` path (or the Worker's "
                           "chip_runtime)", path, dlerror());
         return NULL;
     }
@@ -132,7 +131,7 @@ static void missing_symbol(void *h, const char *path, const char *symbol)
 {
     const char *const *names = dlsym(h, "pto_chip_kernels");
     if (!names) {
-        pto_set_error(ERR "no kernel '%s' in %s; check the `symbol` name and that the library exports it "
+        pto_set_error("no kernel '%s' in %s; check the `symbol` name and that the library exports it "
                       "(not static; extern \"C\" in C++)", symbol, path);
         return;
     }
@@ -140,7 +139,7 @@ static void missing_symbol(void *h, const char *path, const char *symbol)
     size_t len = 0;
     for (int i = 0; names[i] && len < sizeof list; i++)
         len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
-    pto_set_error(ERR "no kernel '%s' in %s; it has: %s", symbol, path, list);
+    pto_set_error("no kernel '%s' in %s; it has: %s", symbol, path, list);
 }
 
 /* Called with reg_lock held. */
@@ -150,7 +149,7 @@ static int64_t add_kernel(const char *path, const char *symbol, bool builtin)
     for (uint32_t i = 0; i < n; i++)   /* a child's table may have holes (install_kernel) */
         if (kernels[i].fn && strcmp(kernels[i].symbol, symbol) == 0 && strcmp(kernels[i].lib, path) == 0) return i;
     if (n == PTO_MAX_KERNELS) {
-        pto_set_error(ERR "the kernel table is full (%d kernels); register each kernel once and reuse its id",
+        pto_set_error("the kernel table is full (%d kernels); register each kernel once and reuse its id",
                       PTO_MAX_KERNELS);
         return -1;
     }
@@ -169,13 +168,13 @@ static int64_t add_kernel(const char *path, const char *symbol, bool builtin)
 int64_t pto_kernel_register(const char *lib, const char *symbol)
 {
     if (!symbol || !*symbol) {
-        pto_set_error(ERR "symbol is %s; name the kernel function to run, e.g. symbol = \"vector_add\"",
+        pto_set_error("symbol is %s; name the kernel function to run, e.g. symbol = \"vector_add\"",
                       symbol ? "empty" : "missing");
         return -1;
     }
     bool builtin = lib == NULL;
     if (builtin && !(lib = pto_chipsim_path())) {
-        pto_set_error(ERR "the built-in chip runtime libpto_chipsim.so was not found (next to libpto, in the "
+        pto_set_error("the built-in chip runtime libpto_chipsim.so was not found (next to libpto, in the "
                       "build tree or the install prefix); set $PTO_CHIP_RUNTIME to its path or pass `lib`");
         return -1;
     }
@@ -213,7 +212,7 @@ static int chip_run(void *ctx, uint64_t callable, const pto_args_view *args, con
     pto_kernel_fn fn = pto_kernel_lookup(callable);
     if (PTO_UNLIKELY(!fn)) {
         snprintf(err, errlen, "chip: callable %" PRIu64 " is not a registered kernel; submit an id returned by "
-                 "pto_kernel_register (pto.chip_kernel in Lua)", callable);
+                 "pto_kernel_register", callable);
         return 1;
     }
     if (errlen) err[0] = 0;

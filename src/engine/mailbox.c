@@ -57,7 +57,7 @@ pto_mailbox *pto_mb_map(void)
 {
     void *p = mmap(NULL, sizeof(pto_mailbox), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        pto_set_error("Worker:init: cannot map a %zu-byte mailbox (mmap: %s)", sizeof(pto_mailbox), strerror(errno));
+        pto_set_error("cannot map a %zu-byte mailbox (mmap: %s)", sizeof(pto_mailbox), strerror(errno));
         return NULL;
     }
     return p;   /* zero-filled: state EMPTY, events idle */
@@ -190,7 +190,7 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
         }
         if (!leaf->load) {
             snprintf(err, PTO_MB_ERR_CAP, "callable %" PRIu64 " was registered after the child was forked, and this "
-                     "worker's leaf has no load hook to install it; register it before Worker:init", callable);
+                     "worker's leaf has no load hook to install it; register it before the Worker is initialised", callable);
             return 1;
         }
         int rc = leaf->load(leaf->ctx, callable, (const void *)(uintptr_t)addr, (size_t)llen, err, PTO_MB_ERR_CAP);

@@ -124,23 +124,23 @@ static bool orch_has_work(void *arg)
 
 /* ---- checks -------------------------------------------------------------- */
 
-static bool check_open(pto_orch *o, const char *who)
+static bool check_open(pto_orch *o)
 {
     if (!o) {
-        pto_set_error("%s: no orchestrator (submit only inside the function given to Worker:run)", who);
+        pto_set_error("no orchestrator (submit only inside a run, between pto_run_begin and pto_run_end)");
         return false;
     }
     if (!o->open) {
-        pto_set_error("%s: the orchestrator is used outside its run (it is valid only inside the function "
-                      "given to Worker:run, while that run lasts)", who);
+        pto_set_error("the orchestrator is used outside its run (it is valid only between pto_run_begin and "
+                      "pto_run_end)");
         return false;
     }
     if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
-        pto_set_error("%s: the Worker is shutting down", who);
+        pto_set_error("the Worker is shutting down");
         return false;
     }
     if (atomic_load_explicit(&o->sched->cancel, memory_order_relaxed)) {
-        pto_set_error("%s: interrupted", who);
+        pto_set_error("interrupted");
         return false;
     }
     return true;
@@ -180,27 +180,27 @@ static pto_cfg_ref *cfg_intern(pto_orch *o, const pto_call_config *cfg)
 
 /* ---- heap allocation with back-pressure ---------------------------------- */
 
-static void deadlock_error(pto_orch *o, const char *who, int32_t r, uint64_t bytes, const pto_slab *oldest)
+static void deadlock_error(pto_orch *o, int32_t r, uint64_t bytes, const pto_slab *oldest)
 {
     pto_heap_ring *ring = &o->rings[r];
     uint64_t need = ring->used + bytes, rec = 1;
     while (rec < 2 * need) rec <<= 1;
-    pto_set_error("%s: deadlock: heap ring %d is full (%llu of %llu bytes in %u slabs) and cannot drain. Its oldest "
+    pto_set_error("deadlock: heap ring %d is full (%llu of %llu bytes in %u slabs) and cannot drain. Its oldest "
                   "slab (task %lld, %llu bytes) is held by a scope that is still open, so only that scope's end "
                   "could free it, and the orchestrator that would end the scope is the one waiting for the space. "
                   "Fix: end scopes sooner (fewer or smaller tensors per scope), or increase heap_ring_size on the "
                   "Worker (current: %llu bytes per ring; this scope needs at least %llu, recommended %llu).",
-                  who, r, (unsigned long long)ring->used, (unsigned long long)ring->size, ring->count,
+                  r, (unsigned long long)ring->used, (unsigned long long)ring->size, ring->count,
                   (long long)oldest->owner->id, (unsigned long long)(oldest->end - oldest->start),
                   (unsigned long long)ring->size, (unsigned long long)need, (unsigned long long)rec);
 }
 
-static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
+static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
 {
     pto_heap_ring *ring = &o->rings[r];
     if (bytes > ring->size) {
-        pto_set_error("%s: %llu bytes do not fit in a heap ring of %llu bytes; increase heap_ring_size on the "
-                      "Worker", who, (unsigned long long)bytes, (unsigned long long)ring->size);
+        pto_set_error("%llu bytes do not fit in a heap ring of %llu bytes; increase heap_ring_size on the "
+                      "Worker", (unsigned long long)bytes, (unsigned long long)ring->size);
         return false;
     }
     if (pto_ring_try_alloc(ring, bytes, NULL, off, seq)) return true;
@@ -219,29 +219,29 @@ static bool heap_alloc(pto_orch *o, const char *who, int32_t r, uint64_t bytes, 
         }
         const pto_slab *oldest = pto_ring_oldest(ring);
         if (oldest && oldest->owner && oldest->owner->scope_held) {
-            deadlock_error(o, who, r, bytes, oldest);
+            deadlock_error(o, r, bytes, oldest);
             break;
         }
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
-            pto_set_error("%s: the Worker was shut down while waiting for heap ring %d", who, r);
+            pto_set_error("the Worker was shut down while waiting for heap ring %d", r);
             break;
         }
         if (atomic_load_explicit(&o->sched->cancel, memory_order_relaxed)) {
-            pto_set_error("%s: interrupted while waiting for heap ring %d", who, r);
+            pto_set_error("interrupted while waiting for heap ring %d", r);
             break;
         }
         if (pto_sched_stalled_by_hold(o->sched)) {
-            pto_set_error("%s: heap ring %d is full (%llu of %llu bytes) and dispatch is held (:hold or :break), so "
+            pto_set_error("heap ring %d is full (%llu of %llu bytes) and dispatch is held (:hold or :break), so "
                           "no task can finish to free it: :step or :release dispatch first, or drain",
-                          who, r, (unsigned long long)ring->used, (unsigned long long)ring->size);
+                          r, (unsigned long long)ring->used, (unsigned long long)ring->size);
             break;
         }
         uint64_t now = pto_now_ns();
         if (now - last_progress >= timeout) {
-            pto_set_error("%s: HeapRing exhausted: heap ring %d had no room for %llu bytes for %u ms (%llu of %llu "
+            pto_set_error("HeapRing exhausted: heap ring %d had no room for %llu bytes for %u ms (%llu of %llu "
                           "bytes held by %u slabs of unfinished tasks); increase heap_ring_size on the Worker "
                           "(current: %llu bytes per ring) or alloc_timeout_ms if the tasks are just slow",
-                          who, r, (unsigned long long)bytes, o->alloc_timeout_ms, (unsigned long long)ring->used,
+                          r, (unsigned long long)bytes, o->alloc_timeout_ms, (unsigned long long)ring->used,
                           (unsigned long long)ring->size, ring->count, (unsigned long long)ring->size);
             break;
         }
@@ -286,7 +286,7 @@ static int32_t ring_of(pto_orch *o, uint64_t addr)
  * finished: it needs no edge (but passes on its failure). A consumed slab
  * owner is different: its storage is about to be reused, so that is an error
  * and the references taken so far are given back. */
-static bool take_refs(pto_orch *o, const char *who, bool *poisoned, int64_t *failed_producer)
+static bool take_refs(pto_orch *o, bool *poisoned, int64_t *failed_producer)
 {
     for (int32_t i = 0; i < o->ntmp; i++) {
         pto_slot *p = o->tmp_refs[i].slot;
@@ -300,9 +300,9 @@ static bool take_refs(pto_orch *o, const char *who, bool *poisoned, int64_t *fai
             continue;
         }
         for (int32_t k = 0; k < i; k++) release_local(o, o->tmp_refs[k].slot);
-        pto_set_error("%s: a tensor's heap storage (task %lld's slab) is being reclaimed: tensors from orch:alloc "
+        pto_set_error("a tensor's heap storage (task %lld's slab) is being reclaimed: tensors from pto_alloc "
                       "and automatic OUTPUTs live only until their scope ends; use them inside that scope",
-                      who, (long long)p->id);
+                      (long long)p->id);
         return false;
     }
     return true;
@@ -311,7 +311,6 @@ static bool take_refs(pto_orch *o, const char *who, bool *poisoned, int64_t *fai
 /* ---- submit ----------------------------------------------------------------- */
 
 typedef struct submit_req {
-    const char *who;
     int32_t kind;
     uint64_t callable;
     pto_task_args *args;
@@ -326,54 +325,54 @@ static bool validate(pto_orch *o, const submit_req *q)
     const char *kname = q->kind == PTO_SUB ? "sub workers" : "next-level children";
     int32_t nw = o->nworkers[q->kind];
     if (nw == 0) {
-        pto_set_error("%s: this Worker has no %s (give the Worker %s when creating it)", q->who, kname,
+        pto_set_error("this Worker has no %s (give the Worker %s when creating it)", kname,
                       q->kind == PTO_SUB ? "num_sub_workers > 0" : "chips > 0 or add_worker children");
         return false;
     }
     if (q->n < 1) {
-        pto_set_error("%s: a group needs at least one member (got %d)", q->who, q->n);
+        pto_set_error("a group needs at least one member (got %d)", q->n);
         return false;
     }
     if (q->n > nw) {
-        pto_set_error("%s: a group of %d members needs %d distinct %s, but this Worker has %d", q->who, q->n, q->n,
+        pto_set_error("a group of %d members needs %d distinct %s, but this Worker has %d", q->n, q->n,
                       kname, nw);
         return false;
     }
     for (int32_t m = 0; m < q->n; m++) {
         int32_t pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
         if (pin < -1 || pin >= nw) {
-            pto_set_error("%s: worker %d does not exist (this Worker has %s 0..%d)", q->who, pin, kname, nw - 1);
+            pto_set_error("worker %d does not exist (this Worker has %s 0..%d)", pin, kname, nw - 1);
             return false;
         }
         if (q->pins && pin >= 0)
             for (int32_t k = 0; k < m; k++)
                 if (q->pins[k] == pin) {
-                    pto_set_error("%s: group members %d and %d are pinned to the same worker %d; members need "
-                                  "distinct workers", q->who, k + 1, m + 1, pin);
+                    pto_set_error("group members %d and %d are pinned to the same worker %d; members need "
+                                  "distinct workers", k + 1, m + 1, pin);
                     return false;
                 }
         const pto_task_args *a = &q->args[m];
         if (a->tensor_count < 0 || a->scalar_count < 0 || (a->tensor_count && (!a->tensors || !a->tags)) ||
             (a->scalar_count && !a->scalars)) {
-            pto_set_error("%s: malformed task args (negative counts or missing arrays)", q->who);
+            pto_set_error("malformed task args (negative counts or missing arrays)");
             return false;
         }
         for (int32_t i = 0; i < a->tensor_count; i++) {
             const pto_tensor *t = &a->tensors[i];
             if (a->tags[i] > PTO_NO_DEP) {
-                pto_set_error("%s: tensor %d has unknown tag %d (use INPUT, OUTPUT, INOUT, OUTPUT_EXISTING or "
-                              "NO_DEP)", q->who, i + 1, a->tags[i]);
+                pto_set_error("tensor %d has unknown tag %d (use INPUT, OUTPUT, INOUT, OUTPUT_EXISTING or "
+                              "NO_DEP)", i + 1, a->tags[i]);
                 return false;
             }
-            if (!pto_tensor_check(t, q->who, i)) return false;
+            if (!pto_tensor_check(t, i)) return false;
             if (!t->base && a->tags[i] != PTO_OUTPUT) {
-                pto_set_error("%s: tensor %d has no storage; only an OUTPUT tensor may be unset (it is then "
-                              "allocated by the submit)", q->who, i + 1);
+                pto_set_error("tensor %d has no storage; only an OUTPUT tensor may be unset (it is then "
+                              "allocated by the submit)", i + 1);
                 return false;
             }
             if (!t->base && t->offset) {
-                pto_set_error("%s: tensor %d is unset but has an offset; an unset OUTPUT must be a whole tensor",
-                              q->who, i + 1);
+                pto_set_error("tensor %d is unset but has an offset; an unset OUTPUT must be a whole tensor",
+                              i + 1);
                 return false;
             }
         }
@@ -383,7 +382,7 @@ static bool validate(pto_orch *o, const submit_req *q)
 
 static int64_t submit(pto_orch *o, const submit_req *q)
 {
-    if (!check_open(o, q->who) || !validate(o, q)) return -1;
+    if (!check_open(o) || !validate(o, q)) return -1;
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
     drain_retired(o);
@@ -405,7 +404,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     }
     int32_t r = pto_scope_ring(&o->scope);
     uint64_t off = 0, seq = 0;
-    if (auto_bytes && !heap_alloc(o, q->who, r, auto_bytes, &off, &seq)) return -1;
+    if (auto_bytes && !heap_alloc(o, r, auto_bytes, &off, &seq)) return -1;
 
     /* 2. Dependencies and slab holds, de-duplicated across tensors and members. */
     o->ntmp = 0;
@@ -422,9 +421,9 @@ static int64_t submit(pto_orch *o, const submit_req *q)
             if (hr < 0) continue;
             pto_slot *owner = pto_ring_owner(&o->rings[hr], start - (uint64_t)(uintptr_t)o->rings[hr].base);
             if (!owner) {
-                pto_set_error("%s: tensor %d points into heap ring %d where nothing is allocated any more: "
-                              "tensors from orch:alloc and automatic OUTPUTs live only until their scope ends",
-                              q->who, i + 1, hr);
+                pto_set_error("tensor %d points into heap ring %d where nothing is allocated any more: "
+                              "tensors from pto_alloc and automatic OUTPUTs live only until their scope ends",
+                              i + 1, hr);
                 if (auto_bytes) pto_ring_release(&o->rings[r], seq);
                 return -1;
             }
@@ -433,7 +432,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     }
     bool poisoned = false;
     int64_t failed_producer = -1;
-    if (!take_refs(o, q->who, &poisoned, &failed_producer)) {
+    if (!take_refs(o, &poisoned, &failed_producer)) {
         if (auto_bytes) pto_ring_release(&o->rings[r], seq);
         return -1;
     }
@@ -541,9 +540,9 @@ static int64_t submit(pto_orch *o, const submit_req *q)
 int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args, const pto_call_config *cfg,
                               int32_t worker)
 {
-    submit_req q = {"orch:submit_next_level", PTO_NEXT_LEVEL, callable, args, 1, cfg, NULL, worker};
+    submit_req q = {PTO_NEXT_LEVEL, callable, args, 1, cfg, NULL, worker};
     if (!args) {
-        pto_set_error("%s: missing task args", q.who);
+        pto_set_error("missing task args");
         return -1;
     }
     return submit(o, &q);
@@ -552,9 +551,9 @@ int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *arg
 int64_t pto_submit_next_level_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n,
                                     const pto_call_config *cfg, const int32_t *workers)
 {
-    submit_req q = {"orch:submit_next_level_group", PTO_NEXT_LEVEL, callable, args, n, cfg, workers, -1};
+    submit_req q = {PTO_NEXT_LEVEL, callable, args, n, cfg, workers, -1};
     if (!args && n > 0) {
-        pto_set_error("%s: missing task args", q.who);
+        pto_set_error("missing task args");
         return -1;
     }
     return submit(o, &q);
@@ -563,15 +562,15 @@ int64_t pto_submit_next_level_group(pto_orch *o, uint64_t callable, pto_task_arg
 int64_t pto_submit_sub(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t worker)
 {
     pto_task_args none = {0};
-    submit_req q = {"orch:submit_sub", PTO_SUB, callable, args ? args : &none, 1, NULL, NULL, worker};
+    submit_req q = {PTO_SUB, callable, args ? args : &none, 1, NULL, NULL, worker};
     return submit(o, &q);
 }
 
 int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n, const int32_t *workers)
 {
-    submit_req q = {"orch:submit_sub_group", PTO_SUB, callable, args, n, NULL, workers, -1};
+    submit_req q = {PTO_SUB, callable, args, n, NULL, workers, -1};
     if (!args && n > 0) {
-        pto_set_error("%s: missing task args", q.who);
+        pto_set_error("missing task args");
         return -1;
     }
     return submit(o, &q);
@@ -579,24 +578,22 @@ int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args
 
 int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype, pto_tensor *out)
 {
-    const char *who = "orch:alloc";
-    if (!check_open(o, who)) return -1;
+    if (!check_open(o)) return -1;
     if (ndims < 0 || ndims > PTO_MAX_DIMS || (ndims && !shape) || !out) {
-        pto_set_error("%s: a shape has 0 to %d dimensions (got %d)", who, PTO_MAX_DIMS, ndims);
+        pto_set_error("a shape has 0 to %d dimensions (got %d)", PTO_MAX_DIMS, ndims);
         return -1;
     }
     pto_tensor t = {.dtype = (uint8_t)dtype, .ndims = (uint8_t)ndims};
     if (dtype < 0 || dtype >= PTO_DTYPE_COUNT) {
-        pto_set_error("%s: unknown dtype %d (use one of f32 f16 bf16 f64 i8 i16 i32 i64 u8 u16 u32 u64 bool)", who,
-                      dtype);
+        pto_set_error("unknown dtype %d (use one of f32 f16 bf16 f64 i8 i16 i32 i64 u8 u16 u32 u64 bool)", dtype);
         return -1;
     }
     for (int32_t d = 0; d < ndims; d++) t.shape[d] = shape[d];
-    if (!pto_tensor_check(&t, who, 0)) return -1;
+    if (!pto_tensor_check(&t, 0)) return -1;
     drain_retired(o);
     uint64_t nb = pto_tensor_nbytes(&t), bytes = pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN), off, seq;
     int32_t r = pto_scope_ring(&o->scope);
-    if (!heap_alloc(o, who, r, bytes, &off, &seq)) return -1;
+    if (!heap_alloc(o, r, bytes, &off, &seq)) return -1;
     pto_slot *s = pto_slot_alloc(&o->pool);
     s->kind = -1;
     s->ring = (int8_t)r;
@@ -626,9 +623,9 @@ int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dty
 
 int pto_scope_begin(pto_orch *o)
 {
-    if (!check_open(o, "orch:scope_begin")) return -1;
+    if (!check_open(o)) return -1;
     if (pto_scope_push(&o->scope) != 0) {
-        pto_set_error("orch:scope_begin: scopes nest at most %d deep; end a scope before opening another",
+        pto_set_error("scopes nest at most %d deep; end a scope before opening another",
                       PTO_MAX_SCOPE_DEPTH);
         return -1;
     }
@@ -648,9 +645,9 @@ static void scope_close(pto_orch *o)
 
 int pto_scope_end(pto_orch *o)
 {
-    if (!check_open(o, "orch:scope_end")) return -1;
+    if (!check_open(o)) return -1;
     if (pto_scope_nested(&o->scope) < 1) {
-        pto_set_error("orch:scope_end: no scope is open; every scope_end needs a matching scope_begin");
+        pto_set_error("no scope is open; every scope_end needs a matching scope_begin");
         return -1;
     }
     scope_close(o);
@@ -699,10 +696,10 @@ static bool reclaimed_all(pto_orch *o)
 
 int pto_drain(pto_orch *o)
 {
-    if (!check_open(o, "orch:drain")) return -1;
+    if (!check_open(o)) return -1;
     atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
     if (!wait_until(o, finished_all, ORCH_WAIT_FINISH)) {
-        pto_set_error("orch:drain: the Worker was shut down");
+        pto_set_error("the Worker was shut down");
         return -1;
     }
     drain_retired(o);
@@ -736,7 +733,7 @@ int pto_orch_end(pto_orch *o)
     if (!ok) {
         free(fail);
         pto_tm_clear(&o->tm);   /* reclaimed slots skipped their erase (ending) */
-        pto_set_error("Worker:run: the Worker was shut down before the run drained");
+        pto_set_error("the Worker was shut down before the run drained");
         return -1;
     }
     pto_slot_pool_reset(&o->pool);
@@ -745,11 +742,11 @@ int pto_orch_end(pto_orch *o)
     cfgs_free(o);
     if (atomic_load(&o->sched->cancel)) {
         free(fail);
-        pto_set_error("Worker:run: interrupted");
+        pto_set_error("interrupted");
         return -1;
     }
     if (fail) {
-        pto_set_error("Worker:run: %s", fail);
+        pto_set_error("%s", fail);
         free(fail);
         return -1;
     }
@@ -762,9 +759,9 @@ int64_t pto_task_count(pto_orch *o) { return o && o->open ? o->pool.next_id : 0;
 
 int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
 {
-    if (!check_open(o, "orch:task")) return -1;
+    if (!check_open(o)) return -1;
     if (id < 0 || id >= o->pool.next_id) {
-        pto_set_error("orch:task: no task %lld in this run (ids are 0..%lld)", (long long)id,
+        pto_set_error("no task %lld in this run (ids are 0..%lld)", (long long)id,
                       (long long)o->pool.next_id - 1);
         return -1;
     }
@@ -796,7 +793,7 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
 
 int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap)
 {
-    if (!check_open(o, "orch:task")) return -1;
+    if (!check_open(o)) return -1;
     pto_slot *s = id >= 0 && id < o->pool.next_id ? pto_slot_get(&o->pool, id) : NULL;
     if (!s || member < 0 || member >= s->group_size) return -1;
     const pto_member *m = &s->members[member];
@@ -828,7 +825,7 @@ static void tm_list_add(uint64_t base, const pto_tm_entry *e, void *arg)
 
 int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap)
 {
-    if (!check_open(o, "orch:tensormap")) return -1;
+    if (!check_open(o)) return -1;
     tm_list l = {out, cap, 0};
     pto_tm_each(&o->tm, tm_list_add, &l);
     return l.n;
@@ -836,7 +833,7 @@ int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap)
 
 int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap)
 {
-    if (!check_open(o, "orch:task")) return -1;
+    if (!check_open(o)) return -1;
     pto_slot *s = pto_slot_get(&o->pool, id);
     if (!s) return 0;
     int32_t n = 0;

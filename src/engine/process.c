@@ -98,7 +98,7 @@ int pto_ship_add(pto_ship_table *t, int32_t kind, uint64_t callable, const void 
     if (n == PTO_MAX_SHIPPED) {
         pthread_mutex_unlock(&t->mu);
         pto_shm_free(copy);
-        pto_set_error("at most %d callables can be shipped to a Worker's children; register them before Worker:init",
+        pto_set_error("at most %d callables can be shipped to a Worker's children; register them before the Worker is initialised",
                       PTO_MAX_SHIPPED);
         return -1;
     }
@@ -622,7 +622,7 @@ static pid_t fork_zygote(pto_proc *p)
     pthread_mutex_lock(&fork_mu);
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         pthread_mutex_unlock(&fork_mu);
-        pto_set_error("Worker:init: cannot create the forkserver's socket (%s)", strerror(errno));
+        pto_set_error("cannot create the forkserver's socket (%s)", strerror(errno));
         return -1;
     }
     /* Buffered output would otherwise be printed again by each child. */
@@ -639,7 +639,7 @@ static pid_t fork_zygote(pto_proc *p)
     pthread_mutex_unlock(&fork_mu);
     if (z < 0) {
         close(sv[0]);
-        pto_set_error("Worker:init: cannot fork the forkserver process (%s)", strerror(e));
+        pto_set_error("cannot fork the forkserver process (%s)", strerror(e));
         return -1;
     }
     p->sock = sv[0];
@@ -651,7 +651,7 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
     if (pto_shm_init(0) != 0) {
         char why[PTO_ERRLEN];
         snprintf(why, sizeof why, "%s", pto_errmsg());
-        pto_set_error("Worker:init: PROCESS mode needs the shared tensor memory: %s", why);
+        pto_set_error("PROCESS mode needs the shared tensor memory: %s", why);
         return NULL;
     }
     pto_proc *p = pto_xcalloc(1, sizeof *p);
@@ -695,7 +695,7 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
     for (int32_t i = 0; i < p->n && ok; i++) ok = await_start(&p->children[i], false, why, sizeof why);
     if (!ok) {
         pto_proc_stop(p);
-        pto_set_error("Worker:init: %s", why);
+        pto_set_error("%s", why);
         return NULL;
     }
     return p;

@@ -602,7 +602,7 @@ bool pto_sched_start(pto_scheduler *s)
     int rc = pthread_create(&s->thread, NULL, sched_main, s);
     if (rc != 0) {
         atomic_store(&s->running, false);
-        pto_set_error("Worker:init: cannot start the scheduler thread: %s", strerror(rc));
+        pto_set_error("cannot start the scheduler thread: %s", strerror(rc));
         return false;
     }
     s->started = true;

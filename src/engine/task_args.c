@@ -21,6 +21,12 @@ const char *pto_dtype_name(int32_t dtype)
     return dtype >= 0 && dtype < PTO_DTYPE_COUNT ? dtypes[dtype].name : NULL;
 }
 
+const char *pto_tag_name(int tag)
+{
+    static const char *const names[] = {"in", "out", "inout", "out_existing", "no_dep"};
+    return tag >= PTO_INPUT && tag <= PTO_NO_DEP ? names[tag] : NULL;
+}
+
 uint64_t pto_tensor_numel(const pto_tensor *t)
 {
     uint64_t n = 1;
@@ -33,15 +39,15 @@ uint64_t pto_tensor_nbytes(const pto_tensor *t)
     return pto_tensor_numel(t) * pto_dtype_size(t->dtype);
 }
 
-bool pto_tensor_check(const pto_tensor *t, const char *who, int index)
+bool pto_tensor_check(const pto_tensor *t, int index)
 {
     if (!pto_dtype_name(t->dtype)) {
-        pto_set_error("%s: tensor %d has unknown dtype %d (use one of f32 f16 bf16 f64 i8 i16 i32 i64 "
-                      "u8 u16 u32 u64 bool)", who, index + 1, t->dtype);
+        pto_set_error("tensor %d has unknown dtype %d (use one of f32 f16 bf16 f64 i8 i16 i32 i64 "
+                      "u8 u16 u32 u64 bool)", index + 1, t->dtype);
         return false;
     }
     if (t->ndims > PTO_MAX_DIMS) {
-        pto_set_error("%s: tensor %d has %d dimensions; at most %d are supported (reshape it)", who,
+        pto_set_error("tensor %d has %d dimensions; at most %d are supported (reshape it)",
                       index + 1, t->ndims, PTO_MAX_DIMS);
         return false;
     }
@@ -50,12 +56,12 @@ bool pto_tensor_check(const pto_tensor *t, const char *who, int index)
     for (int d = 0; d < t->ndims; d++) {
         n *= t->shape[d];
         if (n > (1ull << 48)) {
-            pto_set_error("%s: tensor %d is larger than 2^48 bytes (check its shape)", who, index + 1);
+            pto_set_error("tensor %d is larger than 2^48 bytes (check its shape)", index + 1);
             return false;
         }
     }
     if (t->base && t->base + t->offset < t->base) {
-        pto_set_error("%s: tensor %d has an offset that wraps the address space", who, index + 1);
+        pto_set_error("tensor %d has an offset that wraps the address space", index + 1);
         return false;
     }
     return true;

@@ -128,20 +128,19 @@ static pto_trace *trace_of(pto_worker *w) { return w ? atomic_load_explicit(&w->
 
 int pto_trace_start(pto_worker *w, uint32_t capacity_events)
 {
-    const char *who = "Worker:trace_start";
     if (!w) {
-        pto_set_error("%s: no Worker", who);
+        pto_set_error("no Worker");
         return -1;
     }
     if (capacity_events == 0) capacity_events = TRACE_DEFAULT_EVENTS;
     if (capacity_events > TRACE_MAX_EVENTS) {
-        pto_set_error("%s: a trace buffer holds at most %u events (asked for %u); record a shorter stretch instead",
-                      who, TRACE_MAX_EVENTS, capacity_events);
+        pto_set_error("a trace buffer holds at most %u events (asked for %u); record a shorter stretch instead",
+                      TRACE_MAX_EVENTS, capacity_events);
         return -1;
     }
     pto_trace *t = trace_of(w);
     if (t && atomic_load(&t->enabled)) {
-        pto_set_error("%s: this Worker is already tracing; stop that trace first", who);
+        pto_set_error("this Worker is already tracing; stop that trace first");
         return -1;
     }
     uint64_t zero = 0, now = pto_now_ns();
@@ -494,10 +493,9 @@ static const char *events_json(pto_worker *w, pto_trace *t, int32_t pid, const c
 
 int pto_trace_stop(pto_worker *w, const char *path)
 {
-    const char *who = "Worker:trace_stop";
     pto_trace *t = trace_of(w);
     if (!t || !atomic_load(&t->enabled)) {
-        pto_set_error("%s: this Worker is not tracing; start a trace first", who);
+        pto_set_error("this Worker is not tracing; start a trace first");
         return -1;
     }
     atomic_store_explicit(&t->enabled, false, memory_order_seq_cst);
@@ -509,7 +507,7 @@ int pto_trace_stop(pto_worker *w, const char *path)
     const char *ev = events_json(w, t, 1, NULL, &len);
     FILE *f = fopen(path, "w");
     if (!f) {
-        pto_set_error("%s: cannot write the trace to '%s': %s", who, path, strerror(errno));
+        pto_set_error("cannot write the trace to '%s': %s", path, strerror(errno));
         return -1;
     }
     fprintf(f, "{\"traceEvents\":[\n");
@@ -519,7 +517,7 @@ int pto_trace_stop(pto_worker *w, const char *path)
             t->recorded, t->dropped, t->cap);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
-        pto_set_error("%s: cannot write the trace to '%s': %s", who, path, strerror(errno ? errno : EIO));
+        pto_set_error("cannot write the trace to '%s': %s", path, strerror(errno ? errno : EIO));
         return -1;
     }
     return 0;
@@ -529,7 +527,7 @@ int pto_trace_attach(pto_worker *w, const char *events, size_t len)
 {
     pto_trace *t = trace_of(w);
     if (!t) {
-        pto_set_error("Worker:trace_stop: this Worker has no trace to attach events to");
+        pto_set_error("this Worker has no trace to attach events to");
         return -1;
     }
     if (!len) return 0;
@@ -550,7 +548,7 @@ int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf
 {
     pto_trace *t = trace_of(w);
     if (!t || atomic_load(&t->enabled)) {
-        pto_set_error("Worker:trace_stop: this Worker has no stopped trace to format");
+        pto_set_error("this Worker has no stopped trace to format");
         return -1;
     }
     size_t len;

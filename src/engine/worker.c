@@ -39,16 +39,16 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     pto_worker_config c = {.level = 3, .mode = PTO_MODE_THREAD};
     if (cfg) c = *cfg;
     if (c.level < 3) {
-        pto_set_error("pto.Worker: level must be 3 or more (got %d)", c.level);
+        pto_set_error("level must be 3 or more (got %d)", c.level);
         return NULL;
     }
     if (c.mode != PTO_MODE_THREAD && c.mode != PTO_MODE_PROCESS) {
-        pto_set_error("pto.Worker: unknown mode %d (use \"thread\" or \"process\")", c.mode);
+        pto_set_error("unknown mode %d (use \"thread\" or \"process\")", c.mode);
         return NULL;
     }
     if (c.heap_ring_size == 0) c.heap_ring_size = 1ull << 30;
     if (c.heap_ring_size < PTO_HEAP_ALIGN || c.heap_ring_size > (1ull << 46)) {
-        pto_set_error("pto.Worker: heap_ring_size must be between %d bytes and 64 TiB (got %llu)", PTO_HEAP_ALIGN,
+        pto_set_error("heap_ring_size must be between %d bytes and 64 TiB (got %llu)", PTO_HEAP_ALIGN,
                       (unsigned long long)c.heap_ring_size);
         return NULL;
     }
@@ -56,7 +56,7 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     if (c.alloc_timeout_ms == 0) c.alloc_timeout_ms = 10000;
     if (c.queue_depth <= 0) c.queue_depth = 2;
     if (c.queue_depth > PTO_WT_QCAP) {
-        pto_set_error("pto.Worker: queue_depth must be at most %d (got %d)", PTO_WT_QCAP, c.queue_depth);
+        pto_set_error("queue_depth must be at most %d (got %d)", PTO_WT_QCAP, c.queue_depth);
         return NULL;
     }
     pthread_once(&hygiene_once, fork_hygiene);
@@ -76,18 +76,18 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     return w;
 }
 
-static int add_leaf(pto_worker *w, int32_t kind, const pto_leaf *leaf, const char *who)
+static int add_leaf(pto_worker *w, int32_t kind, const pto_leaf *leaf)
 {
     if (!w) {
-        pto_set_error("%s: no Worker", who);
+        pto_set_error("no Worker");
         return -1;
     }
     if (w->inited) {
-        pto_set_error("%s: the Worker is already initialised; add children before Worker:init", who);
+        pto_set_error("the Worker is already initialised; add its workers before pto_worker_init");
         return -1;
     }
     if (!leaf || !leaf->run) {
-        pto_set_error("%s: the leaf has no run function", who);
+        pto_set_error("the leaf has no run function");
         return -1;
     }
     return pto_wm_add(&w->wm, kind, leaf);
@@ -95,19 +95,19 @@ static int add_leaf(pto_worker *w, int32_t kind, const pto_leaf *leaf, const cha
 
 int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf)
 {
-    return add_leaf(w, PTO_NEXT_LEVEL, leaf, "Worker:add_worker");
+    return add_leaf(w, PTO_NEXT_LEVEL, leaf);
 }
 
-int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf) { return add_leaf(w, PTO_SUB, leaf, "Worker:add_sub"); }
+int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf) { return add_leaf(w, PTO_SUB, leaf); }
 
 int pto_worker_init(pto_worker *w)
 {
     if (!w) {
-        pto_set_error("Worker:init: no Worker");
+        pto_set_error("no Worker");
         return -1;
     }
     if (w->inited) {
-        pto_set_error("Worker:init: the Worker is already initialised");
+        pto_set_error("the Worker is already initialised");
         return -1;
     }
     /* Children (PROCESS mode) are forked inside pto_wm_start before its
@@ -127,16 +127,16 @@ int pto_worker_init(pto_worker *w)
 pto_orch *pto_run_begin(pto_worker *w)
 {
     if (!w || !w->inited) {
-        pto_set_error("Worker:run: the Worker is not initialised; call Worker:init first");
+        pto_set_error("the Worker is not initialised; call pto_worker_init first");
         return NULL;
     }
     if (w->orch.open) {
-        pto_set_error("Worker:run: a run is already open on this Worker; runs do not nest (submit to the open "
+        pto_set_error("a run is already open on this Worker; runs do not nest (submit to the open "
                       "run's orchestrator instead)");
         return NULL;
     }
     if (atomic_load(&w->shutdown)) {
-        pto_set_error("Worker:run: the Worker is shut down");
+        pto_set_error("the Worker is shut down");
         return NULL;
     }
     pto_orch_begin(&w->orch);
@@ -148,7 +148,7 @@ pto_orch *pto_run_begin(pto_worker *w)
 int pto_run_end(pto_worker *w)
 {
     if (!w || !w->inited || !w->orch.open) {
-        pto_set_error("Worker:run: no run is open on this Worker");
+        pto_set_error("no run is open on this Worker");
         return -1;
     }
     int rc = pto_orch_end(&w->orch);
@@ -215,28 +215,21 @@ int pto_worker_count(pto_worker *w, int32_t kind)
 
 int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob, size_t len)
 {
-    const char *who = "Worker:register";
     if (!w) {
-        pto_set_error("%s: no Worker", who);
+        pto_set_error("no Worker");
         return -1;
     }
     if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
-        pto_set_error("%s: unknown worker kind %d", who, kind);
+        pto_set_error("unknown worker kind %d", kind);
         return -1;
     }
     if (!blob || len == 0) {
-        pto_set_error("%s: nothing to ship for callable %llu (empty blob)", who, (unsigned long long)callable);
+        pto_set_error("nothing to ship for callable %llu (empty blob)", (unsigned long long)callable);
         return -1;
     }
     /* THREAD mode runs every leaf in this process: nothing to ship. */
     if (w->cfg.mode != PTO_MODE_PROCESS) return 0;
-    if (pto_ship_add(&w->wm.ships, kind, callable, blob, len) != 0) {
-        char why[PTO_ERRLEN];
-        snprintf(why, sizeof why, "%s", pto_errmsg());
-        pto_set_error("%s: %s", who, why);
-        return -1;
-    }
-    return 0;
+    return pto_ship_add(&w->wm.ships, kind, callable, blob, len) != 0 ? -1 : 0;
 }
 
 int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
@@ -250,7 +243,7 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
 int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
 {
     if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) {
-        pto_set_error("Worker:child_info: no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);
+        pto_set_error("no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);
         return -1;
     }
     const pto_worker_thread *wt = w->wm.threads[kind][index];
@@ -263,30 +256,30 @@ int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_
 
 /* ---- dispatch control ---- */
 
-static bool dispatch_check(pto_worker *w, const char *who)
+static bool dispatch_check(pto_worker *w)
 {
     if (w && w->inited && !atomic_load(&w->shutdown)) return true;
-    pto_set_error("%s: the Worker is not initialised (call Worker:init first) or is shut down", who);
+    pto_set_error("the Worker is not initialised (call pto_worker_init first) or is shut down");
     return false;
 }
 
 int pto_dispatch_hold(pto_worker *w, int32_t hold)
 {
-    if (!dispatch_check(w, "Worker:hold")) return -1;
+    if (!dispatch_check(w)) return -1;
     pto_sched_hold(&w->sched, hold != 0);
     return 0;
 }
 
 int pto_dispatch_step(pto_worker *w, int64_t n)
 {
-    if (!dispatch_check(w, "Worker:step")) return -1;
+    if (!dispatch_check(w)) return -1;
     if (n < 1) {
-        pto_set_error("Worker:step: the number of tasks to step must be at least 1 (got %lld)", (long long)n);
+        pto_set_error("the number of tasks to step must be at least 1 (got %lld)", (long long)n);
         return -1;
     }
     if (!atomic_load(&w->sched.held)) {
-        pto_set_error("Worker:step: dispatch is not held, so every ready task already runs; hold it first "
-                      "(Worker:hold or :hold)");
+        pto_set_error("dispatch is not held, so every ready task already runs; hold it first "
+                      "(pto_dispatch_hold)");
         return -1;
     }
     pto_sched_step(&w->sched, n);
@@ -297,7 +290,7 @@ int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t o
 {
     if (!w) return -1;
     if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
-        pto_set_error("Worker:break: unknown worker kind %d", kind);
+        pto_set_error("unknown worker kind %d", kind);
         return -1;
     }
     return pto_sched_break(&w->sched, kind, callable, on != 0);
@@ -305,13 +298,13 @@ int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t o
 
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms)
 {
-    if (!dispatch_check(w, "Worker:wait")) return -1;
+    if (!dispatch_check(w)) return -1;
     return pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms) ? 1 : 0;
 }
 
 int pto_dispatch_sync(pto_worker *w)
 {
-    if (!dispatch_check(w, "Worker:sync")) return -1;
+    if (!dispatch_check(w)) return -1;
     pto_sched_sync(&w->sched);
     return 0;
 }

@@ -207,7 +207,7 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
             pto_worker_thread *wt = wm->threads[k][i];
             int rc = pthread_create(&wt->thread, NULL, wt_main, wt);
             if (rc != 0) {
-                pto_set_error("Worker:init: cannot start a worker thread: %s", strerror(rc));
+                pto_set_error("cannot start a worker thread: %s", strerror(rc));
                 pto_wm_stop(wm);
                 return false;
             }

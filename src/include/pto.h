@@ -35,6 +35,8 @@ typedef enum pto_tag {
     PTO_OUTPUT_EXISTING = 3,
     PTO_NO_DEP = 4
 } pto_tag;
+/* Name of tag ("in", "out", "inout", "out_existing", "no_dep"), or NULL if unknown. */
+const char *pto_tag_name(int tag);
 
 typedef enum pto_dtype {
     PTO_F32 = 0, PTO_F16, PTO_BF16, PTO_F64,

@@ -1,0 +1,76 @@
+/* lpto_aux.h - the auxiliary library of the Lua binding: what every
+ * lpto*.c file uses, and nothing that knows a pto type (as lauxlib is to
+ * Lua's libraries). Errors name the Lua function first, as luaL_argerror
+ * does: the engine's messages never name Lua functions, so the binding
+ * adds the name of the one that was called. */
+#ifndef LPTO_AUX_H
+#define LPTO_AUX_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lauxlib.h"
+#include "lua.h"
+#include "pto.h"
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+/* Raise "who: <formatted>" (who NULL: no Lua function was called, as when a
+ * Worker child's leaf runs a Worker; the message stands alone). */
+int lpto_error(lua_State *L, const char *who, const char *fmt, ...);
+/* Raise "who: <the thread's last engine message>" (who NULL: the message alone). */
+int lpto_engine_error(lua_State *L, const char *who);
+
+/* ---- argument tables ----------------------------------------------------------------
+ * An options table such as pto.Worker{...} is checked against one list of
+ * its fields, which also makes the "unknown field" message. */
+typedef struct lpto_field {
+    const char *name;
+    lua_Integer lo, hi;        /* an integer field's range; lo > hi: not an integer field */
+} lpto_field;
+
+/* Raise unless every key of table t is a field named in fields (ended by a NULL name). */
+void lpto_check_fields(lua_State *L, int t, const lpto_field *fields, const char *who);
+/* Read integer field k of table t into *out, checked against [lo, hi]; false if absent. */
+bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lua_Integer lo, lua_Integer hi,
+                        const char *who);
+/* lpto_get_int_field for a field of a table checked with lpto_check_fields. */
+bool lpto_get_field(lua_State *L, int t, const lpto_field *f, lua_Integer *out, const char *who);
+
+/* ---- the interpreter lock -------------------------------------------------
+ * Sub callables in THREAD mode run on worker threads but share the one Lua
+ * state, so Lua runs under a lock. The thread that loaded the module holds
+ * it whenever it runs Lua and gives it up only inside pto calls that wait
+ * (a run's drain) or that may wait (submits when Lua subs exist). Tickets
+ * make hand-over fair: a waiting sub gets its turn at the next submit. */
+typedef struct lpto_gil {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, serving;
+    _Atomic int waiters;
+} lpto_gil;
+
+void lpto_gil_acquire(lpto_gil *g);
+void lpto_gil_release(lpto_gil *g);
+/* Create the lock of L's state (once), held by the calling thread. */
+void lpto_gil_open(lua_State *L);
+/* The module's lock for L's main state (NULL before lpto_gil_open). */
+lpto_gil *lpto_gil_of(lua_State *L);
+
+/* ---- runs that Ctrl-C interrupts --------------------------------------------------------
+ * Workers blocked in a wait of this process; async-signal-safe to interrupt. */
+void lpto_active_add(pto_worker *w);
+void lpto_active_remove(pto_worker *w);
+/* Async-signal-safe: pto_worker_interrupt every active Worker. */
+void lpto_active_interrupt(void);
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+/* t[name] = v for the table on top. */
+void lpto_set_int(lua_State *L, const char *name, lua_Integer v);
+/* Push a new table whose keys do not keep their values alive ("k" mode). */
+void lpto_push_weak_keys(lua_State *L);
+
+#endif

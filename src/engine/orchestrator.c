@@ -55,11 +55,7 @@ void pto_orch_destroy(pto_orch *o)
 void pto_orch_retire(void *arg, pto_slot *s)
 {
     pto_orch *o = arg;
-    pto_slot *head = atomic_load_explicit(&o->retire_head, memory_order_relaxed);
-    do {
-        atomic_store_explicit(&s->next_retire, head, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(&o->retire_head, &head, s, memory_order_seq_cst,
-                                                    memory_order_relaxed));
+    pto_slot_stack_push(&o->retire_head, s, &s->next_retire, memory_order_seq_cst);
     if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
 }
 
@@ -96,7 +92,7 @@ static void reclaim(pto_orch *o, pto_slot *s)
 /* Reclaim everything the scheduler handed back; true if anything was. */
 static bool drain_retired(pto_orch *o)
 {
-    pto_slot *list = atomic_exchange_explicit(&o->retire_head, NULL, memory_order_acquire);
+    pto_slot *list = pto_slot_stack_take(&o->retire_head);
     if (!list) return false;
     while (list) {
         pto_slot *next = atomic_load_explicit(&list->next_retire, memory_order_relaxed);
@@ -524,11 +520,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 0), memory_order_relaxed);
     s->scope_held = true;
     pto_scope_register(&o->scope, s);
-    if (poisoned) {
-        s->poisoned = true;
-        s->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)s->id,
-                                 (long long)failed_producer);
-    }
+    if (poisoned) pto_slot_poison(s, failed_producer);
     o->submitted++;
     o->submitted_total++;
     if (o->pool.live > o->live_hwm) o->live_hwm = o->pool.live;

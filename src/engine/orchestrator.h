@@ -10,11 +10,10 @@
 #include <stdbool.h>
 #include "event.h"
 #include "ring.h"
+#include "scheduler.h"
 #include "scope.h"
 #include "slot.h"
 #include "tensormap.h"
-
-enum { ORCH_WAIT_NONE = 0, ORCH_WAIT_FINISH = 1, ORCH_WAIT_RETIRE = 2 };
 
 struct pto_worker;
 struct pto_scheduler;
@@ -24,7 +23,7 @@ struct pto_orch {
     struct pto_scheduler *sched;
     pto_heap_ring *rings;            /* the Worker's PTO_MAX_RING_DEPTH rings */
     uint32_t alloc_timeout_ms;
-    int32_t nworkers[2];
+    int32_t nworkers[PTO_KINDS];
 
     pto_slot_pool pool;
     pto_tensormap tm;

@@ -23,6 +23,17 @@ bool pto_slot_release(pto_slot *s)
     return rel == total + 1;
 }
 
+void pto_slot_poison(pto_slot *s, int64_t failed_producer)
+{
+    s->poisoned = true;
+    if (s->error) return;
+    if (failed_producer >= 0)
+        s->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)s->id,
+                                 (long long)failed_producer);
+    else
+        s->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)s->id);
+}
+
 void pto_slot_pool_init(pto_slot_pool *p) { memset(p, 0, sizeof *p); }
 
 static void chunk_free(pto_slot_chunk *c)

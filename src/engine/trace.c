@@ -384,7 +384,7 @@ static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *
     }
     meta(b, &first, pid, 0, "thread_name", "name", "orchestrator", 0);
     meta(b, &first, pid, 0, "thread_sort_index", "sort_index", NULL, 0);
-    for (int32_t k = 0; k < 2; k++)
+    for (int32_t k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < w->wm.count[k]; i++) {
             int32_t tid = tid_of(w, k, i);
             meta(b, &first, pid, tid, "thread_name", "name", w->wm.threads[k][i]->name, 0);

@@ -172,7 +172,7 @@ static bool start_children(pto_worker_manager *wm)
     const char **names = pto_xcalloc((size_t)n, sizeof *names);
     int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);
     int32_t slot = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
             leaves[slot] = &wm->threads[k][i]->leaf;   /* lives as long as the Worker: the children read it */
             names[slot] = wm->threads[k][i]->name;
@@ -186,7 +186,7 @@ static bool start_children(pto_worker_manager *wm)
     free(kinds);
     if (!p) return false;
     slot = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
             pto_worker_thread *wt = wm->threads[k][i];
             wt->child = pto_proc_child(p, slot);
@@ -202,7 +202,7 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
     wm->sched_ev = sched_ev;
     if (wm->mode == PTO_MODE_PROCESS && !start_children(wm)) return false;
     int32_t started = 0;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             int rc = pthread_create(&wt->thread, NULL, wt_main, wt);
@@ -224,7 +224,7 @@ void pto_wm_stop(pto_worker_manager *wm)
     atomic_store_explicit(&wm->stopping, true, memory_order_seq_cst);
     pto_proc *p = atomic_load(&wm->proc);
     if (p) pto_proc_wake(p);   /* threads waiting on a child give up */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             if (!wt->started) continue;
@@ -236,7 +236,7 @@ void pto_wm_stop(pto_worker_manager *wm)
     if (p) {
         atomic_store(&wm->proc, NULL);
         pto_proc_stop(p);
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < PTO_KINDS; k++)
             for (int32_t i = 0; i < wm->count[k]; i++) wm->threads[k][i]->child = NULL;
     }
 }
@@ -249,7 +249,7 @@ void pto_wm_settle(pto_worker_manager *wm)
 
 void pto_wm_destroy(pto_worker_manager *wm)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             /* Completions nobody collected (a run abandoned by shutdown). */

@@ -197,7 +197,8 @@ void pto_slot_pool_reset(pto_slot_pool *p)
     p->live = 0;
 }
 
-void *pto_slot_buf(pto_slot *s, size_t n)
+/* Make room in s->buf for n bytes, keeping nothing. */
+static void *slot_buf(pto_slot *s, size_t n)
 {
     if (n > s->buf_cap) {
         free(s->buf);
@@ -205,4 +206,33 @@ void *pto_slot_buf(pto_slot *s, size_t n)
         s->buf = pto_xmalloc(s->buf_cap);
     }
     return s->buf;
+}
+
+pto_slot_arrays pto_slot_carve(pto_slot *s, int32_t nmembers, int32_t ntensors, int32_t nscalars, int32_t nrefs)
+{
+    size_t need = (nmembers > 1 ? sizeof(pto_member) * (size_t)nmembers : 0) +
+                  (ntensors > PTO_SLOT_INLINE_TENSORS ? sizeof(pto_tensor) * (size_t)ntensors : 0) +
+                  (nscalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)nscalars : 0) +
+                  (nrefs > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)nrefs : 0) +
+                  (ntensors > PTO_SLOT_INLINE_TENSORS ? (size_t)ntensors : 0);
+    uint8_t *buf = need ? slot_buf(s, need) : NULL;
+    pto_slot_arrays arr = {s->inl_tensors, s->inl_scalars, s->inl_tags};
+    if (nmembers > 1) {
+        s->members = (pto_member *)buf;
+        buf += sizeof(pto_member) * (size_t)nmembers;
+    }
+    if (ntensors > PTO_SLOT_INLINE_TENSORS) {
+        arr.tensors = (pto_tensor *)buf;
+        buf += sizeof(pto_tensor) * (size_t)ntensors;
+    }
+    if (nscalars > PTO_SLOT_INLINE_SCALARS) {
+        arr.scalars = (uint64_t *)buf;
+        buf += 8 * (size_t)nscalars;
+    }
+    if (nrefs > PTO_SLOT_INLINE_REFS) {
+        s->refs = (pto_ref *)buf;
+        buf += sizeof(pto_ref) * (size_t)nrefs;
+    }
+    if (ntensors > PTO_SLOT_INLINE_TENSORS) arr.tags = buf;   /* last: no alignment needed */
+    return arr;
 }

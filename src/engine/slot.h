@@ -172,7 +172,17 @@ pto_slot *pto_slot_get(pto_slot_pool *p, int64_t id);
 void pto_slot_recycle(pto_slot_pool *p, pto_slot *s);
 /* Forget every slot and restart ids at 0 (end of run: all are recycled). */
 void pto_slot_pool_reset(pto_slot_pool *p);
-/* Make room in s->buf for n bytes, keeping nothing. */
-void *pto_slot_buf(pto_slot *s, size_t n);
+/* Where a task's arguments live in its slot. */
+typedef struct pto_slot_arrays {
+    pto_tensor *tensors;
+    uint64_t *scalars;
+    uint8_t *tags;
+} pto_slot_arrays;
+
+/* Lay out s for a task of nmembers members with ntensors tensors and
+ * nscalars scalars in all and nrefs references: the inline arrays where they
+ * fit, else s->buf (reused across recycling). Sets s->members and s->refs
+ * and returns the arrays for tensors, scalars and tags. */
+pto_slot_arrays pto_slot_carve(pto_slot *s, int32_t nmembers, int32_t ntensors, int32_t nscalars, int32_t nrefs);
 
 #endif

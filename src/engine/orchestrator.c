@@ -12,6 +12,14 @@ static const pto_call_config default_cfg = {.aicpu_thread_num = 3};
 
 static inline pto_trace *orch_trace(pto_orch *o) { return pto_trace_on(&o->sched->wm->trace); }
 
+/* The scheduler's hand-off of a consumed slot (any thread). */
+static void orch_retire(void *arg, pto_slot *s)
+{
+    pto_orch *o = arg;
+    pto_slot_stack_push(&o->retire_head, s, &s->next_retire, memory_order_seq_cst);
+    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
+}
+
 void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown)
 {
@@ -26,7 +34,7 @@ void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_
     pto_slot_pool_init(&o->pool);
     pto_tm_init(&o->tm);
     pto_scope_init(&o->scope);
-    sched->retire = pto_orch_retire;
+    sched->retire = orch_retire;
     sched->retire_ctx = o;
     sched->orch_ev = &o->ev;
     sched->orch_waiting = &o->waiting_for;
@@ -51,13 +59,6 @@ void pto_orch_destroy(pto_orch *o)
 }
 
 /* ---- reclamation ------------------------------------------------------ */
-
-void pto_orch_retire(void *arg, pto_slot *s)
-{
-    pto_orch *o = arg;
-    pto_slot_stack_push(&o->retire_head, s, &s->next_retire, memory_order_seq_cst);
-    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
-}
 
 static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
 {

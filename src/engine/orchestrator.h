@@ -52,8 +52,6 @@ struct pto_orch {
 void pto_orch_init(struct pto_orch *o, struct pto_worker *w, struct pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown);
 void pto_orch_destroy(struct pto_orch *o);
-/* Scheduler-side hand-off of a consumed slot (any thread). */
-void pto_orch_retire(void *orch, pto_slot *s);
 /* Open / close a run (outer scope, drain, reset). */
 bool pto_orch_begin(struct pto_orch *o);
 int pto_orch_end(struct pto_orch *o);

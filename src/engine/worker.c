@@ -15,11 +15,7 @@
  * fork may inherit the zygote's socket end); the zygote never takes it.
  * PROCESS mode forks the zygote before this Worker has threads, and every
  * child is forked by the single-threaded zygote, so no engine lock is ever
- * held in a child. The handlers are landing pads so that a lock added
- * later has a documented place to be taken. */
-static void atfork_prepare(void) {}
-static void atfork_parent(void) {}
-static void atfork_child(void) {}
+ * held in a child. */
 
 static pthread_once_t hygiene_once = PTHREAD_ONCE_INIT;
 
@@ -31,7 +27,6 @@ static void fork_hygiene(void)
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     setenv("MKL_NUM_THREADS", "1", 0);
     setenv("BLIS_NUM_THREADS", "1", 0);
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 pto_worker *pto_worker_new(const pto_worker_config *cfg)

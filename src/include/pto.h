@@ -18,6 +18,10 @@
 extern "C" {
 #endif
 
+/* The engine is compiled with hidden visibility: what this header declares
+ * is everything libpto.so exports. (Outside the ffi block: no pragma there.) */
+#pragma GCC visibility push(default)
+
 /* ffi-begin */
 
 enum {
@@ -384,6 +388,8 @@ pto_kernel_fn pto_kernel_lookup(uint64_t callable);
 pto_leaf pto_chip_leaf(void);
 
 /* ffi-end */
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

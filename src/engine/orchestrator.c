@@ -4,6 +4,7 @@
 #include "task_args.h"
 #include "trace.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -723,6 +724,7 @@ int pto_drain(pto_orch *o)
 
 bool pto_orch_begin(pto_orch *o)
 {
+    assert(!o->open && o->pool.live == 0);
     o->open = true;
     o->submitted = 0;
     atomic_store(&o->sched->cancel, false);

@@ -2,6 +2,7 @@
 #include "common.h"
 #include "slot.h"
 
+#include <assert.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,7 @@ static void queue_push(pto_ready_queue *q, pto_slot *slot)
 
 static pto_slot *queue_pop(pto_ready_queue *q)
 {
+    assert(q->head);
     pto_slot *slot = q->head;
     q->head = slot->next_ready;
     if (!q->head) q->tail = NULL;

@@ -1,6 +1,7 @@
 #include "slot.h"
 #include "common.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -162,6 +163,7 @@ pto_slot *pto_slot_get(pto_slot_pool *p, int64_t id)
 
 void pto_slot_recycle(pto_slot_pool *p, pto_slot *s)
 {
+    assert(atomic_load_explicit(&s->state, memory_order_relaxed) == PTO_TASK_CONSUMED);
     atomic_store_explicit(&s->state, PTO_TASK_FREE, memory_order_relaxed);
     pto_slot_chunk *c = s->chunk;
     p->live--;
@@ -215,6 +217,7 @@ pto_slot_arrays pto_slot_carve(pto_slot *s, int32_t nmembers, int32_t ntensors, 
                   (nscalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)nscalars : 0) +
                   (nrefs > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)nrefs : 0) +
                   (ntensors > PTO_SLOT_INLINE_TENSORS ? (size_t)ntensors : 0);
+    assert(nmembers >= 1 && ntensors >= 0 && nscalars >= 0 && nrefs >= 0);
     uint8_t *buf = need ? slot_buf(s, need) : NULL;
     pto_slot_arrays arr = {s->inl_tensors, s->inl_scalars, s->inl_tags};
     if (nmembers > 1) {

@@ -3,6 +3,7 @@
 #include "slot.h"
 #include "trace.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t s
 
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
 {
+    assert(kind == PTO_NEXT_LEVEL || kind == PTO_SUB);
     pto_worker_thread *wt = pto_xcalloc(1, sizeof *wt);
     wt->kind = kind;
     wt->index = wm->count[kind];
@@ -174,6 +176,7 @@ static bool start_children(pto_worker_manager *wm)
     int32_t slot = 0;
     for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
+            assert(!wm->threads[k][i]->started);   /* pto_proc_start forks: no thread of this Worker may run */
             leaves[slot] = &wm->threads[k][i]->leaf;   /* lives as long as the Worker: the children read it */
             names[slot] = wm->threads[k][i]->name;
             kinds[slot] = k;
@@ -266,6 +269,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
 
 void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool stealable, pto_slot *after)
 {
+    assert(wt->inflight < PTO_WT_QCAP);   /* claim() relies on it: no unclaimed entry is overwritten */
     uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
     pto_dispatch *e = &wt->dq[t & (PTO_WT_QCAP - 1)];
     atomic_store_explicit(&e->slot, slot, memory_order_relaxed);

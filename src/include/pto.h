@@ -343,7 +343,7 @@ void pto_trace_set_epoch(uint64_t epoch_ns);
 /* The name given to callable of kind by pto_worker_name_callable, copied into buf like snprintf; returns its length, or -1 if it has none. */
 int pto_worker_callable_name(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap);
 
-/* ---- shared tensor memory (arena.c) ----
+/* ---- shared tensor memory (shm.c) ----
  * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the
  * Lua module takes it when it loads), so every child forked later sees
  * every tensor at the same address, also tensors created after the fork. */

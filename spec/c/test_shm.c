@@ -1,5 +1,5 @@
 /*
- * test_arena.c - shared tensor memory (arena.c): alignment and zero fill
+ * test_shm.c - shared tensor memory (shm.c): alignment and zero fill
  * (also of recycled dirty memory), coalescing, pages going back to the OS
  * (RssShmem) without a madvise per tiny free, sharing with a child forked
  * before the allocation, a randomised churn against a reference model,
@@ -13,7 +13,7 @@
  */
 #include "testutil.h"
 
-#include "arena.h"
+#include "shm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,7 +31,7 @@
 #define MIB (1024ull * KIB)
 #define GIB (1024ull * MIB)
 #define ARENA GIB
-#define RETAIN_ALL (16 * MIB)   /* arena.c keeps at most this much freed memory dirty */
+#define RETAIN_ALL (16 * MIB)   /* shm.c keeps at most this much freed memory dirty */
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1

@@ -1,5 +1,5 @@
 /*
- * arena.c - shared tensor memory: one MAP_SHARED | MAP_ANONYMOUS |
+ * shm.c - shared tensor memory: one MAP_SHARED | MAP_ANONYMOUS |
  * MAP_NORESERVE reservation per process, so children forked at any time see
  * every tensor at the same address, also tensors created after the fork.
  *
@@ -24,9 +24,9 @@
  *  - One mutex guards it all (Lua's GC may free from any thread); madvise
  *    runs under it, since a released range must not be handed out before
  *    it is zero. fork takes it so the child gets a consistent copy, and the
- *    child may not allocate or free (see arena.h).
+ *    child may not allocate or free (see shm.h).
  */
-#include "arena.h"
+#include "shm.h"
 #include "common.h"
 #include "u64map.h"
 

@@ -442,7 +442,7 @@ static void test_completed_producer_holds_slab(void)
         CHECK_EQ(pto_task_info_get(o, p, &info), 0);
         CHECK_EQ(info.state, PTO_TASK_COMPLETED);
         CHECK_EQ(info.ring, 1);
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 1);
         CHECK_EQ(st.rings[1].used_bytes, 1024);
 
@@ -456,7 +456,7 @@ static void test_completed_producer_holds_slab(void)
         CHECK(edges_are(o, c, want, 1));   /* the edge exists (it holds the slab) */
         if (order == 0) {
             CHECK_EQ(pto_scope_end(o), 0);
-            pto_worker_stats(w, &st);
+            pto_worker_stats_get(w, &st);
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the running consumer still holds it */
             CHECK_EQ(st.rings[1].used_bytes, 1024);
             CHECK_EQ(pto_task_info_get(o, p, &info), 0);
@@ -466,13 +466,13 @@ static void test_completed_producer_holds_slab(void)
         } else {
             CHECK(tu_wait_set(&tu_end[2], WAIT_MS));
             CHECK_EQ(pto_drain(o), 0);
-            pto_worker_stats(w, &st);
+            pto_worker_stats_get(w, &st);
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the open scope still holds it */
             CHECK_EQ(st.rings[1].used_bytes, 1024);
             CHECK_EQ(pto_scope_end(o), 0);
             CHECK_EQ(pto_drain(o), 0);
         }
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 0);
         CHECK_EQ(st.rings[1].used_bytes, 0);
         CHECK_EQ(pto_task_info_get(o, p, &info), 0);

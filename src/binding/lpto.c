@@ -101,7 +101,7 @@ void lpto_interrupt(void)
 static int l_shm_stats(lua_State *L)
 {
     pto_shm_stats s;
-    pto_shm_get_stats(&s);
+    pto_shm_stats_get(&s);
     lua_createtable(L, 0, 4);
     lua_pushinteger(L, (lua_Integer)s.reserved_bytes);
     lua_setfield(L, -2, "reserved_bytes");

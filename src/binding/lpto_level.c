@@ -677,7 +677,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
             C->tl = pto_shm_alloc(sizeof *C->tl);
             if (!C->stats || !C->tl) lpto_engine_error(L);
             pto_shm_stats ss;
-            pto_shm_get_stats(&ss);
+            pto_shm_stats_get(&ss);
             /* Virtual: pages are backed only when touched. */
             C->arena_bytes = C->child->shm_size ? C->child->shm_size
                                                 : ss.reserved_bytes / 16 / (uint64_t)W->nworkers & ~((uint64_t)(1 << 20) - 1);

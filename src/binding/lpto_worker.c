@@ -328,7 +328,7 @@ static int w_register(lua_State *L)
     if (k) {
         int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
         if (id < 0) return lpto_engine_error_as(L, who);
-        pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
+        pto_worker_callable_name_set(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
         if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) {
             /* children forked before this kernel resolve it themselves: "lib\0symbol\0" */
             const char *lib = k->lib ? k->lib : W->chip_runtime ? W->chip_runtime : "";
@@ -371,8 +371,8 @@ static int w_register(lua_State *L)
             snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
             name = where;
         }
-        pto_worker_name_callable(W->w, PTO_SUB, id, name);
-        if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
+        pto_worker_callable_name_set(W->w, PTO_SUB, id, name);
+        if (W->level >= 4) pto_worker_callable_name_set(W->w, PTO_NEXT_LEVEL, id, name);
         h = lua_newuserdatauv(L, sizeof *h, 1);
         *h = (lhandle){H_SUB, id};
     } else {
@@ -454,7 +454,7 @@ int lpto_worker_stats(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:stats");
     pto_stats s;
-    pto_worker_stats(W->w, &s);
+    pto_worker_stats_get(W->w, &s);
     lua_createtable(L, 0, 16);
 #define F(name) (lua_pushinteger(L, (lua_Integer)s.name), lua_setfield(L, -2, #name))
     F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);

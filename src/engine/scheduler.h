@@ -68,7 +68,7 @@ typedef struct pto_scheduler {
     struct pto_break *breaks;
     int32_t nbreaks, breaks_cap;
 
-    /* Names of callables for failure messages (pto_worker_name_callable);
+    /* Names of callables for failure messages (pto_worker_callable_name_set);
      * read only on the failure path, under fail_mu. */
     struct pto_callable_name *names;
     int32_t nnames, names_cap;

@@ -585,7 +585,7 @@ uint64_t pto_shm_block_size(const void *p)
     return n;
 }
 
-void pto_shm_get_stats(pto_shm_stats *out)
+void pto_shm_stats_get(pto_shm_stats *out)
 {
     pthread_mutex_lock(&A.lock);
     out->reserved_bytes = A.size;

@@ -165,7 +165,7 @@ void pto_worker_interrupt(pto_worker *w)
     if (atomic_fetch_add(&w->interrupts, 1) >= 1 && p) pto_proc_kill_busy(p, PTO_KILL_INTERRUPT);
 }
 
-void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
+void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
 {
     if (w && name && (kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) pto_sched_name_callable(&w->sched, kind, callable, name);
 }
@@ -242,7 +242,7 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
     return c && p ? pto_proc_child_pid(p, c->slot) : -1;
 }
 
-int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
+int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
 {
     if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) {
         pto_set_error("Worker:child_info: no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);

@@ -106,10 +106,7 @@ static bool drain_retired(pto_orch *o)
 
 static void release_local(pto_orch *o, pto_slot *s)
 {
-    if (pto_slot_release(s)) {
-        atomic_store_explicit(&s->state, PTO_TASK_CONSUMED, memory_order_release);
-        reclaim(o, s);
-    }
+    if (pto_slot_release(s)) reclaim(o, s);
 }
 
 static bool orch_has_work(void *arg)

@@ -88,10 +88,7 @@ static void work_push(pto_scheduler *s, pto_slot *slot)
 
 static void release_ref(pto_scheduler *s, pto_slot *slot)
 {
-    if (pto_slot_release(slot)) {
-        atomic_store_explicit(&slot->state, PTO_TASK_CONSUMED, memory_order_release);
-        s->retire(s->retire_ctx, slot);
-    }
+    if (pto_slot_release(slot)) s->retire(s->retire_ctx, slot);
 }
 
 /* Terminal transition of every slot on the worklist, cascading to consumers

@@ -21,7 +21,9 @@ bool pto_slot_release(pto_slot *s)
 {
     uint64_t old = atomic_fetch_add_explicit(&s->fanout, 1, memory_order_acq_rel);
     uint32_t total = (uint32_t)(old >> 32), rel = (uint32_t)old + 1;
-    return rel == total + 1;
+    if (rel != total + 1) return false;
+    atomic_store_explicit(&s->state, PTO_TASK_CONSUMED, memory_order_release);
+    return true;
 }
 
 void pto_slot_poison(pto_slot *s, int64_t failed_producer)

@@ -135,8 +135,9 @@ void pto_slot_poison(pto_slot *s, int64_t failed_producer);
 
 /* Add one reference (a consumer) unless the slot is already consumed. */
 bool pto_slot_try_ref(pto_slot *s);
-/* Release one reference; true when this release consumed the slot (the
- * caller then owns the hand-off to reclamation and must not touch s again). */
+/* Release one reference; true when this release consumed the slot: it is
+ * then CONSUMED, and the caller owns the hand-off to reclamation (no other
+ * thread touches s again). */
 bool pto_slot_release(pto_slot *s);
 
 #define PTO_SLOT_CHUNK 1024

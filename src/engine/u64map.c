@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
+ * to spread the aligned addresses and offsets the engine uses as keys. */
 static size_t home_of(const pto_u64map *m, uint64_t key)
 {
     key ^= key >> 33;
     key *= 0xff51afd7ed558ccdull;
     key ^= key >> 33;
-    return (size_t)(uint32_t)key & m->mask;
+    return (size_t)key & m->mask;
 }
 
 void pto_u64map_init(pto_u64map *m, size_t cell_size, size_t min_cells)

@@ -66,7 +66,7 @@ describe("pto.h through LuaJIT's FFI", function()
     for i = 0, N - 1 do assert.are.equal(i + 3, c[i]) end
 
     local st = ffi.new("pto_stats")
-    C.pto_worker_stats(w, st)
+    C.pto_worker_stats_get(w, st)
     assert.are.equal(3, tonumber(st.tasks_completed))
     C.pto_worker_close(w)
     C.pto_shm_free(a); C.pto_shm_free(b); C.pto_shm_free(c)

@@ -74,7 +74,7 @@ for i = 0, N - 1 do
   if c[i] ~= 1.5 * i then error(("c[%d] = %g, expected %g"):format(i, c[i], 1.5 * i)) end
 end
 local st = ffi.new("pto_stats")
-C.pto_worker_stats(w, st)
+C.pto_worker_stats_get(w, st)
 print(("vector_add (LuaJIT FFI): %d tasks computed c = a + b for %d elements: OK (c[%d] = %g)")
   :format(tonumber(st.tasks_completed), N, N - 1, c[N - 1]))
 C.pto_worker_close(w)

@@ -139,7 +139,7 @@ static int end(void)
 static int64_t completed(void)
 {
     pto_stats st;
-    pto_worker_stats(g_worker, &st);
+    pto_worker_stats_get(g_worker, &st);
     return st.tasks_completed;
 }
 

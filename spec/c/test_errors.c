@@ -78,7 +78,7 @@ static void test_registration(void)
     CHECK_EQ(pto_worker_ship_callable(w, PTO_SUB, 1, NULL, 0), -1);
     CHECK_MSG("nothing to ship");
     pto_child_info ci;
-    CHECK_EQ(pto_worker_child_info(w, PTO_SUB, 3, &ci), -1);
+    CHECK_EQ(pto_worker_child_info_get(w, PTO_SUB, 3, &ci), -1);
     CHECK_MSG("no sub worker 4");
     CHECK_EQ(pto_run_end(w), -1);
     CHECK_MSG("no run is open");
@@ -219,7 +219,7 @@ static void test_run_failure(void)
     pto_worker *w = pto_worker_new(&(pto_worker_config){.level = 3});
     CHECK_EQ(pto_worker_add_next_level(w, &(pto_leaf){.run = fail_leaf, .name = "chip 1"}), 0);
     CHECK_EQ(pto_worker_init(w), 0);
-    pto_worker_name_callable(w, PTO_NEXT_LEVEL, 5, "doomed");
+    pto_worker_callable_name_set(w, PTO_NEXT_LEVEL, 5, "doomed");
     pto_orch *o = pto_run_begin(w);
     CHECK(pto_submit_next_level(o, 5, &(pto_task_args){0}, NULL, -1) >= 0);
     CHECK_EQ(pto_run_end(w), -1);

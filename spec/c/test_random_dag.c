@@ -263,7 +263,7 @@ static pto_worker *make_worker(void)
     if (pto_worker_add_sub(w, &s) != 0) { fprintf(stderr, "pto_worker_add_sub: %s\n", pto_errmsg()); exit(2); }
     if (pto_worker_init(w) != 0) { fprintf(stderr, "pto_worker_init: %s\n", pto_errmsg()); exit(2); }
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         g_ring_lo[r] = (uint64_t)(uintptr_t)pto_worker_ring_base(w, r);
         g_ring_hi[r] = g_ring_lo[r] + st.rings[r].capacity_bytes;
@@ -282,7 +282,7 @@ static int in_some_ring(uint64_t lo, uint64_t hi)
 static int check_reclaimed(const char *who)
 {
     pto_stats st;
-    pto_worker_stats(g_w, &st);
+    pto_worker_stats_get(g_w, &st);
     int bad = 0;
     if (st.tasks_live != 0) bad++;
     if (st.tensormap_live != 0) bad++;
@@ -637,7 +637,7 @@ static int run_seed(uint64_t seed, int verbose)
         for (int k = 0; k < MAX_BUF_BYTES; k++) b->lastw[k] = -1;
     }
     pto_stats st0;
-    pto_worker_stats(g_w, &st0);
+    pto_worker_stats_get(g_w, &st0);
 
     pto_orch *o = pto_run_begin(g_w);
     if (!o) { fprintf(stderr, "seed %" PRIu64 ": pto_run_begin: %s\n", seed, pto_errmsg()); return 1; }
@@ -847,7 +847,7 @@ static int run_seed(uint64_t seed, int verbose)
     if (atomic_load(&g_bad_callable)) { bad += seed_fail("leaf got an unknown callable", 0, 0); atomic_store(&g_bad_callable, 0); }
 
     pto_stats st1;
-    pto_worker_stats(g_w, &st1);
+    pto_worker_stats_get(g_w, &st1);
     if (st1.tasks_failed - st0.tasks_failed != expect_failed)
         bad += seed_fail("tasks_failed grew by (got, expected)", st1.tasks_failed - st0.tasks_failed, expect_failed);
     if (st1.runs != st0.runs + 1) bad += seed_fail("stats.runs did not grow by one", st0.runs, st1.runs);
@@ -877,7 +877,7 @@ static void test_random_dag(void)
     long ntasks = 0;
     int64_t reuses = 0;
     pto_stats st0, st1;
-    pto_worker_stats(g_w, &st0);
+    pto_worker_stats_get(g_w, &st0);
     if (single >= 0) { base = single; nseeds = 1; }
     for (long k = 0; k < nseeds; k++) {
         uint64_t seed = (uint64_t)(base + k);
@@ -896,7 +896,7 @@ static void test_random_dag(void)
             }
         }
     }
-    pto_worker_stats(g_w, &st1);
+    pto_worker_stats_get(g_w, &st1);
     int64_t stalls = 0;
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) stalls += st1.rings[r].stalls - st0.rings[r].stalls;
     printf("random_dag: %ld seeds from %ld, %ld tasks, %d failing seeds, %.2f s; %" PRId64 " heap buffers reused "
@@ -1127,7 +1127,7 @@ static void test_dependency_does_not_pin_slab(void)
     if (rc != 0) fprintf(stderr, "dependency_does_not_pin_slab: pto_run_end: %s\n", pto_errmsg());
     CHECK_EQ(rc, 0);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.tasks_live, 0);
     CHECK_EQ(st.rings[1].used_bytes, 0);
     CHECK_EQ(st.rings[1].live_slabs, 0);

@@ -64,7 +64,7 @@ static void check_good_run(pto_worker *w)
     CHECK_EQ(pto_run_end(w), 0);
     CHECK_EQ(atomic_load(&tu_runs) - before, 8);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         CHECK_EQ(st.rings[r].used_bytes, 0);
         CHECK_EQ(st.rings[r].live_slabs, 0);
@@ -245,7 +245,7 @@ static void test_unit_wrap_and_owner(void)
 static bool in_ring(pto_worker *w, int r, uint64_t addr)
 {
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     uint64_t lo = (uint64_t)(uintptr_t)pto_worker_ring_base(w, r);
     return addr >= lo && addr < lo + st.rings[r].capacity_bytes;
 }
@@ -326,7 +326,7 @@ static void test_inner_scope_churn_reclaims(void)
     CHECK(total > 64 * 64 * KIB);
     CHECK_EQ(pto_drain(o), 0);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.rings[0].live_slabs, 1);
     CHECK_EQ(st.rings[0].used_bytes, 16 * KIB);
     CHECK(st.rings[1].hwm_bytes <= 64 * KIB);
@@ -364,7 +364,7 @@ static void test_timeout_error_text(void)
     CHECK(rc == 0 || rc == -1);
     CHECK_EQ(started(2), 0);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK(st.rings[1].stalls >= 1);
     check_good_run(w);
     CHECK_EQ(atomic_load(&tu_leaf_timeouts), 0);
@@ -389,14 +389,14 @@ static void test_reset_at_end_of_run(void)
             CHECK(submit_out(o, 1000 + (uint64_t)d, 8 * KIB, NULL, &t) >= 0);
         }
         pto_stats st;
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
             CHECK_EQ(st.rings[r].used_bytes, 48 * KIB);
             CHECK_EQ(st.rings[r].live_slabs, 2);
         }
         /* Leave the scopes open: run_end closes them. */
         CHECK_EQ(pto_run_end(w), 0);
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
             CHECK_EQ(st.rings[r].used_bytes, 0);
             CHECK_EQ(st.rings[r].live_slabs, 0);
@@ -414,7 +414,7 @@ static void test_reset_at_end_of_run(void)
             CHECK_EQ(t.base, (uint64_t)(uintptr_t)pto_worker_ring_base(w, d));
         }
         CHECK_EQ(pto_run_end(w), 0);
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
             CHECK_EQ(st.rings[r].used_bytes, 0);
             CHECK_EQ(st.rings[r].live_slabs, 0);
@@ -483,7 +483,7 @@ static void deadlock_case(bool nested)
     }
     for (int i = 0; i < 4; i++) CHECK(submit_out(o, 1000 + (uint64_t)i, 16 * KIB, NULL, NULL) >= 0);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.rings[nested ? 2 : 0].used_bytes, 64 * KIB);
     uint64_t t0 = tu_now_ms();
     int64_t id = submit_out(o, 1100, 4 * KIB, NULL, NULL);

@@ -262,7 +262,7 @@ static void test_failure_poisons_consumers(void)
     CHECK_EQ(atomic_load(&ran[82]), 0);
     CHECK_EQ(atomic_load(&ran[83]), 1);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.tasks_failed, 3);
     CHECK_EQ(st.tasks_live, 0);
     CHECK_EQ(st.tensormap_live, 0);
@@ -332,7 +332,7 @@ static void test_interrupt(void)
 {
     reset();
     pto_worker *w = make(1, 0);
-    pto_worker_name_callable(w, PTO_NEXT_LEVEL, CALL(95, ACT_FAIL), "exploder");
+    pto_worker_callable_name_set(w, PTO_NEXT_LEVEL, CALL(95, ACT_FAIL), "exploder");
     pto_orch *o = pto_run_begin(w);
     const uint8_t OUT[] = {PTO_OUTPUT}, IN_OUT[] = {PTO_INPUT, PTO_OUTPUT};
     sub1(o, CALL(94, ACT_BLOCK), 1, (int[]){0}, OUT, -1);
@@ -531,7 +531,7 @@ static void test_chain_staged_behind_producer(void)
     CHECK_EQ(pto_run_end(w), -1);
     CHECK_CONTAINS(pto_errmsg(), "kernel 134 exploded");
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.tasks_failed, 6);
     CHECK_EQ(st.tasks_live, 0);
 
@@ -610,13 +610,13 @@ static void test_inspection(void)
     CHECK_EQ(pto_tensormap_list(o, items, 8), 3);   /* INOUT, OUTPUT, OUTPUT_EXISTING */
     for (int i = 0; i < 3; i++) CHECK_EQ(items[i].producer, p);
     pto_child_info ci;
-    CHECK_EQ(pto_worker_child_info(w, PTO_NEXT_LEVEL, 0, &ci), 0);
+    CHECK_EQ(pto_worker_child_info_get(w, PTO_NEXT_LEVEL, 0, &ci), 0);
     CHECK_EQ(ci.current_task, -1);
     CHECK_EQ(ci.pid, 0);
-    CHECK(pto_worker_child_info(w, PTO_SUB, 0, &ci) < 0);
+    CHECK(pto_worker_child_info_get(w, PTO_SUB, 0, &ci) < 0);
     CHECK_EQ(pto_run_end(w), 0);
     CHECK_EQ(pto_tensormap_list(o, items, 8), -1);
-    CHECK_EQ(pto_worker_child_info(w, PTO_NEXT_LEVEL, 0, &ci), 0);
+    CHECK_EQ(pto_worker_child_info_get(w, PTO_NEXT_LEVEL, 0, &ci), 0);
     CHECK_EQ(ci.tasks_run, 1);
     pto_worker_close(w);
 }

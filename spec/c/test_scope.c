@@ -45,7 +45,7 @@ static int count_leaf(void *ctx, uint64_t callable, const pto_args_view *args, c
 static int ring_of(pto_worker *w, uint64_t addr)
 {
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         uint64_t lo = (uint64_t)(uintptr_t)pto_worker_ring_base(w, r);
         if (addr >= lo && addr < lo + st.rings[r].capacity_bytes) return r;
@@ -108,7 +108,7 @@ static void test_ring_selection_by_depth(void)
     }
     /* Each ring holds what its depth allocated: depths 3, 4, 5 share ring 3. */
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.rings[0].live_slabs, 2);
     CHECK_EQ(st.rings[1].live_slabs, 2);
     CHECK_EQ(st.rings[2].live_slabs, 2);
@@ -177,7 +177,7 @@ static void test_nesting_limit_64(void)
         CHECK_EQ(pto_scope_begin(o), -1);
         CHECK_EQ(pto_run_end(w), 0);
         pto_stats st;
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.tasks_live, 0);
         for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) CHECK_EQ(st.rings[r].live_slabs, 0);
     }
@@ -249,7 +249,7 @@ static void test_scope_end_reclaims_tasks(void)
         }
         CHECK_EQ(pto_drain(o), 0);
         pto_stats st;
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 6);           /* completed, but the scope holds them */
         CHECK_EQ(st.rings[1].used_bytes, 6 * KIB);
         pto_task_info info;
@@ -259,7 +259,7 @@ static void test_scope_end_reclaims_tasks(void)
         }
         CHECK_EQ(pto_scope_end(o), 0);
         CHECK_EQ(pto_drain(o), 0);
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 0);
         CHECK_EQ(st.rings[1].used_bytes, 0);
         CHECK_EQ(st.rings[0].live_slabs, 1);           /* the outer task's slab remains */
@@ -286,7 +286,7 @@ static void test_scope_end_reclaims_tasks(void)
         CHECK_EQ(pto_scope_end(o), 0);
         CHECK_EQ(pto_drain(o), 0);
         pto_stats st;
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         int not_consumed = 0;
         pto_task_info info;
         for (int i = 0; i < n; i++) {
@@ -340,7 +340,7 @@ static void test_drain_reclaims_after_last_holder_finishes(void)
     CHECK(id >= 0);
     CHECK_EQ(pto_scope_end(o), 0);            /* now only the task holds the slabs */
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.rings[1].live_slabs, N);
     atomic_store(&g_gate, 0);
     pto_task_info info = {0};
@@ -351,7 +351,7 @@ static void test_drain_reclaims_after_last_holder_finishes(void)
         sched_yield();
     } while (now_ms() - t0 < 5000);
     CHECK_EQ(pto_drain(o), 0);
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     if (st.rings[1].live_slabs != 0)
         fprintf(stderr, "  pto_drain returned with %lld of %d slabs (and %lld tasks) not yet reclaimed\n",
                 (long long)st.rings[1].live_slabs, N, (long long)st.tasks_live);

@@ -141,7 +141,7 @@ static void test_stress(void)
 
     pto_worker *w = tu_worker(2, 0, leaf, NULL, HEAP_RING, 10000);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         uint64_t lo = (uint64_t)(uintptr_t)pto_worker_ring_base(w, r);
         atomic_store(&g_ring_lo[r], lo);
@@ -235,7 +235,7 @@ static void test_stress(void)
     }
 
     /* Back-pressure engaged; everything returned. */
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     printf("stress: rings[1] stalls %" PRId64 " (%.3f s), hwm %" PRIu64 " of %" PRIu64 " bytes; tasks_live_hwm %"
            PRId64 ", tensormap_hwm %" PRId64 ", ready_hwm %" PRId64 "\n",
            st.rings[1].stalls, (double)st.rings[1].stall_ns * 1e-9, st.rings[1].hwm_bytes,

@@ -442,7 +442,7 @@ static void test_completed_producer_holds_slab(void)
         CHECK_EQ(pto_task_info_get(o, p, &info), 0);
         CHECK_EQ(info.state, PTO_TASK_COMPLETED);
         CHECK_EQ(info.ring, 1);
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 1);
         CHECK_EQ(st.rings[1].used_bytes, 1024);
 
@@ -456,7 +456,7 @@ static void test_completed_producer_holds_slab(void)
         CHECK(edges_are(o, c, want, 1));   /* the edge exists (it holds the slab) */
         if (order == 0) {
             CHECK_EQ(pto_scope_end(o), 0);
-            pto_worker_stats(w, &st);
+            pto_worker_stats_get(w, &st);
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the running consumer still holds it */
             CHECK_EQ(st.rings[1].used_bytes, 1024);
             CHECK_EQ(pto_task_info_get(o, p, &info), 0);
@@ -466,13 +466,13 @@ static void test_completed_producer_holds_slab(void)
         } else {
             CHECK(tu_wait_set(&tu_end[2], WAIT_MS));
             CHECK_EQ(pto_drain(o), 0);
-            pto_worker_stats(w, &st);
+            pto_worker_stats_get(w, &st);
             CHECK_EQ(st.rings[1].live_slabs, 1);   /* the open scope still holds it */
             CHECK_EQ(st.rings[1].used_bytes, 1024);
             CHECK_EQ(pto_scope_end(o), 0);
             CHECK_EQ(pto_drain(o), 0);
         }
-        pto_worker_stats(w, &st);
+        pto_worker_stats_get(w, &st);
         CHECK_EQ(st.rings[1].live_slabs, 0);
         CHECK_EQ(st.rings[1].used_bytes, 0);
         CHECK_EQ(pto_task_info_get(o, p, &info), 0);
@@ -579,7 +579,7 @@ static void test_unit_lookup_insert_erase(void)
     pto_tm_erase(&m, C, FAKE(5));
     pto_tm_erase(&m, C, FAKE(6));
     CHECK_EQ(m.live, 0);
-    CHECK_EQ(m.nbases, 0);
+    CHECK_EQ(m.bases.count, 0);
     f = look(&m, B, 0, UINT64_MAX);
     CHECK_EQ(f.n, 0);
 
@@ -609,7 +609,7 @@ static void test_unit_many_bases(void)
         pto_tm_insert(&m, b, b, b + 256, FAKE(i & 255));
     }
     CHECK_EQ(m.live, N);
-    CHECK_EQ(m.nbases, N);
+    CHECK_EQ(m.bases.count, N);
     int bad = 0;
     for (int i = 0; i < N; i++) {
         uint64_t b = 0x10000000ull + (uint64_t)i * 4096;
@@ -637,7 +637,7 @@ static void test_unit_many_bases(void)
         }
     }
     CHECK_EQ(m.live, 0);
-    CHECK_EQ(m.nbases, 0);
+    CHECK_EQ(m.bases.count, 0);
     bad = 0;
     for (int i = 0; i < N; i += 7) {
         uint64_t b = 0x10000000ull + (uint64_t)i * 4096;
@@ -705,15 +705,15 @@ static void test_unit_lookups_stay_o_live(void)
     }
     double churn_s = now_s() - t0;
     CHECK_EQ(churned.live, 10);
-    CHECK_EQ(churned.nbases, 10);
+    CHECK_EQ(churned.bases.count, 10);
     long hf = 0, hc = 0;
     double rf = lookup_rate(&fresh, &hf);
     double rc = lookup_rate(&churned, &hc);
     CHECK_EQ(hf, 100000L * 10);
     CHECK_EQ(hc, 100000L * 10);
     printf("  tensormap: %ld insert/erase cycles in %.3f s; lookups/s with 10 live entries: fresh %.3g, "
-           "after churn %.3g (ratio %.2f); hash cells fresh %u, churned %u\n",
-           CYCLES, churn_s, rf, rc, rf / rc, fresh.mask + 1, churned.mask + 1);
+           "after churn %.3g (ratio %.2f); hash cells fresh %zu, churned %zu\n",
+           CYCLES, churn_s, rf, rc, rf / rc, pto_u64map_cells(&fresh.bases), pto_u64map_cells(&churned.bases));
     pto_tm_destroy(&fresh);
     pto_tm_destroy(&churned);
 }

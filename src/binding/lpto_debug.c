@@ -285,7 +285,7 @@ static void push_breaks(lua_State *L, lworker *W)
         for (int32_t j = 0; j < i && !seen; j++) seen = callables[j] == callables[i] && kinds[j] != kinds[i];
         if (seen) continue;
         char name[256];
-        if (pto_worker_callable_name(W->w, kinds[i], callables[i], name, sizeof name) >= 0) lua_pushstring(L, name);
+        if (pto_worker_callable_name_get(W->w, kinds[i], callables[i], name, sizeof name) >= 0) lua_pushstring(L, name);
         else lua_pushfstring(L, "callable %d", (int)callables[i]);
         lua_rawseti(L, -2, ++k);
     }
@@ -330,7 +330,7 @@ static int w_callables(lua_State *L)
         lua_setfield(L, -2, "kind");
         char name[256];
         int kind = h->kind == LPTO_HANDLE_KERNEL || W->nsubs == 0 ? PTO_NEXT_LEVEL : PTO_SUB;
-        if (W->w && pto_worker_callable_name(W->w, kind, h->callable, name, sizeof name) >= 0) {
+        if (W->w && pto_worker_callable_name_get(W->w, kind, h->callable, name, sizeof name) >= 0) {
             lua_pushstring(L, name);
             lua_setfield(L, -2, "name");
         }
@@ -351,7 +351,7 @@ static int w_children(lua_State *L)
         int n = pto_worker_count(W->w, kind);
         for (int i = 0; i < n; i++) {
             pto_child_info ci;
-            if (pto_worker_child_info(W->w, kind, i, &ci) != 0) continue;
+            if (pto_worker_child_info_get(W->w, kind, i, &ci) != 0) continue;
             const char *kname = kind == PTO_SUB ? "sub" : W->level >= 4 ? "worker" : "chip";
             lua_createtable(L, 0, 6);
             lua_pushstring(L, kname);

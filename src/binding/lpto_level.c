@@ -134,7 +134,7 @@ static int tree_records(lworker *W, stats_rec *out, int cap)
     memset(r, 0, sizeof *r);
     if (!W->w || W->state == W_CLOSED) return 1;
     r->present = true;
-    pto_worker_stats(W->w, &r->s);
+    pto_worker_stats_get(W->w, &r->s);
     r->level = W->level;
     r->chips = W->nchips;
     r->subs = W->nsubs;
@@ -589,7 +589,7 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
             C->tl = pto_shm_alloc(sizeof *C->tl);
             if (!C->stats || !C->tl) lpto_engine_error(L, who);
             pto_shm_stats ss;
-            pto_shm_get_stats(&ss);
+            pto_shm_stats_get(&ss);
             /* Virtual: pages are backed only when touched. */
             C->arena_bytes = C->child->shm_size ? C->child->shm_size
                                                 : ss.reserved_bytes / 16 / (uint64_t)W->nworkers & ~((uint64_t)(1 << 20) - 1);

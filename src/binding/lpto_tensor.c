@@ -501,7 +501,7 @@ static int l_is_tensor(lua_State *L)
 static int l_shm_stats(lua_State *L)
 {
     pto_shm_stats s;
-    pto_shm_get_stats(&s);
+    pto_shm_stats_get(&s);
     lua_createtable(L, 0, 4);
     lpto_set_int(L, "reserved_bytes", (lua_Integer)s.reserved_bytes);
     lpto_set_int(L, "in_use_bytes", (lua_Integer)s.in_use_bytes);

@@ -292,7 +292,7 @@ static int l_callable_name(lua_State *L)
     int kind = strcmp(k, "sub") == 0 ? PTO_SUB : strcmp(k, "next_level") == 0 ? PTO_NEXT_LEVEL : -1;
     lua_Integer c = luaL_checkinteger(L, 3);
     char buf[256];
-    int n = pto_worker_callable_name(W->w, kind, (uint64_t)c, buf, sizeof buf);
+    int n = pto_worker_callable_name_get(W->w, kind, (uint64_t)c, buf, sizeof buf);
     if (n < 0) return 0;
     lua_pushlstring(L, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
     return 1;
@@ -376,7 +376,7 @@ static void refresh_dag(lua_State *L, int oidx, int widx, int rec)
     lua_pushvalue(L, rec);
     call_pto(L, "_dot_refresh", 2, 0);
     pto_stats st;
-    pto_worker_stats(W->w, &st);
+    pto_worker_stats_get(W->w, &st);
     lua_pushfstring(L, "Worker %d (level %d, %s mode), run %d", (int)serial_of(L, widx), W->level, mode_name(W),
                     (int)st.runs);
     lua_setfield(L, rec, "title");

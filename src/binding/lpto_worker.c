@@ -321,7 +321,7 @@ static void register_kernel(lua_State *L, lworker *W, const lkernel *k, const ch
                    W->level);
     int64_t id = pto_kernel_register(k->lib ? k->lib : W->chip_runtime, k->symbol);
     if (id < 0) lpto_engine_error(L, who);
-    pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
+    pto_worker_callable_name_set(W->w, PTO_NEXT_LEVEL, (uint64_t)id, name ? name : k->symbol);
     if (W->mode == PTO_MODE_PROCESS && W->state == W_READY) ship_kernel(L, W, k, id, who);
     push_handle(L, LPTO_HANDLE_KERNEL, (uint64_t)id);
 }
@@ -357,8 +357,8 @@ static void register_function(lua_State *L, lworker *W, const char *name, const 
         snprintf(where, sizeof where, "function at %s:%d", ar.short_src, ar.linedefined);
         name = where;
     }
-    pto_worker_name_callable(W->w, PTO_SUB, id, name);
-    if (W->level >= 4) pto_worker_name_callable(W->w, PTO_NEXT_LEVEL, id, name);
+    pto_worker_callable_name_set(W->w, PTO_SUB, id, name);
+    if (W->level >= 4) pto_worker_callable_name_set(W->w, PTO_NEXT_LEVEL, id, name);
     push_handle(L, LPTO_HANDLE_FUNCTION, id);
 }
 

@@ -19,11 +19,6 @@ void pto_set_error(const char *fmt, ...)
     va_end(ap);
 }
 
-void pto_set_error_str(const char *msg)
-{
-    snprintf(errbuf, sizeof errbuf, "%s", msg ? msg : "");
-}
-
 static void oom(size_t n)
 {
     fprintf(stderr, "ptolua: out of memory allocating %zu bytes\n", n);

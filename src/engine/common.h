@@ -13,8 +13,6 @@
 
 /* Record the calling thread's error (read back by pto_errmsg). */
 void pto_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Same, from a prepared string. */
-void pto_set_error_str(const char *msg);
 
 void *pto_xmalloc(size_t n);
 void *pto_xcalloc(size_t n, size_t size);

@@ -1,5 +1,5 @@
 #include "mailbox.h"
-#include "arena.h"
+#include "shm.h"
 #include "common.h"
 
 #include <errno.h>

@@ -4,6 +4,7 @@
 #include "task_args.h"
 #include "trace.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,14 @@
 static const pto_call_config default_cfg = {.aicpu_thread_num = 3};
 
 static inline pto_trace *orch_trace(pto_orch *o) { return pto_trace_on(&o->sched->wm->trace); }
+
+/* The scheduler's hand-off of a consumed slot (any thread). */
+static void orch_retire(void *arg, pto_slot *s)
+{
+    pto_orch *o = arg;
+    pto_slot_stack_push(&o->retire_head, s, &s->next_retire, memory_order_seq_cst);
+    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
+}
 
 void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown)
@@ -26,7 +35,7 @@ void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_
     pto_slot_pool_init(&o->pool);
     pto_tm_init(&o->tm);
     pto_scope_init(&o->scope);
-    sched->retire = pto_orch_retire;
+    sched->retire = orch_retire;
     sched->retire_ctx = o;
     sched->orch_ev = &o->ev;
     sched->orch_waiting = &o->waiting_for;
@@ -51,17 +60,6 @@ void pto_orch_destroy(pto_orch *o)
 }
 
 /* ---- reclamation ------------------------------------------------------ */
-
-void pto_orch_retire(void *arg, pto_slot *s)
-{
-    pto_orch *o = arg;
-    pto_slot *head = atomic_load_explicit(&o->retire_head, memory_order_relaxed);
-    do {
-        atomic_store_explicit(&s->next_retire, head, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(&o->retire_head, &head, s, memory_order_seq_cst,
-                                                    memory_order_relaxed));
-    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
-}
 
 static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
 {
@@ -96,7 +94,7 @@ static void reclaim(pto_orch *o, pto_slot *s)
 /* Reclaim everything the scheduler handed back; true if anything was. */
 static bool drain_retired(pto_orch *o)
 {
-    pto_slot *list = atomic_exchange_explicit(&o->retire_head, NULL, memory_order_acquire);
+    pto_slot *list = pto_slot_stack_take(&o->retire_head);
     if (!list) return false;
     while (list) {
         pto_slot *next = atomic_load_explicit(&list->next_retire, memory_order_relaxed);
@@ -108,10 +106,7 @@ static bool drain_retired(pto_orch *o)
 
 static void release_local(pto_orch *o, pto_slot *s)
 {
-    if (pto_slot_release(s)) {
-        atomic_store_explicit(&s->state, PTO_TASK_CONSUMED, memory_order_release);
-        reclaim(o, s);
-    }
+    if (pto_slot_release(s)) reclaim(o, s);
 }
 
 static bool orch_has_work(void *arg)
@@ -320,6 +315,12 @@ typedef struct submit_req {
     int32_t pin;                   /* single task */
 } submit_req;
 
+/* The pin of member m: a group's from its pins array, a single task's own. */
+static int32_t member_pin(const submit_req *q, int32_t m)
+{
+    return q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
+}
+
 static bool validate(pto_orch *o, const submit_req *q)
 {
     const char *kname = q->kind == PTO_SUB ? "sub workers" : "next-level children";
@@ -339,7 +340,7 @@ static bool validate(pto_orch *o, const submit_req *q)
         return false;
     }
     for (int32_t m = 0; m < q->n; m++) {
-        int32_t pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
+        int32_t pin = member_pin(q, m);
         if (pin < -1 || pin >= nw) {
             pto_set_error("worker %d does not exist (this Worker has %s 0..%d)", pin, kname, nw - 1);
             return false;
@@ -380,33 +381,35 @@ static bool validate(pto_orch *o, const submit_req *q)
     return true;
 }
 
-static int64_t submit(pto_orch *o, const submit_req *q)
-{
-    if (!check_open(o) || !validate(o, q)) return -1;
-    pto_trace *tr = orch_trace(o);
-    uint64_t t0 = tr ? pto_now_ns() : 0;
-    drain_retired(o);
+/* The one heap slab of a submit that holds all its unset OUTPUTs. */
+typedef struct auto_slab {
+    uint64_t bytes;                /* 0: the task has no unset OUTPUT */
+    int32_t ring;
+    uint64_t off, seq;
+} auto_slab;
 
-    /* 1. One packed slab for every unset OUTPUT, taken first: while it waits
-     * on back-pressure, producers may be reclaimed, and a reference taken
-     * before the wait could pin the very slab the wait needs. */
-    uint64_t auto_bytes = 0;
-    int32_t total_tensors = 0, total_scalars = 0;
+/* Count q's tensors and scalars, and the slab bytes its unset OUTPUTs need. */
+static void measure_args(const submit_req *q, int32_t *total_tensors, int32_t *total_scalars, auto_slab *slab)
+{
+    *total_tensors = *total_scalars = 0;
+    slab->bytes = 0;
     for (int32_t m = 0; m < q->n; m++) {
         const pto_task_args *a = &q->args[m];
-        total_tensors += a->tensor_count;
-        total_scalars += a->scalar_count;
+        *total_tensors += a->tensor_count;
+        *total_scalars += a->scalar_count;
         for (int32_t i = 0; i < a->tensor_count; i++)
             if (!a->tensors[i].base) {
                 uint64_t nb = pto_tensor_nbytes(&a->tensors[i]);
-                auto_bytes += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
+                slab->bytes += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
             }
     }
-    int32_t r = pto_scope_ring(&o->scope);
-    uint64_t off = 0, seq = 0;
-    if (auto_bytes && !heap_alloc(o, r, auto_bytes, &off, &seq)) return -1;
+}
 
-    /* 2. Dependencies and slab holds, de-duplicated across tensors and members. */
+/* Dependencies (the TensorMap's writers of every INPUT and INOUT) and holds
+ * (the slab owner of every tensor in a heap ring) into o->tmp_refs,
+ * de-duplicated across tensors and members. */
+static bool collect_refs(pto_orch *o, const submit_req *q)
+{
     o->ntmp = 0;
     if (++o->mark == 0) o->mark = 1;
     for (int32_t m = 0; m < q->n; m++) {
@@ -424,64 +427,29 @@ static int64_t submit(pto_orch *o, const submit_req *q)
                 pto_set_error("tensor %d points into heap ring %d where nothing is allocated any more: "
                               "tensors from pto_alloc and automatic OUTPUTs live only until their scope ends",
                               i + 1, hr);
-                if (auto_bytes) pto_ring_release(&o->rings[r], seq);
-                return -1;
+                return false;
             }
             add_ref(o, owner, false);
         }
     }
-    bool poisoned = false;
-    int64_t failed_producer = -1;
-    if (!take_refs(o, &poisoned, &failed_producer)) {
-        if (auto_bytes) pto_ring_release(&o->rings[r], seq);
-        return -1;
-    }
+    return true;
+}
 
-    /* 3. The slot: arguments copied in, unset OUTPUTs carved from the slab. */
-    pto_slot *s = pto_slot_alloc(&o->pool);
-    s->kind = (int8_t)q->kind;
-    s->callable = q->callable;
-    s->cfg = cfg_intern(o, q->cfg);
-    s->group_size = q->n;
-    size_t need = (q->n > 1 ? sizeof(pto_member) * (size_t)q->n : 0) +
-                  (total_tensors > PTO_SLOT_INLINE_TENSORS ? sizeof(pto_tensor) * (size_t)total_tensors : 0) +
-                  (total_scalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)total_scalars : 0) +
-                  (o->ntmp > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)o->ntmp : 0) +
-                  (total_tensors > PTO_SLOT_INLINE_TENSORS ? (size_t)total_tensors : 0);
-    uint8_t *buf = need ? pto_slot_buf(s, need) : NULL;
-    if (q->n > 1) {
-        s->members = (pto_member *)buf;
-        buf += sizeof(pto_member) * (size_t)q->n;
-    }
-    pto_tensor *tensors = s->inl_tensors;
-    if (total_tensors > PTO_SLOT_INLINE_TENSORS) {
-        tensors = (pto_tensor *)buf;
-        buf += sizeof(pto_tensor) * (size_t)total_tensors;
-    }
-    uint64_t *scalars = s->inl_scalars;
-    if (total_scalars > PTO_SLOT_INLINE_SCALARS) {
-        scalars = (uint64_t *)buf;
-        buf += 8 * (size_t)total_scalars;
-    }
-    if (o->ntmp > PTO_SLOT_INLINE_REFS) {
-        s->refs = (pto_ref *)buf;
-        buf += sizeof(pto_ref) * (size_t)o->ntmp;
-    }
-    uint8_t *tags = total_tensors > PTO_SLOT_INLINE_TENSORS ? buf : s->inl_tags;   /* last: no alignment needed */
-    if (o->ntmp) memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
-    s->nrefs = o->ntmp;
-
-    uint8_t *base = o->rings[r].base + off;
+/* Copy q's arguments into s's arrays, carving each unset OUTPUT from the
+ * slab (and writing its storage back into the caller's args). */
+static void copy_args(pto_orch *o, const submit_req *q, pto_slot *s, pto_slot_arrays arr, const auto_slab *slab)
+{
+    uint8_t *base = o->rings[slab->ring].base + slab->off;
     uint64_t carve = 0;
     for (int32_t m = 0; m < q->n; m++) {
         pto_task_args *a = &q->args[m];
         pto_member *mb = &s->members[m];
         mb->tensor_count = a->tensor_count;
         mb->scalar_count = a->scalar_count;
-        mb->tensors = tensors;
-        mb->scalars = scalars;
-        mb->tags = tags;
-        mb->pin = q->pins ? q->pins[m] : (q->n == 1 ? q->pin : -1);
+        mb->tensors = arr.tensors;
+        mb->scalars = arr.scalars;
+        mb->tags = arr.tags;
+        mb->pin = member_pin(q, m);
         for (int32_t i = 0; i < a->tensor_count; i++) {
             if (!a->tensors[i].base) {
                 a->tensors[i].base = (uint64_t)(uintptr_t)(base + carve);
@@ -489,23 +457,43 @@ static int64_t submit(pto_orch *o, const submit_req *q)
                 uint64_t nb = pto_tensor_nbytes(&a->tensors[i]);
                 carve += pto_align_up(nb ? nb : 1, PTO_HEAP_ALIGN);
             }
-            tensors[i] = a->tensors[i];
+            arr.tensors[i] = a->tensors[i];
         }
-        if (a->scalar_count) memcpy(scalars, a->scalars, 8 * (size_t)a->scalar_count);
-        if (a->tensor_count) memcpy(tags, a->tags, (size_t)a->tensor_count);
-        tensors += a->tensor_count;
-        tags += a->tensor_count;
-        scalars += a->scalar_count;
+        if (a->scalar_count) memcpy(arr.scalars, a->scalars, 8 * (size_t)a->scalar_count);
+        if (a->tensor_count) memcpy(arr.tags, a->tags, (size_t)a->tensor_count);
+        arr.tensors += a->tensor_count;
+        arr.tags += a->tensor_count;
+        arr.scalars += a->scalar_count;
     }
-    if (auto_bytes) {
-        s->ring = (int8_t)r;
-        s->slab_off = off;
-        s->slab_bytes = auto_bytes;
-        s->slab_seq = seq;
-        pto_ring_set_owner(&o->rings[r], seq, s);
-    }
+}
 
-    /* 4. New writers enter the TensorMap (after the lookups: INOUT reads the old writer). */
+/* The task's slot: arguments and references copied in, unset OUTPUTs
+ * carved from the slab, which the slot then owns. */
+static pto_slot *build_slot(pto_orch *o, const submit_req *q, int32_t total_tensors, int32_t total_scalars,
+                            const auto_slab *slab)
+{
+    pto_slot *s = pto_slot_alloc(&o->pool);
+    s->kind = (int8_t)q->kind;
+    s->callable = q->callable;
+    s->cfg = cfg_intern(o, q->cfg);
+    s->group_size = q->n;
+    pto_slot_arrays arr = pto_slot_carve(s, q->n, total_tensors, total_scalars, o->ntmp);
+    if (o->ntmp) memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
+    s->nrefs = o->ntmp;
+    copy_args(o, q, s, arr, slab);
+    if (slab->bytes) {
+        s->ring = (int8_t)slab->ring;
+        s->slab_off = slab->off;
+        s->slab_bytes = slab->bytes;
+        s->slab_seq = slab->seq;
+        pto_ring_set_owner(&o->rings[slab->ring], slab->seq, s);
+    }
+    return s;
+}
+
+/* New writers enter the TensorMap (after the lookups: INOUT reads the old writer). */
+static void record_writers(pto_orch *o, const submit_req *q, pto_slot *s)
+{
     for (int32_t m = 0; m < q->n; m++) {
         const pto_member *mb = &s->members[m];
         const pto_task_args *a = &q->args[m];
@@ -518,16 +506,38 @@ static int64_t submit(pto_orch *o, const submit_req *q)
             }
         }
     }
+}
 
-    /* 5. Scope reference, then hand over to the scheduler for wiring. */
+static int64_t submit(pto_orch *o, const submit_req *q)
+{
+    if (!check_open(o) || !validate(o, q)) return -1;
+    pto_trace *tr = orch_trace(o);
+    uint64_t t0 = tr ? pto_now_ns() : 0;
+    drain_retired(o);
+
+    /* The slab is taken first: while it waits on back-pressure, producers
+     * may be reclaimed, and a reference taken before the wait could pin the
+     * very slab the wait needs. */
+    int32_t total_tensors, total_scalars;
+    auto_slab slab = {0};
+    measure_args(q, &total_tensors, &total_scalars, &slab);
+    slab.ring = pto_scope_ring(&o->scope);
+    if (slab.bytes && !heap_alloc(o, slab.ring, slab.bytes, &slab.off, &slab.seq)) return -1;
+
+    bool poisoned = false;
+    int64_t failed_producer = -1;
+    if (!collect_refs(o, q) || !take_refs(o, &poisoned, &failed_producer)) {
+        if (slab.bytes) pto_ring_release(&o->rings[slab.ring], slab.seq);
+        return -1;
+    }
+    pto_slot *s = build_slot(o, q, total_tensors, total_scalars, &slab);
+    record_writers(o, q, s);
+
+    /* The scope's reference, then the hand-over to the scheduler for wiring. */
     atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 0), memory_order_relaxed);
     s->scope_held = true;
     pto_scope_register(&o->scope, s);
-    if (poisoned) {
-        s->poisoned = true;
-        s->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)s->id,
-                                 (long long)failed_producer);
-    }
+    if (poisoned) pto_slot_poison(s, failed_producer);
     o->submitted++;
     o->submitted_total++;
     if (o->pool.live > o->live_hwm) o->live_hwm = o->pool.live;
@@ -708,6 +718,7 @@ int pto_drain(pto_orch *o)
 
 bool pto_orch_begin(pto_orch *o)
 {
+    assert(!o->open && o->pool.live == 0);
     o->open = true;
     o->submitted = 0;
     atomic_store(&o->sched->cancel, false);

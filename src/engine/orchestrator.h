@@ -10,11 +10,10 @@
 #include <stdbool.h>
 #include "event.h"
 #include "ring.h"
+#include "scheduler.h"
 #include "scope.h"
 #include "slot.h"
 #include "tensormap.h"
-
-enum { ORCH_WAIT_NONE = 0, ORCH_WAIT_FINISH = 1, ORCH_WAIT_RETIRE = 2 };
 
 struct pto_worker;
 struct pto_scheduler;
@@ -24,7 +23,7 @@ struct pto_orch {
     struct pto_scheduler *sched;
     pto_heap_ring *rings;            /* the Worker's PTO_MAX_RING_DEPTH rings */
     uint32_t alloc_timeout_ms;
-    int32_t nworkers[2];
+    int32_t nworkers[PTO_KINDS];
 
     pto_slot_pool pool;
     pto_tensormap tm;
@@ -53,8 +52,6 @@ struct pto_orch {
 void pto_orch_init(struct pto_orch *o, struct pto_worker *w, struct pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown);
 void pto_orch_destroy(struct pto_orch *o);
-/* Scheduler-side hand-off of a consumed slot (any thread). */
-void pto_orch_retire(void *orch, pto_slot *s);
 /* Open / close a run (outer scope, drain, reset). */
 bool pto_orch_begin(struct pto_orch *o);
 int pto_orch_end(struct pto_orch *o);

@@ -1,5 +1,5 @@
 #include "process.h"
-#include "arena.h"
+#include "shm.h"
 #include "common.h"
 
 #include <errno.h>
@@ -585,7 +585,6 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
     return st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0 ? pid : -1;
 }
 
-int pto_proc_zygote_pid(pto_proc *p) { return p ? (int)p->zygote_pid : -1; }
 
 pto_child *pto_proc_child(pto_proc *p, int32_t slot) { return &p->children[slot]; }
 

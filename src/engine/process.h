@@ -104,7 +104,5 @@ void pto_proc_wake(pto_proc *p);
 void pto_proc_kill_busy(pto_proc *p, uint32_t reason);
 /* Pid of the live child in slot, or -1. */
 int pto_proc_child_pid(pto_proc *p, int32_t slot);
-/* Pid of the zygote (tests). */
-int pto_proc_zygote_pid(pto_proc *p);
 
 #endif

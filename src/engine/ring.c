@@ -1,6 +1,7 @@
 #include "ring.h"
 #include "common.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ static void fifo_grow(pto_heap_ring *r)
 
 bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner, uint64_t *off, uint64_t *seq)
 {
+    assert(bytes > 0 && bytes % PTO_HEAP_ALIGN == 0);
     uint64_t start;
     if (r->count == 0) {
         if (bytes > r->size) return false;
@@ -73,6 +75,7 @@ bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner
 
 void pto_ring_set_owner(pto_heap_ring *r, uint64_t seq, struct pto_slot *owner)
 {
+    assert(seq >= r->head_seq && seq - r->head_seq < r->count);
     at(r, (uint32_t)(seq - r->head_seq))->owner = owner;
 }
 

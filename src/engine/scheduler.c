@@ -2,6 +2,7 @@
 #include "common.h"
 #include "slot.h"
 
+#include <assert.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +34,7 @@ void pto_sched_destroy(pto_scheduler *s)
 
 void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
 {
-    pto_slot *head = atomic_load_explicit(&s->wire_head, memory_order_relaxed);
-    do {
-        atomic_store_explicit(&slot->next_wire, head, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(&s->wire_head, &head, slot, memory_order_release,
-                                                    memory_order_relaxed));
+    pto_slot_stack_push(&s->wire_head, slot, &slot->next_wire, memory_order_release);
     pto_event_notify(&s->ev);
 }
 
@@ -67,6 +64,7 @@ static void queue_push(pto_ready_queue *q, pto_slot *slot)
 
 static pto_slot *queue_pop(pto_ready_queue *q)
 {
+    assert(q->head);
     pto_slot *slot = q->head;
     q->head = slot->next_ready;
     if (!q->head) q->tail = NULL;
@@ -76,25 +74,10 @@ static pto_slot *queue_pop(pto_ready_queue *q)
 static void make_ready(pto_scheduler *s, pto_slot *c)
 {
     atomic_store_explicit(&c->state, PTO_TASK_READY, memory_order_relaxed);
-    if (c->group_size == 1 && c->member0.pin >= 0) {
-        pto_worker_thread *wt = s->wm->threads[c->kind][c->member0.pin];
-        pto_ready_queue q = {wt->pin_head, wt->pin_tail};
-        queue_push(&q, c);
-        wt->pin_head = q.head;
-        wt->pin_tail = q.tail;
-    } else {
-        queue_push(&s->ready[c->kind], c);
-    }
+    if (c->group_size == 1 && c->member0.pin >= 0) queue_push(&s->wm->threads[c->kind][c->member0.pin]->pinned, c);
+    else queue_push(&s->ready[c->kind], c);
     if (++s->ready_len > atomic_load_explicit(&s->ready_hwm, memory_order_relaxed))
         atomic_store_explicit(&s->ready_hwm, s->ready_len, memory_order_relaxed);
-}
-
-static void poison(pto_slot *c, const pto_slot *producer)
-{
-    c->poisoned = true;
-    if (!c->error)
-        c->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)c->id,
-                                 (long long)producer->id);
 }
 
 static void work_push(pto_scheduler *s, pto_slot *slot)
@@ -105,10 +88,7 @@ static void work_push(pto_scheduler *s, pto_slot *slot)
 
 static void release_ref(pto_scheduler *s, pto_slot *slot)
 {
-    if (pto_slot_release(slot)) {
-        atomic_store_explicit(&slot->state, PTO_TASK_CONSUMED, memory_order_release);
-        s->retire(s->retire_ctx, slot);
-    }
+    if (pto_slot_release(slot)) s->retire(s->retire_ctx, slot);
 }
 
 /* Terminal transition of every slot on the worklist, cascading to consumers
@@ -129,7 +109,7 @@ static void finish_all(pto_scheduler *s)
         atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
-            if (failed) poison(c, x);
+            if (failed) pto_slot_poison(c, x->id);
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
                 if (c->poisoned) work_push(s, c);
                 else make_ready(s, c);
@@ -154,7 +134,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
          * the group's own failure is not yet recorded as the run's error. */
         int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
         if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {
-            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison(c, p);
+            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) pto_slot_poison(c, p->id);
             continue;
         }
         pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);
@@ -174,7 +154,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
 
 static bool wire_all(pto_scheduler *s)
 {
-    pto_slot *list = atomic_exchange_explicit(&s->wire_head, NULL, memory_order_acquire);
+    pto_slot *list = pto_slot_stack_take(&s->wire_head);
     if (!list) return false;
     pto_slot *rev = NULL;   /* restore submission order */
     while (list) {
@@ -225,7 +205,7 @@ static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot,
 {
     bool pinned = slot->member0.pin >= 0;
     /* Nor while older ready tasks wait for wt alone: they go first. */
-    pto_slot *next = !gated && !wt->pin_head && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
+    pto_slot *next = !gated && !wt->pinned.head && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
     pto_slot *after = NULL;
     for (;;) {
         atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
@@ -285,29 +265,24 @@ static bool pick_group(pto_scheduler *s, pto_slot *g, pto_worker_thread **out)
     return true;
 }
 
+static void cancel_queue(pto_scheduler *s, pto_ready_queue *q)
+{
+    while (q->head) {
+        pto_slot *x = queue_pop(q);
+        s->ready_len--;
+        pto_slot_poison(x, -1);
+        work_push(s, x);
+    }
+}
+
 /* An interrupted run: whatever is ready fails instead of running. Its
  * consumers are poisoned as they become ready, so the run drains as soon as
  * the tasks already running return. */
 static void cancel_ready(pto_scheduler *s)
 {
-    for (int32_t kind = 0; kind < 2; kind++) {
-        pto_ready_queue *queues[2] = {&s->ready[kind], NULL};
-        for (int32_t i = 0; i < s->wm->count[kind]; i++) {
-            pto_worker_thread *wt = s->wm->threads[kind][i];
-            pto_ready_queue q = {wt->pin_head, wt->pin_tail};
-            queues[1] = &q;
-            for (int32_t k = 0; k < 2; k++) {
-                while (queues[k]->head) {
-                    pto_slot *x = queue_pop(queues[k]);
-                    s->ready_len--;
-                    x->poisoned = true;
-                    if (!x->error) x->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)x->id);
-                    work_push(s, x);
-                }
-            }
-            wt->pin_head = q.head;
-            wt->pin_tail = q.tail;
-        }
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
+        cancel_queue(s, &s->ready[kind]);
+        for (int32_t i = 0; i < s->wm->count[kind]; i++) cancel_queue(s, &s->wm->threads[kind][i]->pinned);
     }
     finish_all(s);
 }
@@ -446,15 +421,12 @@ static void dispatch_ready(pto_scheduler *s)
     }
     bool gated = atomic_load_explicit(&s->gated, memory_order_relaxed) &&
                  !atomic_load_explicit(&s->draining, memory_order_relaxed);
-    for (int32_t kind = 0; kind < 2; kind++) {
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];
-            while (wt->pin_head && wt->inflight < wm->depth) {
-                if (gated && !gate_pass(s, wt->pin_head)) break;
-                pto_ready_queue q = {wt->pin_head, wt->pin_tail};
-                pto_slot *slot = queue_pop(&q);
-                wt->pin_head = q.head;
-                wt->pin_tail = q.tail;
+            while (wt->pinned.head && wt->inflight < wm->depth) {
+                if (gated && !gate_pass(s, wt->pinned.head)) break;
+                pto_slot *slot = queue_pop(&wt->pinned);
                 s->ready_len--;
                 send_single(s, wt, slot, gated);
             }
@@ -516,10 +488,7 @@ static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_wor
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
-    if (c->status == PTO_DONE_CANCELLED) {   /* as cancel_ready, for what was already staged */
-        x->poisoned = true;
-        if (!x->error) x->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)x->id);
-    }
+    if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (c->status == PTO_DONE_FAILED) {
         if (!x->error) x->error = describe_failure(s, x, wt, c->error);
@@ -537,7 +506,7 @@ static bool complete_all(pto_scheduler *s)
 {
     bool any = false;
     pto_completion c;
-    for (int32_t kind = 0; kind < 2; kind++) {
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
             pto_worker_thread *wt = s->wm->threads[kind][i];
             while (pto_wt_poll(wt, &c)) {
@@ -548,7 +517,7 @@ static bool complete_all(pto_scheduler *s)
     }
     /* The orchestrator sleeps in drain until every task finished; wake it
      * only then, not on every batch. */
-    if (any && s->orch_ev && atomic_load_explicit(s->orch_waiting, memory_order_seq_cst) == 1 /* ORCH_WAIT_FINISH */ &&
+    if (any && s->orch_ev && atomic_load_explicit(s->orch_waiting, memory_order_seq_cst) == ORCH_WAIT_FINISH &&
         atomic_load_explicit(&s->finished, memory_order_seq_cst) >=
             atomic_load_explicit(&s->finish_target, memory_order_relaxed))
         pto_event_notify(s->orch_ev);
@@ -567,7 +536,7 @@ static bool sched_has_work(void *arg)
             atomic_load_explicit(&s->sync_ack, memory_order_relaxed) ||
         atomic_load_explicit(&s->gate_gen, memory_order_relaxed) != s->gate_seen)
         return true;
-    for (int32_t kind = 0; kind < 2; kind++)
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++)
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
             pto_worker_thread *wt = s->wm->threads[kind][i];
             if (atomic_load_explicit(&wt->cq_head, memory_order_relaxed) !=

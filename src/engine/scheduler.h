@@ -13,9 +13,10 @@
 
 struct pto_slot;
 
-typedef struct pto_ready_queue {
-    struct pto_slot *head, *tail;
-} pto_ready_queue;
+/* What the orchestrator sleeps for (pto_orch.waiting_for), so that others
+ * wake it only then: the scheduler when every task finished, anyone who
+ * retires a slot when it waits for reclamation. */
+enum { ORCH_WAIT_NONE = 0, ORCH_WAIT_FINISH = 1, ORCH_WAIT_RETIRE = 2 };
 
 typedef struct pto_scheduler {
     pto_worker_manager *wm;
@@ -26,7 +27,7 @@ typedef struct pto_scheduler {
     pto_event ev;
 
     struct pto_slot *_Atomic wire_head;     /* orchestrator -> scheduler (LIFO stack) */
-    pto_ready_queue ready[2];               /* per worker kind, unpinned */
+    pto_ready_queue ready[PTO_KINDS];       /* per worker kind, unpinned */
     int64_t ready_len;
     _Atomic int64_t ready_hwm;
 
@@ -67,7 +68,7 @@ typedef struct pto_scheduler {
     struct pto_break *breaks;
     int32_t nbreaks, breaks_cap;
 
-    /* Names of callables for failure messages (pto_worker_name_callable);
+    /* Names of callables for failure messages (pto_worker_callable_name_set);
      * read only on the failure path, under fail_mu. */
     struct pto_callable_name *names;
     int32_t nnames, names_cap;

@@ -1,6 +1,7 @@
 #include "scope.h"
 #include "common.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ int pto_scope_push(pto_scope *s)
 
 void pto_scope_register(pto_scope *s, struct pto_slot *slot)
 {
+    assert(s->top > 0);
     pto_scope_frame *f = &s->frames[s->top - 1];
     pto_grow((void **)&f->slots, &f->cap, f->count + 1, sizeof *f->slots);
     f->slots[f->count++] = slot;

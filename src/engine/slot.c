@@ -1,6 +1,7 @@
 #include "slot.h"
 #include "common.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,20 @@ bool pto_slot_release(pto_slot *s)
 {
     uint64_t old = atomic_fetch_add_explicit(&s->fanout, 1, memory_order_acq_rel);
     uint32_t total = (uint32_t)(old >> 32), rel = (uint32_t)old + 1;
-    return rel == total + 1;
+    if (rel != total + 1) return false;
+    atomic_store_explicit(&s->state, PTO_TASK_CONSUMED, memory_order_release);
+    return true;
+}
+
+void pto_slot_poison(pto_slot *s, int64_t failed_producer)
+{
+    s->poisoned = true;
+    if (s->error) return;
+    if (failed_producer >= 0)
+        s->error = pto_xasprintf("task %lld was not run: its producer task %lld failed", (long long)s->id,
+                                 (long long)failed_producer);
+    else
+        s->error = pto_xasprintf("task %lld was not run: the run was interrupted", (long long)s->id);
 }
 
 void pto_slot_pool_init(pto_slot_pool *p) { memset(p, 0, sizeof *p); }
@@ -151,6 +165,7 @@ pto_slot *pto_slot_get(pto_slot_pool *p, int64_t id)
 
 void pto_slot_recycle(pto_slot_pool *p, pto_slot *s)
 {
+    assert(atomic_load_explicit(&s->state, memory_order_relaxed) == PTO_TASK_CONSUMED);
     atomic_store_explicit(&s->state, PTO_TASK_FREE, memory_order_relaxed);
     pto_slot_chunk *c = s->chunk;
     p->live--;
@@ -186,7 +201,8 @@ void pto_slot_pool_reset(pto_slot_pool *p)
     p->live = 0;
 }
 
-void *pto_slot_buf(pto_slot *s, size_t n)
+/* Make room in s->buf for n bytes, keeping nothing. */
+static void *slot_buf(pto_slot *s, size_t n)
 {
     if (n > s->buf_cap) {
         free(s->buf);
@@ -194,4 +210,34 @@ void *pto_slot_buf(pto_slot *s, size_t n)
         s->buf = pto_xmalloc(s->buf_cap);
     }
     return s->buf;
+}
+
+pto_slot_arrays pto_slot_carve(pto_slot *s, int32_t nmembers, int32_t ntensors, int32_t nscalars, int32_t nrefs)
+{
+    size_t need = (nmembers > 1 ? sizeof(pto_member) * (size_t)nmembers : 0) +
+                  (ntensors > PTO_SLOT_INLINE_TENSORS ? sizeof(pto_tensor) * (size_t)ntensors : 0) +
+                  (nscalars > PTO_SLOT_INLINE_SCALARS ? 8 * (size_t)nscalars : 0) +
+                  (nrefs > PTO_SLOT_INLINE_REFS ? sizeof(pto_ref) * (size_t)nrefs : 0) +
+                  (ntensors > PTO_SLOT_INLINE_TENSORS ? (size_t)ntensors : 0);
+    assert(nmembers >= 1 && ntensors >= 0 && nscalars >= 0 && nrefs >= 0);
+    uint8_t *buf = need ? slot_buf(s, need) : NULL;
+    pto_slot_arrays arr = {s->inl_tensors, s->inl_scalars, s->inl_tags};
+    if (nmembers > 1) {
+        s->members = (pto_member *)buf;
+        buf += sizeof(pto_member) * (size_t)nmembers;
+    }
+    if (ntensors > PTO_SLOT_INLINE_TENSORS) {
+        arr.tensors = (pto_tensor *)buf;
+        buf += sizeof(pto_tensor) * (size_t)ntensors;
+    }
+    if (nscalars > PTO_SLOT_INLINE_SCALARS) {
+        arr.scalars = (uint64_t *)buf;
+        buf += 8 * (size_t)nscalars;
+    }
+    if (nrefs > PTO_SLOT_INLINE_REFS) {
+        s->refs = (pto_ref *)buf;
+        buf += sizeof(pto_ref) * (size_t)nrefs;
+    }
+    if (ntensors > PTO_SLOT_INLINE_TENSORS) arr.tags = buf;   /* last: no alignment needed */
+    return arr;
 }

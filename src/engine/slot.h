@@ -109,10 +109,35 @@ static inline uint64_t pto_fanout_pack(uint32_t total, uint32_t released)
     return ((uint64_t)total << 32) | released;
 }
 
+/* Push s onto a lock-free LIFO stack at *head, linked through s's field
+ * *link: any thread may push, one consumer takes the whole stack with
+ * pto_slot_stack_take. `order` is the publishing CAS's success order
+ * (seq_cst where the pusher then reads a flag the consumer set). */
+static inline void pto_slot_stack_push(pto_slot *_Atomic *head, pto_slot *s, pto_slot *_Atomic *link,
+                                       memory_order order)
+{
+    pto_slot *old = atomic_load_explicit(head, memory_order_relaxed);
+    do {
+        atomic_store_explicit(link, old, memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(head, &old, s, order, memory_order_relaxed));
+}
+
+/* Take the whole stack at *head (newest first), or NULL if it is empty. */
+static inline pto_slot *pto_slot_stack_take(pto_slot *_Atomic *head)
+{
+    return atomic_exchange_explicit(head, NULL, memory_order_acquire);
+}
+
+/* Mark s as not to be run, and say why in its error unless it has one:
+ * its producer task failed_producer failed, or (failed_producer < 0) the
+ * run was interrupted. */
+void pto_slot_poison(pto_slot *s, int64_t failed_producer);
+
 /* Add one reference (a consumer) unless the slot is already consumed. */
 bool pto_slot_try_ref(pto_slot *s);
-/* Release one reference; true when this release consumed the slot (the
- * caller then owns the hand-off to reclamation and must not touch s again). */
+/* Release one reference; true when this release consumed the slot: it is
+ * then CONSUMED, and the caller owns the hand-off to reclamation (no other
+ * thread touches s again). */
 bool pto_slot_release(pto_slot *s);
 
 #define PTO_SLOT_CHUNK 1024
@@ -148,7 +173,17 @@ pto_slot *pto_slot_get(pto_slot_pool *p, int64_t id);
 void pto_slot_recycle(pto_slot_pool *p, pto_slot *s);
 /* Forget every slot and restart ids at 0 (end of run: all are recycled). */
 void pto_slot_pool_reset(pto_slot_pool *p);
-/* Make room in s->buf for n bytes, keeping nothing. */
-void *pto_slot_buf(pto_slot *s, size_t n);
+/* Where a task's arguments live in its slot. */
+typedef struct pto_slot_arrays {
+    pto_tensor *tensors;
+    uint64_t *scalars;
+    uint8_t *tags;
+} pto_slot_arrays;
+
+/* Lay out s for a task of nmembers members with ntensors tensors and
+ * nscalars scalars in all and nrefs references: the inline arrays where they
+ * fit, else s->buf (reused across recycling). Sets s->members and s->refs
+ * and returns the arrays for tensors, scalars and tags. */
+pto_slot_arrays pto_slot_carve(pto_slot *s, int32_t nmembers, int32_t ntensors, int32_t nscalars, int32_t nrefs);
 
 #endif

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void pto_worker_stats(pto_worker *w, pto_stats *st)
+void pto_worker_stats_get(pto_worker *w, pto_stats *st)
 {
     memset(st, 0, sizeof *st);
     if (!w) return;
@@ -47,7 +47,7 @@ static double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; }
 int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap)
 {
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     return pto_format_stats(&st, w ? w->cfg.level : 0, buf, cap);
 }
 

@@ -9,7 +9,4 @@
 /* Checks dtype, ndims and shape of t; on error sets pto_errmsg with who as prefix. */
 bool pto_tensor_check(const pto_tensor *t, int index);
 
-/* First and one-past-last byte address covered by t. */
-static inline uint64_t pto_tensor_start(const pto_tensor *t) { return t->base + t->offset; }
-
 #endif

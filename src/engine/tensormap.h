@@ -8,6 +8,7 @@
 #define PTO_TENSORMAP_H
 
 #include <stdint.h>
+#include "u64map.h"
 
 struct pto_slot;
 
@@ -20,17 +21,15 @@ typedef struct pto_tm_entry {
  * cell: inserting and erasing it costs no malloc/free. cap == 0 means the
  * entries are `one`; cap > 0 means `more` holds them (one is unused). */
 typedef struct pto_tm_base {
-    uint64_t base;                   /* 0 = empty hash cell */
+    uint64_t base;                   /* the key (u64map.h); 0 = empty cell */
     pto_tm_entry one;
     pto_tm_entry *more;
     int32_t count, cap;
 } pto_tm_base;
 
 typedef struct pto_tensormap {
-    pto_tm_base *cells;              /* open addressing, linear probing */
-    uint32_t mask;
-    uint32_t nbases;
-    uint32_t nbases_hwm;             /* since the last clear: sizes the table for the next run */
+    pto_u64map bases;                /* of pto_tm_base cells */
+    size_t nbases_hwm;               /* since the last clear: sizes the table for the next run */
     int64_t live, hwm;               /* entries */
 } pto_tensormap;
 

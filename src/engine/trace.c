@@ -362,86 +362,83 @@ static void meta(sbuf *b, bool *first, int32_t pid, int32_t tid, const char *wha
     *first = false;
 }
 
-/* Every event of the stopped trace t of w, as comma-separated objects. */
-static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *pname, sbuf *b)
+/* The metadata events: names and order of the process and its threads. */
+static void format_meta(pto_worker *w, pto_trace *t, int32_t pid, const char *pname, sbuf *b, bool *first)
 {
-    uint64_t epoch = atomic_load(&trace_epoch);
-    names nm;
-    names_copy(&w->sched, &nm);
-    bool first = true;
     char label[160];
     if (!pname) {
         snprintf(label, sizeof label, "Worker (level %d, %s mode)", w->cfg.level,
                  w->cfg.mode == PTO_MODE_PROCESS ? "process" : "thread");
         pname = label;
     }
-    meta(b, &first, pid, 0, "process_name", "name", pname, 0);
-    meta(b, &first, pid, 0, "process_sort_index", "sort_index", NULL, pid);
+    meta(b, first, pid, 0, "process_name", "name", pname, 0);
+    meta(b, first, pid, 0, "process_sort_index", "sort_index", NULL, pid);
     if (t->dropped) {
         snprintf(label, sizeof label, "dropped %" PRId64 " events (buffer of %u)", t->dropped, t->cap);
-        meta(b, &first, pid, 0, "process_labels", "labels", label, 0);
+        meta(b, first, pid, 0, "process_labels", "labels", label, 0);
     }
-    meta(b, &first, pid, 0, "thread_name", "name", "orchestrator", 0);
-    meta(b, &first, pid, 0, "thread_sort_index", "sort_index", NULL, 0);
-    for (int32_t k = 0; k < 2; k++)
+    meta(b, first, pid, 0, "thread_name", "name", "orchestrator", 0);
+    meta(b, first, pid, 0, "thread_sort_index", "sort_index", NULL, 0);
+    for (int32_t k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < w->wm.count[k]; i++) {
             int32_t tid = tid_of(w, k, i);
-            meta(b, &first, pid, tid, "thread_name", "name", w->wm.threads[k][i]->name, 0);
-            meta(b, &first, pid, tid, "thread_sort_index", "sort_index", NULL, tid);
+            meta(b, first, pid, tid, "thread_name", "name", w->wm.threads[k][i]->name, 0);
+            meta(b, first, pid, tid, "thread_sort_index", "sort_index", NULL, tid);
         }
+}
 
-    size_t nspans = 0;
-    span_key *keys = pto_xmalloc(sizeof *keys * (size_t)(t->recorded ? t->recorded : 1));
-    for (int64_t i = 0; i < t->recorded; i++) {
-        const pto_trace_event *e = &t->buf[i];
-        if (e->type == PTO_TEV_EDGE) continue;
-        sb_printf(b, ",\n{\"name\":");
-        int32_t tid = 0;
-        switch (e->type) {
-        case PTO_TEV_TASK:
-            tid = tid_of(w, e->kind, e->index);
-            keys[nspans++] = (span_key){e->run, e->member, e->id, (uint32_t)i};
-            sb_name(b, &nm, "", e->kind, e->callable);
-            sb_printf(b, ",\"cat\":\"task\"");
-            break;
-        case PTO_TEV_SUBMIT:
-            sb_name(b, &nm, "submit ", e->kind, e->callable);
-            sb_printf(b, ",\"cat\":\"submit\"");
-            break;
-        case PTO_TEV_STALL:
-            sb_printf(b, "\"stall: heap ring %d full\",\"cat\":\"stall\"", e->ring);
-            break;
-        default:
-            sb_printf(b, "\"run %d\",\"cat\":\"run\"", e->run);
-            break;
-        }
-        sb_printf(b, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, tid);
-        sb_ts(b, e->t0, epoch);
-        sb_printf(b, ",\"dur\":");
-        sb_us(b, e->t1 > e->t0 ? e->t1 - e->t0 : 0);
-        sb_printf(b, ",\"args\":{\"run\":%d", e->run);
-        switch (e->type) {
-        case PTO_TEV_TASK:
-            sb_printf(b, ",\"task\":%" PRId64 ",\"callable\":%" PRIu64 ",\"worker\":", e->id, e->callable);
-            sb_str(b, w->wm.threads[e->kind][e->index]->name);
-            sb_printf(b, ",\"status\":\"%s\"", e->status == PTO_TEV_OK ? "ok" : "failed");
-            if (e->arg > 1) sb_printf(b, ",\"member\":%d,\"group_size\":%" PRId64, e->member, e->arg);
-            break;
-        case PTO_TEV_SUBMIT:
-            sb_printf(b, ",\"task\":%" PRId64 ",\"kind\":\"%s\",\"producers\":%" PRId64, e->id,
-                      e->kind == PTO_SUB ? "sub" : "next_level", e->arg);
-            break;
-        case PTO_TEV_STALL:
-            sb_printf(b, ",\"ring\":%d,\"bytes\":%" PRId64, e->ring, e->arg);
-            break;
-        default:
-            break;
-        }
-        sb_printf(b, "}}");
+/* One complete ("X") event for e: a task, submit, stall or run slice. */
+static void format_slice(pto_worker *w, const pto_trace_event *e, int32_t pid, uint64_t epoch, names *nm, sbuf *b)
+{
+    sb_printf(b, ",\n{\"name\":");
+    int32_t tid = 0;
+    switch (e->type) {
+    case PTO_TEV_TASK:
+        tid = tid_of(w, e->kind, e->index);
+        sb_name(b, nm, "", e->kind, e->callable);
+        sb_printf(b, ",\"cat\":\"task\"");
+        break;
+    case PTO_TEV_SUBMIT:
+        sb_name(b, nm, "submit ", e->kind, e->callable);
+        sb_printf(b, ",\"cat\":\"submit\"");
+        break;
+    case PTO_TEV_STALL:
+        sb_printf(b, "\"stall: heap ring %d full\",\"cat\":\"stall\"", e->ring);
+        break;
+    default:
+        sb_printf(b, "\"run %d\",\"cat\":\"run\"", e->run);
+        break;
     }
+    sb_printf(b, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", pid, tid);
+    sb_ts(b, e->t0, epoch);
+    sb_printf(b, ",\"dur\":");
+    sb_us(b, e->t1 > e->t0 ? e->t1 - e->t0 : 0);
+    sb_printf(b, ",\"args\":{\"run\":%d", e->run);
+    switch (e->type) {
+    case PTO_TEV_TASK:
+        sb_printf(b, ",\"task\":%" PRId64 ",\"callable\":%" PRIu64 ",\"worker\":", e->id, e->callable);
+        sb_str(b, w->wm.threads[e->kind][e->index]->name);
+        sb_printf(b, ",\"status\":\"%s\"", e->status == PTO_TEV_OK ? "ok" : "failed");
+        if (e->arg > 1) sb_printf(b, ",\"member\":%d,\"group_size\":%" PRId64, e->member, e->arg);
+        break;
+    case PTO_TEV_SUBMIT:
+        sb_printf(b, ",\"task\":%" PRId64 ",\"kind\":\"%s\",\"producers\":%" PRId64, e->id,
+                  e->kind == PTO_SUB ? "sub" : "next_level", e->arg);
+        break;
+    case PTO_TEV_STALL:
+        sb_printf(b, ",\"ring\":%d,\"bytes\":%" PRId64, e->ring, e->arg);
+        break;
+    default:
+        break;
+    }
+    sb_printf(b, "}}");
+}
 
-    /* Flows last: an edge is drawn only when both ends ran while recording. */
-    qsort(keys, nspans, sizeof *keys, span_cmp);
+/* The flow ("s" and "f") events of every dependency edge whose both ends
+ * ran while recording; keys (sorted) find the task spans. */
+static void format_flows(pto_worker *w, pto_trace *t, int32_t pid, uint64_t epoch, const span_key *keys,
+                         size_t nspans, sbuf *b)
+{
     uint64_t flow = (uint64_t)pid << 32;
     for (int64_t i = 0; i < t->recorded; i++) {
         const pto_trace_event *e = &t->buf[i];
@@ -461,6 +458,27 @@ static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *
         sb_ts(b, c->t0 + (c->t1 - c->t0) / 2, epoch);
         sb_printf(b, ",\"args\":{\"from\":%" PRId64 ",\"to\":%" PRId64 ",\"run\":%d}}", e->arg, e->id, e->run);
     }
+}
+
+/* Every event of the stopped trace t of w, as comma-separated objects. */
+static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *pname, sbuf *b)
+{
+    uint64_t epoch = atomic_load(&trace_epoch);
+    names nm;
+    names_copy(&w->sched, &nm);
+    bool first = true;
+    format_meta(w, t, pid, pname, b, &first);
+    size_t nspans = 0;
+    span_key *keys = pto_xmalloc(sizeof *keys * (size_t)(t->recorded ? t->recorded : 1));
+    for (int64_t i = 0; i < t->recorded; i++) {
+        const pto_trace_event *e = &t->buf[i];
+        if (e->type == PTO_TEV_EDGE) continue;
+        if (e->type == PTO_TEV_TASK) keys[nspans++] = (span_key){e->run, e->member, e->id, (uint32_t)i};
+        format_slice(w, e, pid, epoch, &nm, b);
+    }
+    /* Flows last: an edge is drawn only when both ends ran while recording. */
+    qsort(keys, nspans, sizeof *keys, span_cmp);
+    format_flows(w, t, pid, epoch, keys, nspans, b);
     free(keys);
     names_free(&nm);
 }
@@ -562,7 +580,7 @@ int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf
 }
 
 /* Here rather than in worker.c: names matter to the tools that show a run. */
-int pto_worker_callable_name(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap)
+int pto_worker_callable_name_get(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap)
 {
     if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB)) return -1;
     pto_scheduler *s = &w->sched;

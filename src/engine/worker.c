@@ -15,11 +15,7 @@
  * fork may inherit the zygote's socket end); the zygote never takes it.
  * PROCESS mode forks the zygote before this Worker has threads, and every
  * child is forked by the single-threaded zygote, so no engine lock is ever
- * held in a child. The handlers are landing pads so that a lock added
- * later has a documented place to be taken. */
-static void atfork_prepare(void) {}
-static void atfork_parent(void) {}
-static void atfork_child(void) {}
+ * held in a child. */
 
 static pthread_once_t hygiene_once = PTHREAD_ONCE_INIT;
 
@@ -31,7 +27,6 @@ static void fork_hygiene(void)
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     setenv("MKL_NUM_THREADS", "1", 0);
     setenv("BLIS_NUM_THREADS", "1", 0);
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 pto_worker *pto_worker_new(const pto_worker_config *cfg)
@@ -170,7 +165,7 @@ void pto_worker_interrupt(pto_worker *w)
     if (atomic_fetch_add(&w->interrupts, 1) >= 1 && p) pto_proc_kill_busy(p, PTO_KILL_INTERRUPT);
 }
 
-void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
+void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
 {
     if (w && name && (kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) pto_sched_name_callable(&w->sched, kind, callable, name);
 }
@@ -240,7 +235,7 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
     return c && p ? pto_proc_child_pid(p, c->slot) : -1;
 }
 
-int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
+int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
 {
     if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) {
         pto_set_error("no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);

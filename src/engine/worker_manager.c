@@ -3,6 +3,7 @@
 #include "slot.h"
 #include "trace.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t s
 
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
 {
+    assert(kind == PTO_NEXT_LEVEL || kind == PTO_SUB);
     pto_worker_thread *wt = pto_xcalloc(1, sizeof *wt);
     wt->kind = kind;
     wt->index = wm->count[kind];
@@ -172,8 +174,9 @@ static bool start_children(pto_worker_manager *wm)
     const char **names = pto_xcalloc((size_t)n, sizeof *names);
     int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);
     int32_t slot = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
+            assert(!wm->threads[k][i]->started);   /* pto_proc_start forks: no thread of this Worker may run */
             leaves[slot] = &wm->threads[k][i]->leaf;   /* lives as long as the Worker: the children read it */
             names[slot] = wm->threads[k][i]->name;
             kinds[slot] = k;
@@ -186,7 +189,7 @@ static bool start_children(pto_worker_manager *wm)
     free(kinds);
     if (!p) return false;
     slot = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
             pto_worker_thread *wt = wm->threads[k][i];
             wt->child = pto_proc_child(p, slot);
@@ -202,7 +205,7 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
     wm->sched_ev = sched_ev;
     if (wm->mode == PTO_MODE_PROCESS && !start_children(wm)) return false;
     int32_t started = 0;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             int rc = pthread_create(&wt->thread, NULL, wt_main, wt);
@@ -224,7 +227,7 @@ void pto_wm_stop(pto_worker_manager *wm)
     atomic_store_explicit(&wm->stopping, true, memory_order_seq_cst);
     pto_proc *p = atomic_load(&wm->proc);
     if (p) pto_proc_wake(p);   /* threads waiting on a child give up */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             if (!wt->started) continue;
@@ -236,7 +239,7 @@ void pto_wm_stop(pto_worker_manager *wm)
     if (p) {
         atomic_store(&wm->proc, NULL);
         pto_proc_stop(p);
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < PTO_KINDS; k++)
             for (int32_t i = 0; i < wm->count[k]; i++) wm->threads[k][i]->child = NULL;
     }
 }
@@ -249,7 +252,7 @@ void pto_wm_settle(pto_worker_manager *wm)
 
 void pto_wm_destroy(pto_worker_manager *wm)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
             /* Completions nobody collected (a run abandoned by shutdown). */
@@ -266,6 +269,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
 
 void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool stealable, pto_slot *after)
 {
+    assert(wt->inflight < PTO_WT_QCAP);   /* claim() relies on it: no unclaimed entry is overwritten */
     uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
     pto_dispatch *e = &wt->dq[t & (PTO_WT_QCAP - 1)];
     atomic_store_explicit(&e->slot, slot, memory_order_relaxed);

@@ -17,6 +17,15 @@
 struct pto_slot;
 struct pto_scheduler;
 
+/* Worker kinds (pto_worker_kind: PTO_NEXT_LEVEL, PTO_SUB) index every
+ * per-kind array of the engine. */
+enum { PTO_KINDS = 2 };
+
+/* A FIFO of ready tasks linked through pto_slot.next_ready (scheduler only). */
+typedef struct pto_ready_queue {
+    struct pto_slot *head, *tail;
+} pto_ready_queue;
+
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
 /* A thread's completions include tasks it stole; it steals only while fewer
  * than PTO_WT_QCAP of them are unpolled, and its own stay below PTO_WT_QCAP. */
@@ -66,7 +75,7 @@ typedef struct pto_worker_thread {
     pto_completion cq[PTO_WT_CQCAP];
     /* scheduler-only */
     int32_t inflight;                       /* staged here and not completed, wherever it runs */
-    struct pto_slot *pin_head, *pin_tail;   /* ready tasks pinned here */
+    pto_ready_queue pinned;                 /* ready tasks pinned here */
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;
 } pto_worker_thread;
@@ -74,8 +83,8 @@ typedef struct pto_worker_thread {
 typedef struct pto_worker_manager {
     int32_t mode;
     int32_t depth;                /* max tasks staged on one worker thread */
-    pto_worker_thread **threads[2];
-    int32_t count[2], cap[2];
+    pto_worker_thread **threads[PTO_KINDS];
+    int32_t count[PTO_KINDS], cap[PTO_KINDS];
     _Atomic bool stopping;
     _Atomic int32_t up;           /* worker threads that started (pto_wait_up) */
     pto_event *sched_ev;          /* woken on every completion */

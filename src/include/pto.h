@@ -7,6 +7,10 @@
  *
  * Errors: a function that can fail returns a negative value (or NULL) and
  * leaves a message for the calling thread in pto_errmsg().
+ *
+ * Names: pto_<object>_<verb> for actions. A getter that returns its value
+ * is named after it (pto_worker_count); one that copies into the caller's
+ * struct or buffer ends in _get (pto_worker_stats_get), its setter in _set.
  */
 #ifndef PTO_H
 #define PTO_H
@@ -17,6 +21,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The engine is compiled with hidden visibility: what this header declares
+ * is everything libpto.so exports. (Outside the ffi block: no pragma there.) */
+#pragma GCC visibility push(default)
 
 /* ffi-begin */
 
@@ -120,8 +128,8 @@ typedef int (*pto_leaf_fn)(void *ctx, uint64_t callable, const pto_args_view *ar
 typedef int (*pto_leaf_start_fn)(void *ctx, char *err, size_t errlen);
 /* PROCESS mode, in the child: install a callable shipped after the fork
  * (pto_worker_ship_callable) before its first task; 0 or non-zero with err. */
-typedef int (*pto_leaf_load_fn)(void *ctx, uint64_t callable, const void *blob, size_t len, char *err,
-                                size_t errlen);
+typedef int (*pto_leaf_load_fn)(void *ctx, uint64_t callable, const void *blob, size_t len,
+                                char *err, size_t errlen);
 
 /* PROCESS mode, in the child: the Worker is closing and the child will exit
  * (e.g. close a Worker the child hosts, so its own children go first). */
@@ -142,7 +150,8 @@ typedef struct pto_worker_config {
     uint64_t heap_ring_size;     /* bytes per ring; 0 = 1 GiB */
     uint32_t alloc_timeout_ms;   /* 0 = 10000 */
     int32_t queue_depth;         /* tasks staged per worker thread; 0 = 2 */
-    uint32_t start_timeout_ms;   /* PROCESS mode: children must report ready within this at init; 0 = 10000 */
+    /* PROCESS mode: children must report ready within this at init; 0 = 10000 */
+    uint32_t start_timeout_ms;
 } pto_worker_config;
 
 /* Flow-control statistics of one Worker (seed 002 §Stall Tracking). */
@@ -181,7 +190,8 @@ typedef struct pto_task_info {
     uint64_t slab_offset;
     uint64_t slab_bytes;
     const char *error;           /* NULL unless failed; valid until next run */
-    int32_t worker;              /* index of the worker that took it (a group: its member 0), -1 before */
+    /* index of the worker that took it (a group: its member 0), -1 before */
+    int32_t worker;
 } pto_task_info;
 
 /* One TensorMap entry: bytes [start, end) of storage base were last written by task producer. */
@@ -203,7 +213,8 @@ typedef struct pto_dispatch_state {
 
 /* One child of a Worker, now. */
 typedef struct pto_child_info {
-    int32_t pid;                 /* PROCESS mode: its process (-1 while it is being replaced); 0 in THREAD mode */
+    /* PROCESS mode: its process (-1 while it is being replaced); 0 in THREAD mode */
+    int32_t pid;
     int32_t reserved;
     int64_t current_task;        /* the task it is running, or -1 when idle */
     int64_t tasks_run;           /* tasks (group members) it ran since init */
@@ -226,9 +237,11 @@ uint64_t pto_tensor_nbytes(const pto_tensor *t);
 
 /* Bytes of the args blob for T tensors and S scalars (task flow §3). */
 size_t pto_blob_size(int32_t tensor_count, int32_t scalar_count);
-/* Encode view into buf as [i32 T][i32 S][tensor x T][u64 x S]; returns bytes written or -1 if cap is too small. */
+/* Encode view into buf as [i32 T][i32 S][tensor x T][u64 x S]; returns bytes written or -1 if cap
+ * is too small. */
 int64_t pto_blob_encode(const pto_args_view *view, void *buf, size_t cap);
-/* Decode len bytes of buf into view (pointing into buf); returns 0, or -1 if counts or sizes are inconsistent. */
+/* Decode len bytes of buf into view (pointing into buf); returns 0, or -1 if counts or sizes are
+ * inconsistent. */
 int pto_blob_decode(const void *buf, size_t len, pto_args_view *view);
 
 /* A new Worker: maps its heap rings now so children forked later share them. NULL on error. */
@@ -241,22 +254,32 @@ int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf);
 int pto_worker_init(pto_worker *w);
 /* Open a run: its outer scope; returns the run's orchestrator or NULL. */
 pto_orch *pto_run_begin(pto_worker *w);
-/* Close the outer scope, drain, reset the rings; 0, or -1 with the run's first failure in pto_errmsg(). */
+/* Close the outer scope, drain, reset the rings; 0, or -1 with the run's first failure in
+ * pto_errmsg(). */
 int pto_run_end(pto_worker *w);
 /* Stop threads, unmap rings and free w; safe on NULL and on a blocked run. */
 void pto_worker_close(pto_worker *w);
-/* Ask a run blocked in submit/alloc/drain to fail now (any thread); the Worker is unusable afterwards. */
+/* Ask a run blocked in submit/alloc/drain to fail now (any thread); the Worker is unusable
+ * afterwards. */
 void pto_worker_shutdown(pto_worker *w);
-/* Async-signal-safe: the current run stops dispatching, fails what has not started, and its end reports "interrupted"; the next run is normal. */
+/* Async-signal-safe: the current run stops dispatching, fails what has not started, and its end
+ * reports "interrupted"; the next run is normal. */
 void pto_worker_interrupt(pto_worker *w);
-/* PROCESS mode: children forked before callable existed get blob (copied into shared memory) through their leaf's load hook before its first task. 0 or -1. */
-int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob, size_t len);
+/* PROCESS mode: children forked before callable existed get blob (copied into shared memory)
+ * through their leaf's load hook before its first task. 0 or -1. */
+int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob,
+                             size_t len);
 /* PROCESS mode: pid of the child serving worker index of kind now, or -1. */
 int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index);
-/* Name a callable of kind for failure messages ("task 3 (callable 'name' on chip 1) failed: ..."). */
-void pto_worker_name_callable(pto_worker *w, int32_t kind, uint64_t callable, const char *name);
+/* Name callable of kind for failure messages
+ * ("task 3 (callable 'name' on chip 1) failed: ..."). */
+void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name);
+/* The name set for callable of kind, copied into buf like snprintf; returns its length, or -1 if it
+ * has none. */
+int pto_worker_callable_name_get(pto_worker *w, int32_t kind, uint64_t callable, char *buf,
+                                 size_t cap);
 /* Copy the Worker's flow-control statistics into out. */
-void pto_worker_stats(pto_worker *w, pto_stats *out);
+void pto_worker_stats_get(pto_worker *w, pto_stats *out);
 /* Print the flow-control report with sizing advice into buf; returns its length (like snprintf). */
 int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap);
 /* The same report for statistics st of a Worker of level (e.g. copied from another process). */
@@ -266,19 +289,26 @@ void *pto_worker_ring_base(pto_worker *w, int32_t r);
 /* Number of next-level children / sub workers. */
 int pto_worker_count(pto_worker *w, int32_t kind);
 /* Fill out for child index of kind; 0, or -1 if there is no such child. */
-int pto_worker_child_info(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
+int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
 
-/* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain still runs everything. 0 or -1. */
+/* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain
+ * still runs everything. 0 or -1. */
 int pto_dispatch_hold(pto_worker *w, int32_t hold);
-/* While dispatch is held: let the next n ready tasks go, including tasks that become ready meanwhile. 0, or -1 if not held. */
+/* While dispatch is held: let the next n ready tasks go, including tasks that become ready
+ * meanwhile. 0, or -1 if not held. */
 int pto_dispatch_step(pto_worker *w, int64_t n);
-/* Hold dispatch before any task of (kind, callable) would dispatch (on = 1), or remove that breakpoint (on = 0; callable UINT64_MAX removes all). Returns the number set, or -1. */
+/* Hold dispatch before any task of (kind, callable) would dispatch (on = 1), or remove that
+ * breakpoint (on = 0; callable UINT64_MAX removes all). Returns the number set, or -1. */
 int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t on);
-/* Wait at most timeout_ms until nothing runs and nothing more may dispatch (a held Worker's step is spent or has nothing left to run; it is then dropped). 1 when quiet, 0 on timeout, -1 on error. */
+/* Wait at most timeout_ms until nothing runs and nothing more may dispatch (a held Worker's step
+ * is spent or has nothing left to run; it is then dropped). 1 when quiet, 0 on timeout, -1 on
+ * error. */
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms);
-/* Return once the scheduler has wired every task submitted before the call and dispatched what it may: task states are then current. 0 or -1. */
+/* Return once the scheduler has wired every task submitted before the call and dispatched what it
+ * may: task states are then current. 0 or -1. */
 int pto_dispatch_sync(pto_worker *w);
-/* Copy at most cap breakpoints (kind and callable of each) into kinds and callables; returns how many are set. */
+/* Copy at most cap breakpoints (kind and callable of each) into kinds and callables; returns how
+ * many are set. */
 int32_t pto_dispatch_breakpoints(pto_worker *w, int32_t *kinds, uint64_t *callables, int32_t cap);
 /* Copy the dispatch-control state into out. */
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
@@ -286,7 +316,8 @@ void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
 /* Submit one task for a next-level child; worker >= 0 pins it. Returns the task id or -1. */
 int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args,
                               const pto_call_config *cfg, int32_t worker);
-/* Submit n members as one task on n distinct children (workers may be NULL). Returns the id or -1. */
+/* Submit n members as one task on n distinct children (workers may be NULL).
+ * Returns the task id or -1. */
 int64_t pto_submit_next_level_group(pto_orch *o, uint64_t callable, pto_task_args *args,
                                     int32_t n, const pto_call_config *cfg, const int32_t *workers);
 /* Submit one task for a sub worker. Returns the task id or -1. */
@@ -295,34 +326,44 @@ int64_t pto_submit_sub(pto_orch *o, uint64_t callable, pto_task_args *args, int3
 int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args, int32_t n,
                              const int32_t *workers);
 /* Carve a tensor from the current scope's heap ring into out; returns its slot id or -1. */
-int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype, pto_tensor *out);
+int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype,
+                  pto_tensor *out);
 /* Open a nested scope (at most 64 above the run's). 0 or -1. */
 int pto_scope_begin(pto_orch *o);
 /* Close the innermost nested scope, releasing its references. 0 or -1. */
 int pto_scope_end(pto_orch *o);
 /* Current nested depth: 0 in the run's outer scope. */
 int pto_scope_depth(pto_orch *o);
-/* Wait until every task submitted so far has completed and been reclaimed where possible. 0 or -1 on failure. */
+/* Wait until every task submitted so far has completed and been reclaimed where possible. 0 or -1
+ * on failure. */
 int pto_drain(pto_orch *o);
 /* Fill info for task id of the current run; 0, or -1 if id is not a task of this run. */
 int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info);
-/* Ids of the producers (what=0) or consumers (what=1) of task id; returns the count, writing at most cap. */
+/* Ids of the producers (what=0) or consumers (what=1) of task id; returns the count, writing at
+ * most cap. */
 int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap);
 /* Number of task ids handed out in the current run (ids are 0 .. n-1). */
 int64_t pto_task_count(pto_orch *o);
-/* Copy member's tensors and tags of task id (at most cap of each; either may be NULL); returns its tensor count, or -1 if the task is reclaimed or unknown. */
-int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap);
+/* Copy member's tensors and tags of task id (at most cap of each; either may be NULL); returns its
+ * tensor count, or -1 if the task is reclaimed or unknown. */
+int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors,
+                         uint8_t *tags, int32_t cap);
 /* The heap ring that holds address addr (and addr's offset in it), or -1 if none does. */
 int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset);
-/* Copy at most cap live TensorMap entries into out; returns how many there are, or -1 outside a run. */
+/* Copy at most cap live TensorMap entries into out; returns how many there are, or -1 outside a
+ * run. */
 int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap);
 
 /* ---- tracing (trace.c, docs/tracing.md) ----
  * Call these from the thread that runs w's runs, never two at once. */
 
-/* Record w's task spans, submits, dependency edges, ring stalls and runs into a buffer of capacity_events events (0 = 1048576, at most 67108864); once it is full, events are dropped and counted, never waited for. 0, or -1 if w is already tracing or the capacity is too large. */
+/* Record w's task spans, submits, dependency edges, ring stalls and runs into a buffer of
+ * capacity_events events (0 = 1048576, at most 67108864); once it is full, events are dropped and
+ * counted, never waited for. 0, or -1 if w is already tracing or the capacity is too large. */
 int pto_trace_start(pto_worker *w, uint32_t capacity_events);
-/* Stop recording (also inside a run) and, if path is not NULL, write the events to path as Chrome trace-event JSON (Perfetto, chrome://tracing); 0, or -1 if w is not tracing or path cannot be written (recording has stopped either way). */
+/* Stop recording (also inside a run) and, if path is not NULL, write the events to path as Chrome
+ * trace-event JSON (Perfetto, chrome://tracing); 0, or -1 if w is not tracing or path cannot be
+ * written (recording has stopped either way). */
 int pto_trace_stop(pto_worker *w, const char *path);
 /* 1 while w is recording, else 0. */
 int pto_trace_active(pto_worker *w);
@@ -330,18 +371,23 @@ int pto_trace_active(pto_worker *w);
 int64_t pto_trace_events(pto_worker *w);
 /* Events w's current or last trace dropped because its buffer was full. */
 int64_t pto_trace_dropped(pto_worker *w);
-/* The stopped trace's events as comma-separated trace-event objects of process pid named name (NULL: "Worker (level 3, thread mode)"), to merge several Workers into one traceEvents array; writes at most cap bytes with a NUL and returns the full length (like snprintf), or -1 if w has no stopped trace. */
+/* The stopped trace's events as comma-separated trace-event objects of process pid named name
+ * (NULL: "Worker (level 3, thread mode)"), to merge several Workers into one traceEvents array;
+ * writes at most cap bytes with a NUL and returns the full length (like snprintf), or -1 if w has
+ * no stopped trace. */
 int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf, size_t cap);
-/* Add events (comma-separated trace-event objects from pto_trace_format, e.g. of a Worker child in another process) to w's trace: pto_trace_stop's file and pto_trace_format include them until the next pto_trace_start. 0 or -1. */
+/* Add events (comma-separated trace-event objects from pto_trace_format, e.g. of a Worker child in
+ * another process) to w's trace: pto_trace_stop's file and pto_trace_format include them until the
+ * next pto_trace_start. 0 or -1. */
 int pto_trace_attach(pto_worker *w, const char *events, size_t len);
-/* The time origin of this process's traces (CLOCK_MONOTONIC ns), 0 before the first pto_trace_start. */
+/* The time origin of this process's traces (CLOCK_MONOTONIC ns), 0 before the
+ * first pto_trace_start. */
 uint64_t pto_trace_epoch(void);
-/* In a child process: use origin epoch_ns (its parent's pto_trace_epoch) so traces merged from several processes share one time axis. */
+/* In a child process: use origin epoch_ns (its parent's pto_trace_epoch) so traces merged from
+ * several processes share one time axis. */
 void pto_trace_set_epoch(uint64_t epoch_ns);
-/* The name given to callable of kind by pto_worker_name_callable, copied into buf like snprintf; returns its length, or -1 if it has none. */
-int pto_worker_callable_name(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap);
 
-/* ---- shared tensor memory (arena.c) ----
+/* ---- shared tensor memory (shm.c) ----
  * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the
  * Lua module takes it when it loads), so every child forked later sees
  * every tensor at the same address, also tensors created after the fork. */
@@ -352,13 +398,17 @@ typedef struct pto_shm_stats {
     int64_t live_blocks;
 } pto_shm_stats;
 
-/* Reserve the arena if not yet done (bytes = 0: $PTO_SHM_SIZE or a default); 0, or -1 with pto_errmsg(). Thread-safe, idempotent. */
+/* Reserve the arena if not yet done (bytes = 0: $PTO_SHM_SIZE or a default); 0, or -1 with
+ * pto_errmsg(). Thread-safe, idempotent. */
 int pto_shm_init(uint64_t bytes);
-/* nbytes (> 0) of zero-filled shared memory, 64-byte aligned; NULL with pto_errmsg() if the arena has no room. */
+/* nbytes (> 0) of zero-filled shared memory, 64-byte aligned; NULL with pto_errmsg() if the arena
+ * has no room. */
 void *pto_shm_alloc(uint64_t nbytes);
-/* Give back a block from pto_shm_alloc (NULL is a no-op); its whole pages are returned to the OS. */
+/* Give back a block from pto_shm_alloc (NULL is a no-op); its whole pages are returned
+ * to the OS. */
 void pto_shm_free(void *p);
-/* In a forked child: make block (bytes from the parent's pto_shm_alloc, kept by the parent while the child lives) this process's own arena, so it can allocate; 0 or -1. */
+/* In a forked child: make block (bytes from the parent's pto_shm_alloc, kept by the parent while
+ * the child lives) this process's own arena, so it can allocate; 0 or -1. */
 int pto_shm_adopt(void *block, uint64_t bytes);
 /* 1 in a process forked from the arena's owner: it may use tensors but not allocate them. */
 int pto_shm_is_child(void);
@@ -367,25 +417,30 @@ int pto_shm_contains(const void *p);
 /* Usable size of the block starting at p, or 0 if p is not a live block. */
 uint64_t pto_shm_block_size(const void *p);
 /* Copy the arena's counters into out. */
-void pto_shm_get_stats(pto_shm_stats *out);
+void pto_shm_stats_get(pto_shm_stats *out);
 
 /* ---- chip kernels (chip.c) ----
  * A chip runtime is a shared object exporting kernels with this signature;
  * the built-in one (libpto_chipsim.so) simulates a chip on the CPU. */
-typedef int (*pto_kernel_fn)(const pto_args_view *args, const pto_call_config *cfg, char *err, size_t errlen);
+typedef int (*pto_kernel_fn)(const pto_args_view *args, const pto_call_config *cfg, char *err,
+                             size_t errlen);
 
 /* Path of the built-in simulated chip runtime, or NULL if it cannot be found. */
 const char *pto_chipsim_path(void);
-/* dlopen lib (NULL = the built-in runtime) and resolve symbol into the process's kernel table; returns its callable id (>= 0) or -1. */
+/* dlopen lib (NULL = the built-in runtime) and resolve symbol into the process's kernel table;
+ * returns its callable id (>= 0) or -1. */
 int64_t pto_kernel_register(const char *lib, const char *symbol);
 /* The kernel behind callable id, or NULL. */
 pto_kernel_fn pto_kernel_lookup(uint64_t callable);
-/* A leaf that runs kernel-table callables: what a chip worker executes. ctx: the runtime path kernels default to
- * (NULL = built-in). PROCESS mode: its start hook dlopens ctx in the child; its load hook installs a kernel registered
- * after init, shipped as "lib\0symbol\0" (lib "" = ctx or the built-in runtime), under the same callable id. */
+/* A leaf that runs kernel-table callables: what a chip worker executes. ctx: the runtime path
+ * kernels default to (NULL = built-in). PROCESS mode: its start hook dlopens ctx in the child; its
+ * load hook installs a kernel registered after init, shipped as "lib\0symbol\0" (lib "" = ctx or
+ * the built-in runtime), under the same callable id. */
 pto_leaf pto_chip_leaf(void);
 
 /* ffi-end */
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

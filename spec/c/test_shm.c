@@ -1,5 +1,5 @@
 /*
- * test_arena.c - shared tensor memory (arena.c): alignment and zero fill
+ * test_shm.c - shared tensor memory (shm.c): alignment and zero fill
  * (also of recycled dirty memory), coalescing, pages going back to the OS
  * (RssShmem) without a madvise per tiny free, sharing with a child forked
  * before the allocation, a randomised churn against a reference model,
@@ -13,7 +13,7 @@
  */
 #include "testutil.h"
 
-#include "arena.h"
+#include "shm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,7 +31,7 @@
 #define MIB (1024ull * KIB)
 #define GIB (1024ull * MIB)
 #define ARENA GIB
-#define RETAIN_ALL (16 * MIB)   /* arena.c keeps at most this much freed memory dirty */
+#define RETAIN_ALL (16 * MIB)   /* shm.c keeps at most this much freed memory dirty */
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
@@ -102,7 +102,7 @@ static void check_consistent(void)
 static void check_empty(void)
 {
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.in_use_bytes, 0);
     CHECK_EQ(st.live_blocks, 0);
     pto_shm_debug_info d = dbg();
@@ -155,7 +155,7 @@ static int child_default_size(void)
     unsetenv("PTO_SHM_SIZE");
     CHILD_CHECK(pto_shm_init(0) == 0);
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     /* 64 GiB, or a halving of it where the machine refuses that much. */
     CHILD_CHECK(st.reserved_bytes >= 256 * MIB && st.reserved_bytes <= 64 * GIB);
     CHILD_CHECK((64 * GIB) % st.reserved_bytes == 0);
@@ -164,7 +164,7 @@ static int child_default_size(void)
     pto_shm_free(p);
     CHILD_CHECK(pto_shm_init(4 * GIB) == 0);           /* idempotent: no second reservation */
     pto_shm_stats st2;
-    pto_shm_get_stats(&st2);
+    pto_shm_stats_get(&st2);
     CHILD_CHECK(st2.reserved_bytes == st.reserved_bytes);
     return 0;
 }
@@ -174,7 +174,7 @@ static int child_env_size(void)
     setenv("PTO_SHM_SIZE", "300M", 1);
     CHILD_CHECK(pto_shm_alloc(64) != NULL);            /* alloc reserves the arena itself */
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHILD_CHECK(st.reserved_bytes == 300 * MIB);
     CHILD_CHECK(st.live_blocks == 1 && st.in_use_bytes == 64);
     CHILD_CHECK(pto_shm_alloc(300 * MIB) == NULL);
@@ -220,7 +220,7 @@ static int child_halving(void)
     CHILD_CHECK(limit_address_space(GIB + 512 * MIB) == 0);
     CHILD_CHECK(pto_shm_init(0) == 0);
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHILD_CHECK(st.reserved_bytes == GIB);             /* 64 GiB halved until it fits */
     CHILD_CHECK(pto_shm_alloc(GIB - 4 * KIB) != NULL);
     return 0;
@@ -253,14 +253,14 @@ static void test_sizes_in_children(void)
 static void test_init(void)
 {
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.reserved_bytes, 0);
     CHECK_EQ(pto_shm_block_size(&st), 0);
     pto_shm_free(NULL);
     CHECK_EQ(pto_shm_init(ARENA), 0);
     CHECK_EQ(pto_shm_init(0), 0);
     CHECK_EQ(pto_shm_init(4 * GIB), 0);
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.reserved_bytes, ARENA);
     check_empty();
 }
@@ -284,7 +284,7 @@ static void test_contains_and_size(void)
     CHECK_EQ(pto_shm_contains(base + ARENA - 1), 1);
     CHECK_EQ(pto_shm_contains(base + ARENA), 0);
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.in_use_bytes, 1024);
     CHECK_EQ(st.live_blocks, 1);
     pto_shm_free(p);
@@ -538,7 +538,7 @@ static void test_bad_free(void)
     uint8_t *p = pto_shm_alloc(4096), *q = pto_shm_alloc(4096);
     memset(p, 0x33, 4096);
     pto_shm_stats st0, st1;
-    pto_shm_get_stats(&st0);
+    pto_shm_stats_get(&st0);
     int local = 0;
     pto_shm_free(&local);
     CHECK_CONTAINS(pto_errmsg(), "not in the shared tensor memory");
@@ -548,14 +548,14 @@ static void test_bad_free(void)
     CHECK_CONTAINS(pto_errmsg(), "ignored");
     pto_shm_free(q + 4096 + 64 * 1000);       /* in the free tail */
     CHECK_CONTAINS(pto_errmsg(), "not the start of a live block");
-    pto_shm_get_stats(&st1);
+    pto_shm_stats_get(&st1);
     CHECK_EQ(st1.in_use_bytes, st0.in_use_bytes);
     CHECK_EQ(st1.live_blocks, st0.live_blocks);
     CHECK(all_bytes(p, 4096, 0x33));
     pto_shm_free(q);
     pto_shm_free(q);                           /* double free */
     CHECK_CONTAINS(pto_errmsg(), "freed twice");
-    pto_shm_get_stats(&st1);
+    pto_shm_stats_get(&st1);
     CHECK_EQ(st1.live_blocks, st0.live_blocks - 1);
     check_consistent();
     /* After q's space is handed out again, p's double free is still caught
@@ -590,7 +590,7 @@ static void test_errors(void)
                       "424 MiB free in a 1 GiB arena (largest free block 424 MiB)");
     CHECK_CONTAINS(m, "free tensors you no longer need or raise PTO_SHM_SIZE");
     pto_shm_stats st;
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.in_use_bytes, 600 * MIB);
     CHECK(st.hwm_bytes >= 600 * MIB);
     /* Fill the rest exactly, then nothing more fits. */
@@ -603,7 +603,7 @@ static void test_errors(void)
     /* All coalesced: the whole arena is one block again. */
     uint8_t *all = pto_shm_alloc(ARENA);
     CHECK(all != NULL);
-    pto_shm_get_stats(&st);
+    pto_shm_stats_get(&st);
     CHECK_EQ(st.hwm_bytes, ARENA);
     pto_shm_free(all);
     check_empty();
@@ -659,7 +659,7 @@ static void test_churn(void)
         if (op % 20000 == 0) {
             check_consistent();
             pto_shm_stats st;
-            pto_shm_get_stats(&st);
+            pto_shm_stats_get(&st);
             CHECK_EQ(st.in_use_bytes, model_in_use);
             CHECK_EQ(st.live_blocks, nlive);
         }

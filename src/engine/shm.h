@@ -1,4 +1,4 @@
-/* Shared tensor memory (arena.c): the internals tests look at. The public
+/* Shared tensor memory (shm.c): the internals tests look at. The public
  * API (pto_shm_*) is in pto.h.
  *
  * Behaviour worth knowing beyond pto.h:
@@ -17,8 +17,8 @@
  *    small tensors costs a memset rather than a madvise and page faults.
  *  - If the arena cannot be mapped at the asked size, half of it is tried,
  *    and so on down to 256 MiB (or the asked size if smaller). */
-#ifndef PTO_ARENA_H
-#define PTO_ARENA_H
+#ifndef PTO_SHM_H
+#define PTO_SHM_H
 
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
 /*
- * arena.c - shared tensor memory: one MAP_SHARED | MAP_ANONYMOUS |
+ * shm.c - shared tensor memory: one MAP_SHARED | MAP_ANONYMOUS |
  * MAP_NORESERVE reservation per process, so children forked at any time see
  * every tensor at the same address, also tensors created after the fork.
  *
@@ -24,10 +24,11 @@
  *  - One mutex guards it all (Lua's GC may free from any thread); madvise
  *    runs under it, since a released range must not be handed out before
  *    it is zero. fork takes it so the child gets a consistent copy, and the
- *    child may not allocate or free (see arena.h).
+ *    child may not allocate or free (see shm.h).
  */
-#include "arena.h"
+#include "shm.h"
 #include "common.h"
+#include "u64map.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -61,10 +62,12 @@ typedef struct blk {
     bool free;
 } blk;
 
-typedef struct live_slot {
-    uint64_t off;
-    blk *b;                                      /* NULL: empty slot */
-} live_slot;
+/* A live block in the live table (u64map.h), keyed by its offset + 1: the
+ * map reserves key 0, and the block at offset 0 is as live as any. */
+typedef struct live_cell {
+    uint64_t key;
+    blk *b;
+} live_cell;
 
 static struct {
     pthread_mutex_t lock;
@@ -80,13 +83,11 @@ static struct {
     uint64_t fl_map;
     uint32_t sl_map[FL_COUNT];
     blk *lists[FL_COUNT][SL_COUNT];
-    live_slot *live;
-    uint64_t live_mask, live_count;
-    unsigned live_bits;
+    pto_u64map live;                             /* of live_cell */
     uint64_t in_use, hwm, free_bytes, dirty;
     int64_t blocks, free_blocks;
     uint64_t madvise_calls, released_bytes, zeroed_bytes;
-} A = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} A = {.lock = PTHREAD_MUTEX_INITIALIZER, .live = {.cell_size = sizeof(live_cell), .min_cells = 1024}};
 
 /* ---- sizes and messages ---- */
 
@@ -217,66 +218,20 @@ static uint64_t largest_free(void)
     return best;
 }
 
-/* ---- live blocks: offset -> node, open addressing ---- */
-
-/* Fibonacci hashing: offsets are multiples of GRAN, often in runs. */
-static uint64_t live_hash(uint64_t off) { return ((off >> GRAN_LOG) * 0x9E3779B97F4A7C15ull) >> (64 - A.live_bits); }
-
-static uint64_t live_find(uint64_t off)
-{
-    uint64_t i = live_hash(off);
-    while (A.live[i].b && A.live[i].off != off) i = (i + 1) & A.live_mask;
-    return i;
-}
-
-static void live_put(uint64_t off, blk *b);
-
-static void live_grow(void)
-{
-    live_slot *old = A.live;
-    uint64_t ocap = A.live ? A.live_mask + 1 : 0, cap = ocap ? ocap * 2 : 1024;
-    A.live = pto_xcalloc(cap, sizeof *A.live);
-    A.live_mask = cap - 1;
-    A.live_bits = (unsigned)__builtin_ctzll(cap);
-    A.live_count = 0;
-    for (uint64_t i = 0; i < ocap; i++)
-        if (old[i].b) live_put(old[i].off, old[i].b);
-    free(old);
-}
+/* ---- live blocks: offset -> node ---- */
 
 static void live_put(uint64_t off, blk *b)
 {
-    if (!A.live || (A.live_count + 1) * 2 > A.live_mask + 1) live_grow();
-    uint64_t i = live_find(off);
-    A.live[i].off = off;
-    A.live[i].b = b;
-    A.live_count++;
+    live_cell *c = pto_u64map_add(&A.live, off + 1);
+    c->b = b;
 }
 
-/* Remove slot i, shifting later members of its probe run back so lookups
- * never stop at a hole (no tombstones). */
-static void live_del(uint64_t i)
-{
-    uint64_t j = i;
-    A.live[i].b = NULL;
-    A.live_count--;
-    for (;;) {
-        j = (j + 1) & A.live_mask;
-        if (!A.live[j].b) return;
-        uint64_t home = live_hash(A.live[j].off);
-        /* j may move to i unless its home lies cyclically in (i, j]. */
-        if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
-            A.live[i] = A.live[j];
-            A.live[j].b = NULL;
-            i = j;
-        }
-    }
-}
+static live_cell *live_find(uint64_t off) { return pto_u64map_find(&A.live, off + 1); }
 
 static blk *live_get(uint64_t off)
 {
-    if (!A.live) return NULL;
-    return A.live[live_find(off)].b;
+    live_cell *c = live_find(off);
+    return c ? c->b : NULL;
 }
 
 /* ---- pages ---- */
@@ -434,10 +389,7 @@ int pto_shm_adopt(void *block, uint64_t bytes)
         next = b->next;
         free(b);
     }
-    free(A.live);
-    A.live = NULL;
-    A.live_mask = A.live_count = 0;
-    A.live_bits = 0;
+    pto_u64map_destroy(&A.live);
     A.fl_map = 0;
     memset(A.sl_map, 0, sizeof A.sl_map);
     memset(A.lists, 0, sizeof A.lists);
@@ -569,8 +521,8 @@ void pto_shm_free(void *p)
         return;
     }
     uint64_t off = (uint64_t)((uintptr_t)p - base);
-    uint64_t slot = A.live ? live_find(off) : 0;
-    blk *b = A.live ? A.live[slot].b : NULL;
+    live_cell *cell = live_find(off);
+    blk *b = cell ? cell->b : NULL;
     if (!b) {
         pto_set_error("free of %p (offset %llu in shared tensor memory) ignored: it is not the start "
                       "of a live block (freed twice, or never returned by pto_shm_alloc)",
@@ -578,7 +530,7 @@ void pto_shm_free(void *p)
         pthread_mutex_unlock(&A.lock);
         return;
     }
-    live_del(slot);
+    pto_u64map_remove(&A.live, cell);
     uint64_t s = b->off, e = b->off + b->size;
     A.in_use -= b->size;
     A.free_bytes += b->size;
@@ -633,13 +585,13 @@ uint64_t pto_shm_block_size(const void *p)
     return n;
 }
 
-void pto_shm_get_stats(pto_shm_stats *out)
+void pto_shm_stats_get(pto_shm_stats *out)
 {
     pthread_mutex_lock(&A.lock);
     out->reserved_bytes = A.size;
     out->in_use_bytes = A.in_use;
     out->hwm_bytes = A.hwm;
-    out->live_blocks = (int64_t)A.live_count;
+    out->live_blocks = (int64_t)A.live.count;
     pthread_mutex_unlock(&A.lock);
 }
 
@@ -709,8 +661,8 @@ int pto_shm_check(void)
         (unsigned long long)nfree, (unsigned long long)listed, (long long)A.free_blocks);
     if ((int64_t)nblocks != A.blocks) BAD("%llu blocks, %lld counted", (unsigned long long)nblocks,
                                           (long long)A.blocks);
-    if (live != A.live_count) BAD("%llu live blocks, %llu in the live table", (unsigned long long)live,
-                                  (unsigned long long)A.live_count);
+    if (live != A.live.count) BAD("%llu live blocks, %llu in the live table", (unsigned long long)live,
+                                  (unsigned long long)A.live.count);
     if (used != A.in_use || A.size - used != A.free_bytes) BAD("%llu bytes in use, counters say %llu",
         (unsigned long long)used, (unsigned long long)A.in_use);
     if (dirty != A.dirty || dirty > RETAIN_ALL) BAD("%llu dirty bytes in runs, counter says %llu",

@@ -1,0 +1,99 @@
+#include "u64map.h"
+#include "common.h"
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
+ * to spread the aligned addresses and offsets the engine uses as keys. */
+static size_t home_of(const pto_u64map *m, uint64_t key)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & m->mask;
+}
+
+void pto_u64map_init(pto_u64map *m, size_t cell_size, size_t min_cells)
+{
+    assert(cell_size >= sizeof(uint64_t) && min_cells && (min_cells & (min_cells - 1)) == 0);
+    memset(m, 0, sizeof *m);
+    m->cell_size = cell_size;
+    m->min_cells = min_cells;
+}
+
+void pto_u64map_destroy(pto_u64map *m)
+{
+    free(m->cells);
+    m->cells = NULL;
+    m->mask = 0;
+    m->count = 0;
+}
+
+void *pto_u64map_find(const pto_u64map *m, uint64_t key)
+{
+    if (!m->cells) return NULL;
+    for (size_t i = home_of(m, key);; i = (i + 1) & m->mask) {
+        uint64_t k = pto_u64map_key(m, i);
+        if (k == key) return pto_u64map_cell(m, i);
+        if (k == 0) return NULL;
+    }
+}
+
+void pto_u64map_resize(pto_u64map *m, size_t ncells)
+{
+    assert(ncells && (ncells & (ncells - 1)) == 0 && ncells > m->count);
+    char *old = m->cells;
+    size_t oldn = pto_u64map_cells(m);
+    m->cells = pto_xcalloc(ncells, m->cell_size);
+    m->mask = ncells - 1;
+    for (size_t i = 0; i < oldn; i++) {
+        const char *c = old + i * m->cell_size;
+        uint64_t key = *(const uint64_t *)c;
+        if (!key) continue;
+        size_t j = home_of(m, key);
+        while (pto_u64map_key(m, j)) j = (j + 1) & m->mask;
+        memcpy(pto_u64map_cell(m, j), c, m->cell_size);
+    }
+    free(old);
+}
+
+void *pto_u64map_add(pto_u64map *m, uint64_t key)
+{
+    assert(key != 0);
+    void *c = pto_u64map_find(m, key);
+    if (c) return c;
+    if (!m->cells) pto_u64map_resize(m, m->min_cells);
+    else if ((m->count + 1) * 4 > (m->mask + 1) * 3) pto_u64map_resize(m, (m->mask + 1) * 2);
+    size_t i = home_of(m, key);
+    while (pto_u64map_key(m, i)) i = (i + 1) & m->mask;
+    c = pto_u64map_cell(m, i);
+    *(uint64_t *)c = key;
+    m->count++;
+    return c;
+}
+
+void pto_u64map_remove(pto_u64map *m, void *cell)
+{
+    size_t i = (size_t)((char *)cell - (char *)m->cells) / m->cell_size;
+    memset(cell, 0, m->cell_size);
+    m->count--;
+    for (size_t j = (i + 1) & m->mask; pto_u64map_key(m, j); j = (j + 1) & m->mask) {
+        size_t home = home_of(m, pto_u64map_key(m, j));
+        /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
+        bool stays = (i < j) ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            memcpy(pto_u64map_cell(m, i), pto_u64map_cell(m, j), m->cell_size);
+            memset(pto_u64map_cell(m, j), 0, m->cell_size);
+            i = j;
+        }
+    }
+}
+
+void pto_u64map_clear(pto_u64map *m)
+{
+    if (m->count) memset(m->cells, 0, pto_u64map_cells(m) * m->cell_size);
+    m->count = 0;
+}

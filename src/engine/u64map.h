@@ -1,0 +1,49 @@
+/* A small hash map keyed by a non-zero uint64_t, shared by the TensorMap
+ * (storage base -> its writers) and the shared-memory allocator (block
+ * offset -> block): open addressing with linear probing, a power-of-two
+ * table kept at most 3/4 full, and backward-shift deletion, so there are
+ * no tombstones and a long run of inserts and erases never degrades it.
+ *
+ * Cells are the caller's structs whose first member is the uint64_t key
+ * (0 marks an empty cell), so a value lives in its cell: adding a key costs
+ * no allocation of its own. Cell pointers stay valid until the next add,
+ * remove or resize. Not thread-safe: each user holds its own lock or is the
+ * only thread that touches its map. */
+#ifndef PTO_U64MAP_H
+#define PTO_U64MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pto_u64map {
+    void *cells;                     /* NULL until the first add or resize */
+    size_t cell_size;
+    size_t mask;                     /* cells - 1 */
+    size_t count;                    /* keys in the map */
+    size_t min_cells;                /* the table never shrinks below this (a power of two) */
+} pto_u64map;
+
+/* An empty map of cells of cell_size bytes (key first), at least min_cells of them once used. */
+void pto_u64map_init(pto_u64map *m, size_t cell_size, size_t min_cells);
+/* Free the table (not what cells point to); m is then empty and usable. */
+void pto_u64map_destroy(pto_u64map *m);
+/* The cell of key, or NULL. */
+void *pto_u64map_find(const pto_u64map *m, uint64_t key);
+/* The cell of key, added (zero-filled, key set) if it was not there. */
+void *pto_u64map_add(pto_u64map *m, uint64_t key);
+/* Remove the cell (from find or add) from the map. */
+void pto_u64map_remove(pto_u64map *m, void *cell);
+/* Empty every cell, keeping the table. */
+void pto_u64map_clear(pto_u64map *m);
+/* Rebuild the table with ncells cells (a power of two, more than count). */
+void pto_u64map_resize(pto_u64map *m, size_t ncells);
+
+/* Table size: iterate i < pto_u64map_cells(m), skipping cells whose key is 0. */
+static inline size_t pto_u64map_cells(const pto_u64map *m) { return m->cells ? m->mask + 1 : 0; }
+static inline void *pto_u64map_cell(const pto_u64map *m, size_t i) { return (char *)m->cells + i * m->cell_size; }
+static inline uint64_t pto_u64map_key(const pto_u64map *m, size_t i)
+{
+    return *(const uint64_t *)pto_u64map_cell(m, i);
+}
+
+#endif

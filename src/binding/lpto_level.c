@@ -1,4 +1,4 @@
-/* lpto_level.c - Workers of Workers (seed 001 §6). A Worker of level >= 4
+/* lpto_level.c - Workers of Workers. A Worker of level >= 4
  * has Worker children, added with w:add_worker(child), as its next-level
  * workers. Each is driven by a leaf that does what Worker:run does, on the
  * child Worker:

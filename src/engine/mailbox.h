@@ -1,5 +1,5 @@
 /* The shared-memory mailbox between one WorkerThread (the parent side) and
- * the child process that runs its leaf in PROCESS mode (seed 004 §4.2-4.4).
+ * the child process that runs its leaf in PROCESS mode.
  *
  * One mailbox per WorkerThread, each its own MAP_SHARED|MAP_ANONYMOUS
  * mapping taken before any fork, so the zygote and every child it forks see

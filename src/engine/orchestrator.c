@@ -617,7 +617,8 @@ int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dty
     s->member0.tensors = s->inl_tensors;
     s->inl_tags[0] = PTO_OUTPUT;
     s->member0.tags = s->inl_tags;
-    /* Born COMPLETED with its self-release done (seed 000 §8b). */
+    /* Born COMPLETED with its self-release done: an allocation runs nothing,
+     * so only its scope holds it. */
     atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 1), memory_order_relaxed);
     atomic_store_explicit(&s->state, PTO_TASK_COMPLETED, memory_order_release);
     s->scope_held = true;

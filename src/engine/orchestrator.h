@@ -1,4 +1,4 @@
-/* Orchestrator (seed 000): turns submit calls on the user's thread into DAG
+/* Orchestrator: turns submit calls on the user's thread into DAG
  * nodes. It owns the TensorMap, the Scope stack, the slot pool and the heap
  * rings' allocation, and it is the only thread that reclaims: slots the
  * scheduler consumed come back through a lock-free stack and are recycled

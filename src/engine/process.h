@@ -1,4 +1,4 @@
-/* PROCESS mode (seed 004 §4): every WorkerThread drives one child process
+/* PROCESS mode: every WorkerThread drives one child process
  * through a shared-memory mailbox (mailbox.h). The WorkerThread's leaf is
  * pto_proc_run, a mailbox client; the user's pto_leaf runs in the child.
  *

@@ -1,4 +1,4 @@
-/* Heap rings (seed 000 §5): MAX_RING_DEPTH shared mappings, each a circular
+/* Heap rings: MAX_RING_DEPTH shared mappings, each a circular
  * byte heap with FIFO reclamation. The mappings are taken when the Worker is
  * created, so children forked later see them at the same addresses. Only the
  * orchestrator thread allocates and releases, so a ring needs no lock; the

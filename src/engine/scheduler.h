@@ -1,4 +1,4 @@
-/* Scheduler (seed 003): one thread that wires fan-out edges of newly
+/* Scheduler: one thread that wires fan-out edges of newly
  * submitted tasks, dispatches ready tasks to worker threads, and handles
  * completions (fan-out release, poisoning, reclamation hand-off).
  * Phase order per turn: wiring, dispatch, completion. */

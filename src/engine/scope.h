@@ -1,4 +1,4 @@
-/* Scope (seed 000 §6): a stack of frames, each listing the slots that hold
+/* Scope: a stack of frames, each listing the slots that hold
  * a scope reference in it. Frame 0 is the run's outer scope; up to
  * PTO_MAX_SCOPE_DEPTH nested frames sit on top. The nesting depth also picks
  * the heap ring: min(depth, PTO_MAX_RING_DEPTH - 1). */

@@ -66,9 +66,10 @@ struct pto_slot {
     pto_ref *refs;                    /* producers and held slabs (orchestrator) */
     int32_t nrefs;
 
-    /* Consume threshold of seed 000 §8 packed in one word so that adding a
-     * consumer and releasing a reference never race: high 32 bits are
-     * fanout_total (scope ref + consumers), low 32 bits fanout_released
+    /* The consume threshold (references to drop before the slot can be
+     * reclaimed) packed in one word so that adding a consumer and releasing
+     * a reference never race: high 32 bits are fanout_total (scope ref +
+     * consumers), low 32 bits fanout_released
      * (self + each released ref). CONSUMED once released == total + 1. */
     _Atomic uint64_t fanout;
 

@@ -1,5 +1,5 @@
 /* Tensor descriptors and the args blob, the only wire form of a task's
- * arguments (task flow §3): [i32 T][i32 S][pto_tensor x T][u64 x S]. */
+ * arguments: [i32 T][i32 S][pto_tensor x T][u64 x S]. */
 #ifndef PTO_TASK_ARGS_H
 #define PTO_TASK_ARGS_H
 

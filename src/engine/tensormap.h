@@ -1,4 +1,4 @@
-/* TensorMap (seed 000 §7, seed 002 §Overlapping Region Detection): for each
+/* TensorMap: for each
  * storage base, the byte ranges written by live producers. Lookups return
  * every producer whose range overlaps the query, so disjoint views of one
  * storage never serialise. Only the orchestrator thread touches it; entries

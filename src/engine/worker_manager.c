@@ -165,7 +165,7 @@ static void *wt_main(void *arg)
 }
 
 /* PROCESS mode: the zygote and one child per worker thread, all started
- * before any thread of this Worker exists (seed 004 §4.1). */
+ * before any thread of this Worker exists. */
 static bool start_children(pto_worker_manager *wm)
 {
     int32_t n = wm->count[0] + wm->count[1];

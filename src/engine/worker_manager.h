@@ -1,4 +1,4 @@
-/* WorkerManager and WorkerThread (seed 004): one thread per child leaf
+/* WorkerManager and WorkerThread: one thread per child leaf
  * (chip, sub worker or nested Worker), fed by the scheduler through a
  * bounded single-producer queue and answering through another. In THREAD
  * mode the thread calls the leaf itself; in PROCESS mode it calls the proc

@@ -87,7 +87,7 @@ typedef struct pto_tensor {
     uint16_t reserved;
 } pto_tensor;
 
-/* Execution knobs, copied by value to every level (task flow §CallConfig). */
+/* Execution knobs, copied by value to every level. */
 typedef struct pto_call_config {
     int32_t block_dim;
     int32_t aicpu_thread_num;
@@ -154,7 +154,7 @@ typedef struct pto_worker_config {
     uint32_t start_timeout_ms;
 } pto_worker_config;
 
-/* Flow-control statistics of one Worker (seed 002 §Stall Tracking). */
+/* Flow-control statistics of one Worker (ring occupancy and submit stalls). */
 typedef struct pto_ring_stats {
     int64_t stalls;              /* times an allocation waited on this ring */
     int64_t stall_ns;
@@ -235,7 +235,7 @@ uint64_t pto_tensor_numel(const pto_tensor *t);
 /* Bytes covered by t. */
 uint64_t pto_tensor_nbytes(const pto_tensor *t);
 
-/* Bytes of the args blob for T tensors and S scalars (task flow §3). */
+/* Bytes of the args blob for T tensors and S scalars. */
 size_t pto_blob_size(int32_t tensor_count, int32_t scalar_count);
 /* Encode view into buf as [i32 T][i32 S][tensor x T][u64 x S]; returns bytes written or -1 if cap
  * is too small. */

@@ -185,12 +185,8 @@ describe("failures", function()
 end)
 
 describe("an L3 child process", function()
-  if H.MODE ~= "process" then
-    pending("process mode only: a killed L3 child is replaced with its whole subtree")
-    return
-  end
-
-  it("killed with SIGKILL fails its task, and is replaced with its subtree for the next run", function()
+  H.process_only("killed with SIGKILL fails its task, and is replaced with its subtree for the next run",
+                 "a killed L3 child is replaced with its whole subtree", function()
     local counter = pto.tensor({1}, "i64")
     local w4, count = counter_tree("process", "process")
     w4:init()
@@ -385,12 +381,8 @@ describe("submit_next_level_group", function()
 end)
 
 describe("init of a tree", function()
-  if H.MODE ~= "process" then
-    pending("process-mode init failures (children of children must be processes)")
-    return
-  end
-
-  it("raises naming the path when an L3 child's own chip fails to start; nothing is left", function()
+  local WHY = "process-mode init failures (children of children must be processes)"
+  H.process_only("raises naming the path when an L3 child's own chip fails to start; nothing is left", WHY, function()
     local before = live_descendants()
     local l3 = pto.Worker{level = 3, chips = 1, chip_runtime = "/nonexistent/libx.so", mode = "process"}
     local w4 = pto.Worker{level = 4, mode = "process"}
@@ -403,7 +395,7 @@ describe("init of a tree", function()
     w4:close()
   end)
 
-  it("raises in time when an L3 child's chip hangs, with one deadline for the tree", function()
+  H.process_only("raises in time when an L3 child's chip hangs, with one deadline for the tree", WHY, function()
     local lib = assert(os.getenv("PTO_HANG_LIB"), "PTO_HANG_LIB names the fixture library (spec/CMakeLists.txt)")
     local before = live_descendants()
     local l3 = pto.Worker{level = 3, chips = 1, chip_runtime = lib, mode = "process"}   -- its own timeout: 10 s

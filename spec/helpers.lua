@@ -270,6 +270,14 @@ function M.shm_entries()
   return out
 end
 
+-- Threads of this process (a Worker's scheduler and worker threads among them).
+function M.thread_count()
+  local f = assert(io.open("/proc/self/status"))
+  local n = f:read("a"):match("\nThreads:%s*(%d+)")
+  f:close()
+  return math.tointeger(tonumber(n))
+end
+
 -- Open file descriptors of this process (lfs.dir's own descriptor included,
 -- the same in every count).
 function M.fd_count()

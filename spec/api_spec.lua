@@ -60,6 +60,18 @@ local function run(fn, ...)
 end
 
 local function sleep(orch, us, ...) return orch:submit_next_level(K.sleep_us, targs(us, ...)) end
+-- The same, returning once the task runs: a consumer submitted next finds
+-- its producer running, which a scheduler that took a running producer for
+-- a finished one gets wrong. (Without the wait, whether the producer had
+-- started when its consumer was wired was a race, and such a scheduler
+-- passed some runs.)
+-- Only for a task that can start without a Lua sub running first (in
+-- THREAD mode the wait keeps the interpreter lock).
+local function sleeping(orch, us, ...)
+  local id = sleep(orch, us, ...)
+  H.wait_state(orch, id, {"running"})
+  return id
+end
 local function mark(orch, id, ...) return orch:submit_sub(MARK, targs(id, ...)) end
 local function peek(orch, id, ...) return orch:submit_sub(PEEK, targs(id, ...)) end
 local function fill(orch, value, ...)
@@ -162,7 +174,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
   it("INPUT after OUTPUT waits for the writer (RAW)", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 200000, {t, pto.OUTPUT})
+      local s = sleeping(orch, 200000, {t, pto.OUTPUT})
       local c = mark(orch, 1, {t, pto.INPUT})
       local d = mark(orch, 2)
       return {s = s, c = producers(orch, c), cfanin = orch:task(c).fanin, d = producers(orch, d)}
@@ -177,7 +189,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
   it("INPUT sees the data of the last writer, through an INOUT in between", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 100000, {t, "out"})
+      local s = sleeping(orch, 100000, {t, "out"})
       local f = fill(orch, 7, {t, "inout"})
       local c = peek(orch, 1, {t, "in"})
       return {s = s, f = f, fp = producers(orch, f), cp = producers(orch, c)}
@@ -226,8 +238,10 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
   it("INOUT chains serialise", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s1 = sleep(orch, 150000, {t, "inout"})
+      local s1 = sleeping(orch, 150000, {t, "inout"})
       local a = mark(orch, 1, {t, "inout"})
+      -- not waited for: it runs only after sub a, which in THREAD mode
+      -- needs the interpreter this busy wait would keep
       local s2 = sleep(orch, 150000, {t, "inout"})
       local b = mark(orch, 2, {t, pto.INOUT})
       return {s1 = s1, a = a, s2 = s2, b = b, ap = producers(orch, a), s2p = producers(orch, s2),
@@ -269,7 +283,7 @@ describe("the tag table (seed 000 §TensorMap), observed through task order", fu
   it("OUTPUT_EXISTING registers the writer: a later INPUT waits for it", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 200000, {t, "out_existing"})
+      local s = sleeping(orch, 200000, {t, "out_existing"})
       local c = mark(orch, 1, {t, "in"})
       mark(orch, 2)
       return {s = s, cp = producers(orch, c)}
@@ -500,7 +514,7 @@ describe("tensors (§2)", function()
     local hi = base:view{offset = 32, shape = {32}}
     local mid = base:view{offset = 16, shape = {8}}   -- inside lo
     local r = run(function(orch)
-      local s = sleep(orch, 300000, {lo, "out"}, {u, "out"})
+      local s = sleeping(orch, 300000, {lo, "out"}, {u, "out"})
       local c1 = mark(orch, 1, {hi, "in"})
       local c2 = mark(orch, 2, {mid, "in"})
       mark(orch, 3, {u, "in"})
@@ -521,8 +535,8 @@ describe("tensors (§2)", function()
     local lo = base:view{offset = 0, shape = {32}}
     local hi = base:view{offset = 32, shape = {32}}
     local r = run(function(orch)
-      local a = sleep(orch, 250000, {lo, "out"})
-      local b = sleep(orch, 250000, {hi, "inout"})
+      local a = sleeping(orch, 250000, {lo, "out"})
+      local b = sleeping(orch, 250000, {hi, "inout"})
       local c = mark(orch, 1, {base, "in"})
       return {a = a, b = b, bp = producers(orch, b), cp = producers(orch, c)}
     end)

@@ -270,6 +270,24 @@ function M.shm_entries()
   return out
 end
 
+-- Process pid is blocked in nanosleep: for a chip child, inside the
+-- sleep_us kernel (the engine's own waits use futexes and sched_yield,
+-- never nanosleep). How a spec knows a chip task has really started,
+-- where its state "running" only says it was handed to the worker.
+function M.in_nanosleep(pid)
+  local function read(what)
+    local f = io.open(("/proc/%d/%s"):format(pid, what))
+    if not f then return "" end
+    local s = f:read("a") or ""
+    f:close()
+    return s
+  end
+  if read("wchan"):find("nanosleep", 1, true) then return true end
+  -- where wchan is hidden: the syscall number (x86_64: nanosleep 35, clock_nanosleep 230)
+  local nr = tonumber(read("syscall"):match("^(%d+) "))
+  return nr == 35 or nr == 230
+end
+
 -- Threads of this process (a Worker's scheduler and worker threads among them).
 function M.thread_count()
   local f = assert(io.open("/proc/self/status"))

@@ -60,6 +60,18 @@ local function run(fn, ...)
 end
 
 local function sleep(orch, us, ...) return orch:submit_next_level(K.sleep_us, targs(us, ...)) end
+-- The same, returning once the task runs: a consumer submitted next finds
+-- its producer running, which a scheduler that took a running producer for
+-- a finished one gets wrong. (Without the wait, whether the producer had
+-- started when its consumer was wired was a race, and such a scheduler
+-- passed some runs.)
+-- Only for a task that can start without a Lua sub running first (in
+-- THREAD mode the wait keeps the interpreter lock).
+local function sleeping(orch, us, ...)
+  local id = sleep(orch, us, ...)
+  H.wait_state(orch, id, {"running"})
+  return id
+end
 local function mark(orch, id, ...) return orch:submit_sub(MARK, targs(id, ...)) end
 local function peek(orch, id, ...) return orch:submit_sub(PEEK, targs(id, ...)) end
 local function fill(orch, value, ...)
@@ -162,7 +174,7 @@ describe("the tag table (TensorMap lookup and insert per tag), observed through 
   it("INPUT after OUTPUT waits for the writer (RAW)", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 200000, {t, pto.OUTPUT})
+      local s = sleeping(orch, 200000, {t, pto.OUTPUT})
       local c = mark(orch, 1, {t, pto.INPUT})
       local d = mark(orch, 2)
       return {s = s, c = producers(orch, c), cfanin = orch:task(c).fanin, d = producers(orch, d)}
@@ -177,7 +189,7 @@ describe("the tag table (TensorMap lookup and insert per tag), observed through 
   it("INPUT sees the data of the last writer, through an INOUT in between", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 100000, {t, "out"})
+      local s = sleeping(orch, 100000, {t, "out"})
       local f = fill(orch, 7, {t, "inout"})
       local c = peek(orch, 1, {t, "in"})
       return {s = s, f = f, fp = producers(orch, f), cp = producers(orch, c)}
@@ -226,8 +238,10 @@ describe("the tag table (TensorMap lookup and insert per tag), observed through 
   it("INOUT chains serialise", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s1 = sleep(orch, 150000, {t, "inout"})
+      local s1 = sleeping(orch, 150000, {t, "inout"})
       local a = mark(orch, 1, {t, "inout"})
+      -- not waited for: it runs only after sub a, which in THREAD mode
+      -- needs the interpreter this busy wait would keep
       local s2 = sleep(orch, 150000, {t, "inout"})
       local b = mark(orch, 2, {t, pto.INOUT})
       return {s1 = s1, a = a, s2 = s2, b = b, ap = producers(orch, a), s2p = producers(orch, s2),
@@ -269,7 +283,7 @@ describe("the tag table (TensorMap lookup and insert per tag), observed through 
   it("OUTPUT_EXISTING registers the writer: a later INPUT waits for it", function()
     local t = pto.tensor{4}
     local r = run(function(orch)
-      local s = sleep(orch, 200000, {t, "out_existing"})
+      local s = sleeping(orch, 200000, {t, "out_existing"})
       local c = mark(orch, 1, {t, "in"})
       mark(orch, 2)
       return {s = s, cp = producers(orch, c)}
@@ -500,7 +514,7 @@ describe("tensors", function()
     local hi = base:view{offset = 32, shape = {32}}
     local mid = base:view{offset = 16, shape = {8}}   -- inside lo
     local r = run(function(orch)
-      local s = sleep(orch, 300000, {lo, "out"}, {u, "out"})
+      local s = sleeping(orch, 300000, {lo, "out"}, {u, "out"})
       local c1 = mark(orch, 1, {hi, "in"})
       local c2 = mark(orch, 2, {mid, "in"})
       mark(orch, 3, {u, "in"})
@@ -521,8 +535,8 @@ describe("tensors", function()
     local lo = base:view{offset = 0, shape = {32}}
     local hi = base:view{offset = 32, shape = {32}}
     local r = run(function(orch)
-      local a = sleep(orch, 250000, {lo, "out"})
-      local b = sleep(orch, 250000, {hi, "inout"})
+      local a = sleeping(orch, 250000, {lo, "out"})
+      local b = sleeping(orch, 250000, {hi, "inout"})
       local c = mark(orch, 1, {base, "in"})
       return {a = a, b = b, bp = producers(orch, b), cp = producers(orch, c)}
     end)
@@ -785,12 +799,27 @@ describe("Worker", function()
       assert.is_false(w2.closed)
     end
     assert.is_true(ref.closed)
-    do
-      local w3 = pto.Worker{chips = 1}
+    -- A Worker dropped without close: __gc closes it, so it leaves the
+    -- list of live Workers, and its threads and child processes go.
+    local workers0, procs0, threads0 = #pto.workers(), H.descendants(), H.thread_count()
+    local weak = setmetatable({}, {__mode = "v"})
+    local function drop()   -- in its own frame, so no register keeps the Worker alive
+      local w3 = pto.Worker{chips = 1, num_sub_workers = 1}
       w3:init()
+      weak[1] = w3
+      assert.equal(workers0 + 1, #pto.workers())
+      if H.MODE == "process" then assert.is_true(#H.descendants() > #procs0, "w3 has no child processes") end
+      assert.is_true(H.thread_count() > threads0, "w3 has no threads")
     end
+    drop()
     collectgarbage()
     collectgarbage()
+    assert.is_nil(weak[1], "the dropped Worker was not collected")
+    assert.equal(workers0, #pto.workers())
+    assert.is_true(H.eventually(function() return table.concat(H.descendants(), " ") == table.concat(procs0, " ") end, 2),
+                   "the collected Worker's child processes outlived it")
+    assert.is_true(H.eventually(function() return H.thread_count() == threads0 end, 2),
+                   "the collected Worker's threads outlived it")
   end)
 
   it("reports flow-control statistics", function()
@@ -1112,16 +1141,20 @@ describe("orchestrator", function()
 
   it("inspects tasks: orch:task, orch:tasks, orch:dag, orch:dot", function()
     local x, y, z = pto.tensor{4}, pto.tensor{4}, pto.tensor{4}
+    -- Dispatch held: nothing runs until the release below, so each state
+    -- is known once W:sync() has wired the submits.
+    W:hold()
     local ok, err = pcall(run, function(orch)
       local a = orch:submit_next_level(K.vector_add, pto.args{x, y, {z, "out"}})
       local b = mark(orch, 1, {z, "in"})
       orch:alloc({4}, "f32")                 -- id 2, an alloc slot
       local spec = pto.tensor_spec{4}
       local d = orch:submit_next_level(K.copy, pto.args{z, {spec, "out"}})
+      W:sync()
       local ta, tb, td = orch:task(a), orch:task(b), orch:task(d)
       assert.are.same({0, 1, 3}, {a, b, d})
+      assert.are.same({"ready", "pending", "pending"}, {ta.state, tb.state, td.state})
       for _, t in ipairs{ta, tb, td} do
-        assert.truthy(({pending = 1, ready = 1, running = 1, completed = 1, consumed = 1})[t.state], t.state)
         assert.are.equal("integer", math.type(t.callable))
         assert.are.equal("integer", math.type(t.fanout))
         assert.is_nil(t.error)
@@ -1162,11 +1195,14 @@ describe("orchestrator", function()
       assert.truthy(dot:find("  t0 -> t1;", 1, true))
       assert.truthy(dot:find("  t0 -> t3;", 1, true))
       -- a failed task carries its error while the run lasts
+      W:release()
       local f = orch:submit_next_level(K.fail, pto.args{scalars = {3}})
       local tf = H.wait_state(orch, f, {"failed"})
       assert.truthy(tf.error and tf.error:find("fail kernel called with code 3", 1, true), tf.error)
       assert.truthy(orch:dot():find("fillcolor=tomato", 1, true))
     end)
+    W:release()   -- also when an assertion above failed while held
+    if type(err) ~= "string" then error(err, 0) end   -- that assertion's own report
     assert.is_false(ok)
     assert.truthy(err:find("code 3", 1, true), err)
   end)

@@ -1,6 +1,7 @@
 -- The C API through LuaJIT's FFI: pto_ffi.h (generated from pto.h) goes to
 -- ffi.cdef as is, libpto is loaded with ffi.load, and a small DAG runs on
--- the built-in simulated chips. Run by CTest with luajit when installed.
+-- the built-in simulated chips. Run by CTest under luajit (without luajit,
+-- ctest lists it as skipped, or failed under CI).
 local ffi = require "ffi"
 
 local function read(path)

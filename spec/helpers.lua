@@ -15,12 +15,25 @@ do
 end
 
 -- it(name, fn) in thread mode; in process mode a pending entry saying why.
+-- spec/run_busted.lua counts these calls as tests that thread mode must
+-- pass, so a mode-only test is written with this (or process_only), never
+-- as an `it` behind an `if`.
 function M.thread_only(name, why, fn)
   local busted = require "busted"   -- it and pending live in the spec file's environment, not in _G
   if M.MODE == "thread" then
     busted.it(name, fn)
   else
     busted.pending(name .. " [thread mode only: " .. why .. "]")
+  end
+end
+
+-- it(name, fn) in process mode; in thread mode a pending entry saying why.
+function M.process_only(name, why, fn)
+  local busted = require "busted"
+  if M.MODE == "process" then
+    busted.it(name, fn)
+  else
+    busted.pending(name .. " [process mode only: " .. why .. "]")
   end
 end
 
@@ -255,6 +268,32 @@ function M.shm_entries()
     if name ~= "." and name ~= ".." then out[name] = true end
   end
   return out
+end
+
+-- Process pid is blocked in nanosleep: for a chip child, inside the
+-- sleep_us kernel (the engine's own waits use futexes and sched_yield,
+-- never nanosleep). How a spec knows a chip task has really started,
+-- where its state "running" only says it was handed to the worker.
+function M.in_nanosleep(pid)
+  local function read(what)
+    local f = io.open(("/proc/%d/%s"):format(pid, what))
+    if not f then return "" end
+    local s = f:read("a") or ""
+    f:close()
+    return s
+  end
+  if read("wchan"):find("nanosleep", 1, true) then return true end
+  -- where wchan is hidden: the syscall number (x86_64: nanosleep 35, clock_nanosleep 230)
+  local nr = tonumber(read("syscall"):match("^(%d+) "))
+  return nr == 35 or nr == 230
+end
+
+-- Threads of this process (a Worker's scheduler and worker threads among them).
+function M.thread_count()
+  local f = assert(io.open("/proc/self/status"))
+  local n = f:read("a"):match("\nThreads:%s*(%d+)")
+  f:close()
+  return math.tointeger(tonumber(n))
 end
 
 -- Open file descriptors of this process (lfs.dir's own descriptor included,

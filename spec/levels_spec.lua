@@ -185,12 +185,8 @@ describe("failures", function()
 end)
 
 describe("an L3 child process", function()
-  if H.MODE ~= "process" then
-    pending("process mode only: a killed L3 child is replaced with its whole subtree")
-    return
-  end
-
-  it("killed with SIGKILL fails its task, and is replaced with its subtree for the next run", function()
+  local WHY = "a killed L3 child is replaced with its whole subtree"
+  H.process_only("killed with SIGKILL while idle is replaced with its subtree before the next task", WHY, function()
     local counter = pto.tensor({1}, "i64")
     local w4, count = counter_tree("process", "process")
     w4:init()
@@ -203,14 +199,52 @@ describe("an L3 child process", function()
       for _, p in ipairs(below) do if not gone(p) then return false end end
       return true
     end, 2), "the L3 child's own children outlived it")
-    local ok, err = pcall(w4.run, w4, function(orch)
-      orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig())
-    end)
-    -- the death may be seen at dispatch (replaced first) or as the task's failure
-    if not ok then assert.truthy(err:find("L3 worker 1", 1, true), err) end
+    -- Once the L4 has seen the death (its zygote reaped the child: no pid
+    -- listed), the next task replaces the child before it is sent, so the
+    -- run succeeds. (A child killed while it runs a task fails that task:
+    -- process_spec.)
+    assert.is_true(eventually(function() return w4:child_pids().workers[1] == nil end, 2),
+                   "the L4 still lists the killed L3 child")
     w4:run(function(orch) orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig()) end)
-    assert.is_true(counter[1] >= 1)
-    assert.is_true(w4:child_pids().workers[1] ~= pid)
+    assert.equal(1, counter[1])
+    local replaced = w4:child_pids().workers[1]
+    assert.is_true(replaced ~= nil and replaced ~= pid, "no new L3 child")
+    w4:run(function(orch) orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig()) end)
+    assert.equal(2, counter[1])
+    assert.equal(replaced, w4:child_pids().workers[1])
+    w4:close()
+  end)
+
+  H.process_only("killed with SIGKILL while it runs a task fails that task, and is replaced for the next run", WHY,
+                 function()
+    local started, counter = pto.tensor({1}, "i64"), pto.tensor({1}, "i64")
+    local l3 = pto.Worker{level = 3, chips = 1, num_sub_workers = 1, mode = "process"}
+    local sleep = l3:register(pto.chip_kernel("sleep_us"))
+    local bump = l3:register(function(a) local t = a:tensor(1); t[1] = t[1] + 1 end, "bump")
+    local w4 = pto.Worker{level = 4, mode = "process"}
+    -- says it started (the flag is shared memory), then sleeps 30 s: killed long before
+    local slow = w4:register(function(orch, a)
+      a:tensor(1)[1] = 1
+      orch:submit_next_level(sleep, args{scalars = {30000000}})
+    end, "slow")
+    local count = w4:register(function(orch, a) orch:submit_sub(bump, args{{a:tensor(1), "inout"}}) end, "count")
+    w4:add_worker(l3)
+    w4:init()
+    local pid = w4:child_pids().workers[1]
+    local t0 = now()
+    local msg = assert_error(function()
+      w4:run(function(orch)
+        orch:submit_next_level(slow, args{{started, "inout"}}, pto.CallConfig())
+        assert.is_true(eventually(function() return started[1] == 1 end, 10), "the L3 task did not start")
+        os.execute("kill -9 " .. pid)
+      end)
+    end, "Worker:run: L4 task 0 (callable 'slow' on L3 worker 1")
+    assert.truthy(msg:find("killed by signal 9", 1, true), msg)
+    assert.is_true(now() - t0 < 10, "the failure waited for the 30 s task")
+    w4:run(function(orch) orch:submit_next_level(count, args{{counter, "inout"}}, pto.CallConfig()) end)
+    assert.equal(1, counter[1])
+    local replaced = w4:child_pids().workers[1]
+    assert.is_true(replaced ~= nil and replaced ~= pid, "no new L3 child")
     w4:close()
   end)
 end)
@@ -385,12 +419,8 @@ describe("submit_next_level_group", function()
 end)
 
 describe("init of a tree", function()
-  if H.MODE ~= "process" then
-    pending("process-mode init failures (children of children must be processes)")
-    return
-  end
-
-  it("raises naming the path when an L3 child's own chip fails to start; nothing is left", function()
+  local WHY = "process-mode init failures (children of children must be processes)"
+  H.process_only("raises naming the path when an L3 child's own chip fails to start; nothing is left", WHY, function()
     local before = live_descendants()
     local l3 = pto.Worker{level = 3, chips = 1, chip_runtime = "/nonexistent/libx.so", mode = "process"}
     local w4 = pto.Worker{level = 4, mode = "process"}
@@ -403,7 +433,7 @@ describe("init of a tree", function()
     w4:close()
   end)
 
-  it("raises in time when an L3 child's chip hangs, with one deadline for the tree", function()
+  H.process_only("raises in time when an L3 child's chip hangs, with one deadline for the tree", WHY, function()
     local lib = assert(os.getenv("PTO_HANG_LIB"), "PTO_HANG_LIB names the fixture library (spec/CMakeLists.txt)")
     local before = live_descendants()
     local l3 = pto.Worker{level = 3, chips = 1, chip_runtime = lib, mode = "process"}   -- its own timeout: 10 s

@@ -2,7 +2,8 @@
 -- pseudo-terminal by spec/fixtures/ptydrive.c (the prompt is only the full
 -- prompt when stdin is a terminal). Each session is a list of steps:
 -- {"send", text}, {"expect", text} (polls the output with a deadline, no
--- fixed sleeps), {"sleep", ms}, {"wait"}; the driver prints the transcript
+-- fixed sleeps), {"line", text} (the same, at the start of a line),
+-- {"sleep", ms}, {"wait"}; the driver prints the transcript
 -- (escape sequences and "\r" removed) and "EXIT n" once ptolua exits.
 local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
 local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
@@ -49,7 +50,7 @@ end
 
 local function send(s) return {"send", s} end
 local function expect(s) return {"expect", s} end
-local PROMPT = expect("> ")
+local PROMPT = {"line", "> "}   -- at a line's start: never the tail of ">> "
 local EOF = {"send", "\4"} -- Ctrl-D
 local WAIT = {"wait"}
 
@@ -79,8 +80,8 @@ describe("the ptolua prompt", function()
     ok_session {
       PROMPT, send("for i = 1, 3 do\n"), expect(">> "),
       send("io.write(i)\n"), expect(">> "),
-      send("end\n"), expect("123"),
-      PROMPT, EOF, WAIT,
+      send("end\n"), expect("123> "),   -- the output has no newline: the prompt follows it
+      EOF, WAIT,
     }
   end)
 
@@ -260,6 +261,21 @@ describe("the prompt's engine commands", function()
         send(":step\n"), expect("Worker:step: dispatch is not held")
       ))
       assert.truthy(out:find("fan-out 0", 1, true), out)
+      -- :workers, column by column: name, pid (process mode, the default
+      -- here), what it runs now (task 1 waits at the breakpoint), tasks run
+      local block = assert(out:match(":workers\n(.-)\n> "), out)
+      local rows = {}
+      for line in block:gmatch("[^\n]+") do
+        local cells = {}
+        -- columns are padded to two spaces or more; a cell has single spaces
+        for cell in ((line:match("^  (.*)$") or line) .. "  "):gmatch("(.-)   *") do cells[#cells + 1] = cell end
+        rows[#rows + 1] = cells
+      end
+      assert.equal(2, #rows, block)
+      local pid1, pid2 = rows[1][2]:match("^pid (%d+)$"), rows[2][2]:match("^pid (%d+)$")
+      assert.truthy(pid1 and pid2 and pid1 ~= pid2, block)
+      assert.same({"chip 1", "pid " .. pid1, "idle", "1 task run"}, rows[1])
+      assert.same({"sub 1", "pid " .. pid2, "idle", "0 tasks run"}, rows[2])
       local dot = readfile(dotf)
       assert.truthy(dot and dot:find("digraph", 1, true))
       assert.is_true(os.execute("dot -Tsvg " .. q(dotf) .. " -o /dev/null") == true)

@@ -504,27 +504,6 @@ static void test_bgemm_end_to_end(void)
         for (int j = 0; j < NT; j++) free(C[i][j]), free(C2[i][j]);
 }
 
-/* Prints gemm_tile throughput on one core; informational, never asserted. */
-static void test_gemm_throughput(void)
-{
-    pto_kernel_fn gemm = pto_kernel_lookup((uint64_t)id_of("gemm_tile"));
-    for (uint32_t n = 64; n <= 256; n *= 2) {
-        float *A = falloc(n * n), *B = falloc(n * n), *C = falloc(n * n);
-        for (uint32_t i = 0; i < n * n; i++) A[i] = frand(), B[i] = frand();
-        pto_tensor t[3] = {T2(A, PTO_F32, n, n), T2(B, PTO_F32, n, n), T2(C, PTO_F32, n, n)};
-        pto_args_view v = {3, 0, t, NULL};
-        char err[256];
-        uint64_t calls = 0, t0 = pto_now_ns(), dt;
-        do {
-            gemm(&v, NULL, err, sizeof err);
-            calls++;
-        } while ((dt = pto_now_ns() - t0) < 200000000u);
-        printf("  gemm_tile %ux%u f32: %.1f GFLOP/s (%.1f us per tile)\n", n, n, 2.0 * n * n * n * calls / dt,
-               dt / 1e3 / calls);
-        free(A), free(B), free(C);
-    }
-}
-
 int main(void)
 {
     srand(1);
@@ -540,6 +519,5 @@ int main(void)
     RUN(test_kernel_errors);
     RUN(test_leaf);
     RUN(test_bgemm_end_to_end);
-    RUN(test_gemm_throughput);
     return tu_finish();
 }

@@ -1,8 +1,8 @@
 /* The PROCESS-mode mailbox protocol (mailbox.c) on its own, without the
  * zygote: a "child" that is a thread (so TSan sees both sides) or a forked
  * process, many round trips through the spinning and the futex paths, error
- * messages, start failure, shipped callables, malformed input, shutdown, and
- * the hand-off latency (printed, never asserted). */
+ * messages, start failure, shipped callables, malformed input and shutdown.
+ * The hand-off latency is a benchmark: scripts/bench/microbench.c. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -391,43 +391,6 @@ static void test_spin_budget(void)
 
 /* ---- hand-off latency: printed for the record ---- */
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void latency(const char *what, bool as_process, uint32_t child_spin, int64_t parent_spin)
-{
-    enum { N = 20000 };
-    static uint64_t rt[N];
-    peer p;
-    p.leaf = LEAF;
-    peer_start(&p, &LEAF, as_process, child_spin);
-    CHECK(peer_started(&p));
-    pto_args_view v = {0, 0, NULL, NULL};
-    for (int i = 0; i < 1000; i++) round_trip(&p, OP_NOOP, &v, NULL, parent_spin, NULL, 0, NULL, 0);   /* warm */
-    for (int i = 0; i < N; i++) {
-        uint64_t t0 = pto_now_ns();
-        round_trip(&p, OP_NOOP, &v, NULL, parent_spin, NULL, 0, NULL, 0);
-        rt[i] = pto_now_ns() - t0;
-    }
-    peer_stop(&p);
-    qsort(rt, N, sizeof rt[0], cmp_u64);
-    uint64_t sum = 0;
-    for (int i = 0; i < N; i++) sum += rt[i];
-    printf("  hand-off round trip, %-34s mean %6.2f us  p50 %6.2f  p90 %6.2f  p99 %7.2f\n", what,
-           (double)sum / N / 1000.0, rt[N / 2] / 1000.0, rt[N * 9 / 10] / 1000.0, rt[N * 99 / 100] / 1000.0);
-}
-
-static void test_latency(void)
-{
-    latency("process, both spin (20 us):", true, 20000, 20000);
-    latency("process, futex only:", true, 0, 0);
-    latency("thread, both spin (20 us):", false, 20000, 20000);
-    latency("thread, futex only:", false, 0, 0);
-}
-
 int main(void)
 {
     SH = mmap(NULL, sizeof *SH, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -441,6 +404,5 @@ int main(void)
     RUN(test_shipped_callable);
     RUN(test_malformed_mailbox);
     RUN(test_blob_too_big);
-    RUN(test_latency);
     return tu_finish();
 }

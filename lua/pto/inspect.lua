@@ -127,7 +127,8 @@ return function(pto)
       if ok and now.kind ~= "reclaimed" then
         t.state, t.error = now.state, now.error
       elseif ok then
-        t.state = "consumed"
+        -- reclaimed: a task already seen failing stays failed
+        t.state = t.error and "failed" or "consumed"
       end
     end
   end

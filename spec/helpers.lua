@@ -14,28 +14,20 @@ do
   M.MODE = (m == nil or m == "") and "process" or m
 end
 
--- it(name, fn) in thread mode; in process mode a pending entry saying why.
--- spec/run_busted.lua counts these calls as tests that thread mode must
--- pass, so a mode-only test is written with this (or process_only), never
--- as an `it` behind an `if`.
-function M.thread_only(name, why, fn)
+-- it(name, fn) only in the given mode; in the other a pending entry saying
+-- why. spec/run_busted.lua counts thread_only / process_only calls as tests
+-- that their mode must pass, so a mode-only test is written with one of
+-- them, never as an `it` behind an `if`.
+local function mode_only(mode, name, why, fn)
   local busted = require "busted"   -- it and pending live in the spec file's environment, not in _G
-  if M.MODE == "thread" then
+  if M.MODE == mode then
     busted.it(name, fn)
   else
-    busted.pending(name .. " [thread mode only: " .. why .. "]")
+    busted.pending(("%s [%s mode only: %s]"):format(name, mode, why))
   end
 end
-
--- it(name, fn) in process mode; in thread mode a pending entry saying why.
-function M.process_only(name, why, fn)
-  local busted = require "busted"
-  if M.MODE == "process" then
-    busted.it(name, fn)
-  else
-    busted.pending(name .. " [process mode only: " .. why .. "]")
-  end
-end
+function M.thread_only(name, why, fn) mode_only("thread", name, why, fn) end
+function M.process_only(name, why, fn) mode_only("process", name, why, fn) end
 
 -- A monotonic clock in seconds (luasystem ships with busted; LuaSocket as a fallback).
 do

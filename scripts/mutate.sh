@@ -14,8 +14,9 @@
 #   --list     print the mutants and exit
 #   --jobs N   ctest -j N (default: nproc)
 #   --keep     keep the scratch directory (printed at the start)
-# Environment: PTO_MUTATE_TIMEOUT=s  seconds one mutant's suite may take (default 900;
-#              a suite that hangs past it counts as killed by "timeout").
+# Environment: PTO_MUTATE_TIMEOUT=s  seconds one mutant's suite may take (default 300,
+#              ten times a normal run; a suite still running then is stopped and the
+#              mutant counts as killed by "timeout", naming the tests that hung).
 # Not run by CI: about one build plus one suite run per mutant.
 # Last line: "N killed, M survived"; the exit status is non-zero if any survived
 # (or an anchor is missing, or a mutant does not build).
@@ -175,13 +176,21 @@ src="$scratch/src-tree" build="$scratch/build"
 
 build_tree() { cmake --build "$build" -j"$(nproc)" >"$scratch/build.log" 2>&1; }
 
-# run_suite: ctest the scratch build; sets $failed to the failing tests (or "timeout").
+# Tests ctest started but never finished, and those that finished failing,
+# read from its progress log (for a suite stopped by the timeout).
+hung_tests() {
+  awk '/^ *Start +[0-9]+: /{ s[$3] = 1 }
+       / Test +#[0-9]+: /{ for (i = 1; i < NF; i++) if ($i ~ /^#[0-9]+:$/) { f[$(i + 1)] = 1; if ($0 ~ /\*\*\*/) bad = bad " " $(i + 1) } }
+       END { h = ""; for (n in s) if (!(n in f)) h = h " " n; printf "timeout (hung:%s%s)", h, bad ? "; failed before:" bad : "" }' "$scratch/ctest.log"
+}
+
+# run_suite: ctest the scratch build; sets $failed to the failing tests (or "timeout (...)").
 run_suite() {
   local rc=0
   rm -f "$build/Testing/Temporary/LastTestsFailed.log"
-  (cd "$build" && timeout "${PTO_MUTATE_TIMEOUT:-900}" ctest -j"$jobs" >"$scratch/ctest.log" 2>&1) || rc=$?
+  (cd "$build" && timeout "${PTO_MUTATE_TIMEOUT:-300}" ctest -j"$jobs" >"$scratch/ctest.log" 2>&1) || rc=$?
   failed=""
-  if ((rc == 124)); then failed="timeout"; return 1; fi
+  if ((rc == 124)); then failed=$(hung_tests); return 1; fi
   if [[ -f "$build/Testing/Temporary/LastTestsFailed.log" ]]; then
     failed=$(sed 's/^[0-9]*://' "$build/Testing/Temporary/LastTestsFailed.log" | tr '\n' ' ' | sed 's/ $//')
   fi

@@ -11,7 +11,8 @@
  *     it took (references and its own slab);
  *   - one producer seen twice in a submit, first as a slab hold and then
  *     as a dependency (or the other way round), keeps both roles;
- *   - a consumer submitted after its producer failed is poisoned (not run).
+ *   - a consumer submitted after its producer failed is poisoned (not run);
+ *   - a group completes only when its last member returns.
  *
  * Ordering checks use the gate leaf of testutil: a held producer blocks, and
  * its consumer must not start during a short quiet window. A correct engine
@@ -34,12 +35,28 @@
 
 static _Atomic int g_fail[TU_NC];
 static float g_buf[4][64];
+/* Group members share a callable, so they are told apart by their first
+ * tensor: a member whose tensor 0 is g_buf[k] records its end in
+ * g_member_end[k] and, while g_member_hold[k] is set, blocks first. */
+static _Atomic int g_member_hold[4];
+static _Atomic long g_member_end[4];
 
-/* The gate leaf, and a planned failure for callables with g_fail set. */
+static int buf_index(const pto_args_view *v)
+{
+    for (int k = 0; k < 4 && v->tensor_count > 0; k++)
+        if (v->tensors[0].base == (uint64_t)(uintptr_t)g_buf[k]) return k;
+    return -1;
+}
+
+/* The gate leaf, per-member holds, and a planned failure for callables with g_fail set. */
 static int dep_leaf(void *ctx, uint64_t callable, const pto_args_view *v, const pto_call_config *cfg, char *err,
                     size_t errlen)
 {
+    int k = buf_index(v);
+    uint64_t t0 = tu_now_ms();
+    while (k >= 0 && atomic_load(&g_member_hold[k]) && tu_now_ms() - t0 < TU_GATE_MAX_MS) tu_sleep_ms(1);
     int rc = tu_gate_leaf(ctx, callable, v, cfg, err, errlen);
+    if (k >= 0) atomic_store(&g_member_end[k], atomic_fetch_add(&tu_clock, 1) + 1);
     if (callable < TU_NC && atomic_load(&g_fail[callable])) {
         snprintf(err, errlen, "planned failure of callable %d", (int)callable);
         return 1;
@@ -51,6 +68,10 @@ static void reset(void)
 {
     tu_gate_reset();
     for (int i = 0; i < TU_NC; i++) atomic_store(&g_fail[i], 0);
+    for (int k = 0; k < 4; k++) {
+        atomic_store(&g_member_hold[k], 0);
+        atomic_store(&g_member_end[k], 0);
+    }
     memset(g_buf, 0, sizeof g_buf);
 }
 
@@ -393,8 +414,48 @@ static void test_running_producer_waits(void)
     pto_worker_close(w);
 }
 
+/* A group whose member 0 returned while member 1 still runs is not complete:
+ * a reader of member 0's output waits for member 1 too. An engine that
+ * completes the group early cannot end the run either (the late member
+ * finishes it twice), so that failure is reported at once. */
+static void test_group_waits_for_last_member(void)
+{
+    reset();
+    pto_worker *w = tu_worker(2, 1, dep_leaf, NULL, 1 << 20, 3000);
+    pto_orch *o = pto_run_begin(w);
+    CHECK(o != NULL);
+    atomic_store(&g_member_hold[1], 1);
+    pto_tensor m0[1] = {tu_tensor(B(0), 0, 16)}, m1[1] = {tu_tensor(B(1), 0, 16)};
+    const uint8_t OUT[] = {PTO_OUTPUT}, IN[] = {PTO_INPUT};
+    pto_task_args members[2] = {{.tensor_count = 1, .tensors = m0, .tags = OUT},
+                                {.tensor_count = 1, .tensors = m1, .tags = OUT}};
+    int64_t g = pto_submit_next_level_group(o, 1, members, 2, NULL, NULL);
+    pto_tensor ct[1] = {tu_tensor(B(0), 0, 4)};
+    int64_t c = submit1(o, PTO_SUB, 2, 1, ct, IN, -1);
+    CHECK_EQ(producers(o, c), 1ull << g);
+    CHECK(tu_wait_set(&g_member_end[0], WAIT_MS));   /* member 0 returned */
+    tu_sleep_ms(QUIET_MS);
+    pto_dispatch_sync(w);
+    pto_task_info info;
+    CHECK_EQ(pto_task_info_get(o, g, &info), 0);
+    CHECK_EQ(info.state, PTO_TASK_RUNNING);
+    CHECK_EQ(atomic_load(&tu_start[2]), 0);
+    if (info.state != PTO_TASK_RUNNING || atomic_load(&tu_start[2])) {
+        fprintf(stderr, "group_waits_for_last_member: the group completed before member 1 returned; "
+                "such an engine cannot end the run, so the test stops here\n");
+        exit(tu_finish());
+    }
+    atomic_store(&g_member_hold[1], 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK(atomic_load(&tu_start[2]) > atomic_load(&g_member_end[1]));
+    check_clean(w);
+    pto_worker_close(w);
+}
+
 int main(void)
 {
+    /* First: with groups that complete early, the other group tests would hang in pto_run_end. */
+    RUN(test_group_waits_for_last_member);
     RUN(test_group_member_lookup);
     RUN(test_try_ref_threshold);
     RUN(test_slab_being_reclaimed);

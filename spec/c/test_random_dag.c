@@ -5,12 +5,19 @@
  * (INPUT, INOUT, OUTPUT, OUTPUT_EXISTING, NO_DEP) over views of a few
  * malloc'ed bases, of auto-allocated OUTPUTs (base 0) and of pto_alloc
  * tensors, inside random nested scopes, as next-level or sub tasks (some
- * pinned). The leaf stamps every task's start and end from one global
- * atomic clock. After pto_run_end the test checks, against a byte-exact
- * reference model of the TensorMap rules, that every task started after
- * every required producer ended, that every task ran exactly once on a leaf
- * of the right kind with the arguments it was submitted with, and that the
- * run reclaimed everything.
+ * pinned). About one task in seven is a group of two members on distinct
+ * workers that split the task's tensors between them (members pinned
+ * sometimes); scalar 0 of a member is its index, so the leaf knows which
+ * member it runs. A group's dependencies are the union of its members'
+ * lookups, all made before any of its writes enter the TensorMap, so the
+ * reference model treats it as one task naming all the members' tensors.
+ * The leaf stamps every task's (every member's) start and end from one
+ * global atomic clock. After pto_run_end the test checks, against a
+ * byte-exact reference model of the TensorMap rules, that every task (every
+ * member) started after every required producer ended, that every task ran
+ * exactly once (each member once, on distinct leaves) on a leaf of the right
+ * kind with the arguments it was submitted with, and that the run reclaimed
+ * everything.
  *
  * The heap rings are small (16 KiB), so inner scopes' memory is reused within
  * a seed and submit sometimes waits for it; the generator models the FIFO
@@ -19,7 +26,8 @@
  * other live heap tensor, and memory is handed out again only after every
  * task that named the old tensor has ended.
  *
- * In one seed of four, each task fails with a chance of 8%. A task then
+ * In one seed of four, each task fails with a chance of 8% (in a group, one
+ * member fails; the other may then be skipped). A task then
  * must not run if a producer it was given an edge to (pto_task_edges right
  * after its submit) failed or did not run; it must run if no task it
  * depends on, through those edges or the model's, fails (a failed
@@ -58,9 +66,10 @@
 /* Leaf side: shared with worker threads, atomics only.                */
 
 enum { MODE_RANDOM = 0, MODE_DET = 1 };
-enum { WHO_NL0 = 0, WHO_NL1 = 1, WHO_SUB = 2, WHO_COUNT = 3 };
+enum { WHO_NL0 = 0, WHO_NL1 = 1, WHO_SUB0 = 2, WHO_SUB1 = 3, WHO_COUNT = 4 };
 
 #define MAX_TASKS 128
+#define MAX_MEMBERS 2      /* a group has one member per worker of its kind */
 
 typedef struct task_rec {
     _Atomic uint64_t start;
@@ -71,12 +80,15 @@ typedef struct task_rec {
     _Atomic int timeout;     /* deterministic mode: the wait timed out */
 } task_rec;
 
-static task_rec g_rec[MAX_TASKS];
+static task_rec g_rec[MAX_TASKS];                   /* a single task, or member 0 of a group */
+static task_rec g_mrec[MAX_MEMBERS - 1][MAX_TASKS]; /* members 1.. of a group */
+static _Atomic int g_members[MAX_TASKS];            /* > 1: task i is a group of that many members */
 static _Atomic uint64_t g_clock;
 static _Atomic int g_mode;
 static _Atomic uint64_t g_seed;        /* spin pattern of the current seed */
 static _Atomic int g_bad_callable;
 static _Atomic int g_fail[MAX_TASKS];  /* random mode: the task returns an error */
+static _Atomic int g_fail_member[MAX_TASKS];   /* ... from this member of a group */
 
 /* Deterministic mode: task c waits until flag g_wait[c] is set, and sets flag
  * g_set[c] when it starts. -1 = none. */
@@ -152,7 +164,15 @@ static int leaf(void *ctx, uint64_t callable, const pto_args_view *v, const pto_
     (void)cfg;
     int who = (int)(intptr_t)ctx;
     if (callable >= MAX_TASKS) { atomic_fetch_add(&g_bad_callable, 1); return 0; }
-    task_rec *r = &g_rec[callable];
+    int member = 0;
+    if (atomic_load(&g_members[callable]) > 1) {
+        if (v->scalar_count < 1 || v->scalars[0] >= (uint64_t)atomic_load(&g_members[callable])) {
+            atomic_fetch_add(&g_bad_callable, 1);
+            return 0;
+        }
+        member = (int)v->scalars[0];
+    }
+    task_rec *r = member ? &g_mrec[member - 1][callable] : &g_rec[callable];
     atomic_store(&r->start, atomic_fetch_add(&g_clock, 1) + 1);
     atomic_store(&r->who, who);
     atomic_store(&r->hash, view_hash(v->tensor_count, v->scalar_count, v->tensors, v->scalars));
@@ -172,27 +192,57 @@ static int leaf(void *ctx, uint64_t callable, const pto_args_view *v, const pto_
     }
     atomic_store(&r->end, atomic_fetch_add(&g_clock, 1) + 1);
     atomic_fetch_add(&r->runs, 1);
-    if (atomic_load(&g_fail[callable])) {
+    if (atomic_load(&g_fail[callable]) && member == atomic_load(&g_fail_member[callable])) {
         snprintf(err, errlen, "planned failure of task %d", (int)callable);
         return 1;
     }
     return 0;
 }
 
+static void rec_reset(task_rec *r)
+{
+    atomic_store(&r->start, 0);
+    atomic_store(&r->end, 0);
+    atomic_store(&r->hash, 0);
+    atomic_store(&r->runs, 0);
+    atomic_store(&r->who, -1);
+    atomic_store(&r->timeout, 0);
+}
+
 static void reset_recs(void)
 {
     for (int i = 0; i < MAX_TASKS; i++) {
-        atomic_store(&g_rec[i].start, 0);
-        atomic_store(&g_rec[i].end, 0);
-        atomic_store(&g_rec[i].hash, 0);
-        atomic_store(&g_rec[i].runs, 0);
-        atomic_store(&g_rec[i].who, -1);
-        atomic_store(&g_rec[i].timeout, 0);
+        rec_reset(&g_rec[i]);
+        for (int m = 1; m < MAX_MEMBERS; m++) rec_reset(&g_mrec[m - 1][i]);
+        atomic_store(&g_members[i], 1);
+        atomic_store(&g_fail_member[i], 0);
         atomic_store(&g_wait[i], -1);
         atomic_store(&g_set[i], -1);
         atomic_store(&g_fail[i], 0);
     }
     for (int i = 0; i < MAX_FLAGS; i++) atomic_store(&g_flag[i], 0);
+}
+
+/* Member m's record of task i. */
+static task_rec *mrec(int i, int m) { return m ? &g_mrec[m - 1][i] : &g_rec[i]; }
+
+/* Whether any member of task i ran. */
+static int task_ran(int i)
+{
+    for (int m = 0; m < atomic_load(&g_members[i]); m++)
+        if (atomic_load(&mrec(i, m)->runs)) return 1;
+    return 0;
+}
+
+/* When the last member of task i that ran ended (a group ends with it). */
+static uint64_t task_end(int i)
+{
+    uint64_t e = 0;
+    for (int m = 0; m < atomic_load(&g_members[i]); m++) {
+        uint64_t x = atomic_load(&mrec(i, m)->end);
+        if (x > e) e = x;
+    }
+    return e;
 }
 
 /* ------------------------------------------------------------------ */
@@ -236,7 +286,7 @@ static void *watchdog(void *arg)
 }
 
 /* ------------------------------------------------------------------ */
-/* The shared worker: 2 next-level leaves and 1 sub leaf, each with its own
+/* The shared worker: 2 next-level leaves and 2 sub leaves, each with its own
  * ctx so the leaf knows where it runs.                                 */
 
 static pto_worker *g_w;
@@ -259,8 +309,10 @@ static pto_worker *make_worker(void)
             fprintf(stderr, "pto_worker_add_next_level: %s\n", pto_errmsg()); exit(2);
         }
     }
-    pto_leaf s = {.run = leaf, .ctx = (void *)(intptr_t)WHO_SUB, .name = "sub"};
-    if (pto_worker_add_sub(w, &s) != 0) { fprintf(stderr, "pto_worker_add_sub: %s\n", pto_errmsg()); exit(2); }
+    for (int i = 0; i < 2; i++) {
+        pto_leaf s = {.run = leaf, .ctx = (void *)(intptr_t)(WHO_SUB0 + i), .name = "sub"};
+        if (pto_worker_add_sub(w, &s) != i) { fprintf(stderr, "pto_worker_add_sub: %s\n", pto_errmsg()); exit(2); }
+    }
     if (pto_worker_init(w) != 0) { fprintf(stderr, "pto_worker_init: %s\n", pto_errmsg()); exit(2); }
     pto_stats st;
     pto_worker_stats_get(w, &st);
@@ -337,6 +389,13 @@ typedef struct tdesc {
     int fails;               /* the leaf returns an error */
     int may_die;             /* it, or something it depends on, fails */
     uint8_t eprod[MAX_TASKS];/* producers the engine gave it an edge to */
+    /* A group (nm > 1): member m has tensors [moff[m], moff[m] + mt[m]) of
+     * t[], scalars msc[m] (msc[m][0] = m, then sc[]), pin mpin[m]. */
+    int nm;
+    int moff[MAX_MEMBERS], mt[MAX_MEMBERS], mns[MAX_MEMBERS], mpin[MAX_MEMBERS];
+    uint64_t msc[MAX_MEMBERS][3];
+    uint64_t mhash[MAX_MEMBERS];
+    int fail_member;
 } tdesc;
 
 enum { OP_BEGIN, OP_END, OP_ALLOC, OP_TASK };
@@ -439,12 +498,19 @@ static void dump_prog(const prog *p, int with_stamps)
         fprintf(stderr, "%*stask %d: %s%s", depth * 2, "", o->arg,
                 t->kind == PTO_SUB ? "sub" : "next_level", t->pin >= 0 ? "@" : "");
         if (t->pin >= 0) fprintf(stderr, "%d", t->pin);
+        if (t->nm > 1) {
+            fprintf(stderr, " group of %d (pins", t->nm);
+            for (int m = 0; m < t->nm; m++) fprintf(stderr, " %d", t->mpin[m]);
+            fprintf(stderr, "; tensors of member 0 | member 1)");
+        }
         fprintf(stderr, " [");
         for (int j = 0; j < t->nt; j++) {
             const buf *b = &p->b[t->bufi[j]];
             buf_name(p, t->bufi[j], nm, sizeof nm);
             uint64_t off = t->t[j].offset - b->off0;
-            fprintf(stderr, "%s%s %s[%" PRIu64 ",+%" PRIu64 ") %s/%s nd%u", j ? ", " : "", tag_name(t->tags[j]),
+            const char *sep = j == 0 ? "" : t->nm > 1 && j == t->moff[1] ? " | " : ", ";
+            if (t->nm > 1 && j == 0 && t->mt[0] == 0) sep = "| ";
+            fprintf(stderr, "%s%s %s[%" PRIu64 ",+%" PRIu64 ") %s/%s nd%u", sep, tag_name(t->tags[j]),
                     nm, off, pto_tensor_nbytes(&t->t[j]), pto_dtype_name(t->t[j].dtype) ? pto_dtype_name(t->t[j].dtype) : "?",
                     b->kind == BUF_AUTO && b->id == o->arg ? "new" : "view", t->t[j].ndims);
         }
@@ -457,10 +523,13 @@ static void dump_prog(const prog *p, int with_stamps)
         for (int q = 0; q < o->arg; q++)
             if (t->eprod[q]) { fprintf(stderr, "%s%d", first ? "" : ",", q); first = 0; }
         fprintf(stderr, "}%s", t->fails ? " FAILS" : "");
-        if (with_stamps)
-            fprintf(stderr, " ran=%d who=%d start=%" PRIu64 " end=%" PRIu64, atomic_load(&g_rec[o->arg].runs),
-                    atomic_load(&g_rec[o->arg].who), atomic_load(&g_rec[o->arg].start),
-                    atomic_load(&g_rec[o->arg].end));
+        if (t->fails && t->nm > 1) fprintf(stderr, " (member %d)", t->fail_member);
+        for (int m = 0; with_stamps && m < (t->nm > 1 ? t->nm : 1); m++) {
+            const task_rec *r = mrec(o->arg, m);
+            if (t->nm > 1) fprintf(stderr, " m%d:", m);
+            fprintf(stderr, " ran=%d who=%d start=%" PRIu64 " end=%" PRIu64, atomic_load(&r->runs),
+                    atomic_load(&r->who), atomic_load(&r->start), atomic_load(&r->end));
+        }
         fprintf(stderr, "\n");
     }
 }
@@ -594,9 +663,9 @@ static int check_reuse(prog *p)
             p->reuses++;
             for (int i = 0; i < p->ntasks; i++) {
                 const tdesc *t = &p->t[i];
-                for (int j = 0; j < t->nt && atomic_load(&g_rec[i].runs); j++) {   /* an unrun task touched nothing */
+                for (int j = 0; j < t->nt && task_ran(i); j++) {   /* an unrun task touched nothing */
                     if (t->bufi[j] != c) continue;
-                    uint64_t e = atomic_load(&g_rec[i].end);
+                    uint64_t e = task_end(i);   /* a group holds its memory until its last member ends */
                     if (!(e < B->born)) {
                         char n1[32], n2[32];
                         buf_name(p, c, n1, sizeof n1);
@@ -644,6 +713,7 @@ static int run_seed(uint64_t seed, int verbose)
 
     int ntasks = 30 + rnd(&s, 51);
     uint64_t fs = seed ^ 0x5EEDFA11ull;   /* own stream: the programs stay those of earlier versions */
+    uint64_t gs = seed ^ 0x6A0C9B1Dull;   /* groups: likewise */
     bool with_failures = seed % 4 == 0;
     int depth = 0;
     p->ninst = 0;
@@ -740,14 +810,55 @@ static int run_seed(uint64_t seed, int verbose)
         for (int q = 0; q < i; q++) t->nprod += t->prod[q];
         t->fails = with_failures && splitmix(&fs) % 100 < 8;
         atomic_store(&g_fail[i], t->fails);
+        t->nm = 1;
+        if (splitmix(&gs) % 100 < 14) {
+            /* A group of two: member 0 takes the first k tensors, member 1 the rest. */
+            int k = (int)(splitmix(&gs) % (uint64_t)(t->nt + 1));
+            t->nm = 2;
+            t->moff[0] = 0; t->mt[0] = k;
+            t->moff[1] = k; t->mt[1] = t->nt - k;
+            for (int m = 0; m < t->nm; m++) {
+                t->mns[m] = 1 + t->ns;
+                t->msc[m][0] = (uint64_t)m;
+                for (int q = 0; q < t->ns; q++) t->msc[m][1 + q] = t->sc[q];
+                t->mpin[m] = -1;
+            }
+            switch (splitmix(&gs) % 8) {
+            case 0: t->mpin[0] = 0; t->mpin[1] = 1; break;
+            case 1: t->mpin[0] = 1; t->mpin[1] = 0; break;
+            case 2: t->mpin[0] = (int)(splitmix(&gs) % 2); break;
+            case 3: t->mpin[1] = (int)(splitmix(&gs) % 2); break;
+            default: break;
+            }
+            t->pin = -1;
+            t->fail_member = (int)(splitmix(&gs) % 2);
+        }
+        atomic_store(&g_members[i], t->nm);
+        atomic_store(&g_fail_member[i], t->fail_member);
 
         p->ops[p->nops++] = (op){OP_TASK, i};
         pto_task_args a = {.tensor_count = t->nt, .scalar_count = t->ns, .tensors = t->nt ? t->t : NULL,
                            .tags = t->nt ? t->tags : NULL, .scalars = t->ns ? t->sc : NULL};
         snprintf(what, sizeof what, "seed %" PRIu64 " submit of task %d", seed, i);
         progress(what);
-        t->id = t->kind == PTO_SUB ? pto_submit_sub(o, (uint64_t)i, &a, t->pin)
-                                   : pto_submit_next_level(o, (uint64_t)i, &a, NULL, t->pin);
+        if (t->nm > 1) {
+            pto_task_args ma[MAX_MEMBERS];
+            int32_t pins[MAX_MEMBERS];
+            int pinned = 0;
+            for (int m = 0; m < t->nm; m++) {
+                ma[m] = (pto_task_args){.tensor_count = t->mt[m], .scalar_count = t->mns[m],
+                                        .tensors = t->mt[m] ? t->t + t->moff[m] : NULL,
+                                        .tags = t->mt[m] ? t->tags + t->moff[m] : NULL, .scalars = t->msc[m]};
+                pins[m] = t->mpin[m];
+                pinned |= pins[m] >= 0;
+            }
+            t->id = t->kind == PTO_SUB ? pto_submit_sub_group(o, (uint64_t)i, ma, t->nm, pinned ? pins : NULL)
+                                       : pto_submit_next_level_group(o, (uint64_t)i, ma, t->nm, NULL,
+                                                                     pinned ? pins : NULL);
+        } else {
+            t->id = t->kind == PTO_SUB ? pto_submit_sub(o, (uint64_t)i, &a, t->pin)
+                                       : pto_submit_next_level(o, (uint64_t)i, &a, NULL, t->pin);
+        }
         if (t->id < 0) {
             fprintf(stderr, "seed %" PRIu64 ": submit of task %d failed: %s\n", seed, i, pto_errmsg());
             bad++;
@@ -766,6 +877,8 @@ static int run_seed(uint64_t seed, int verbose)
         for (int q = 0; q < i; q++)
             if ((t->prod[q] || t->eprod[q]) && p->t[q].may_die) t->may_die = 1;
         t->hash = view_hash(t->nt, t->ns, t->t, t->sc);
+        for (int m = 0; m < t->nm && t->nm > 1; m++)
+            t->mhash[m] = view_hash(t->mt[m], t->mns[m], t->t + t->moff[m], t->msc[m]);
         uint64_t born = stamp_now();
         if (auto_bytes) ring_push(p, depth, auto_bytes);
 
@@ -803,9 +916,9 @@ static int run_seed(uint64_t seed, int verbose)
     bool any_fails = false;
     int expect_failed = 0;
     for (int i = 0; i < p->ntasks; i++) {
-        int runs = atomic_load(&g_rec[i].runs);
-        any_fails |= runs && p->t[i].fails;
-        expect_failed += !runs || p->t[i].fails;
+        int ran = task_ran(i);
+        any_fails |= p->t[i].fails && atomic_load(&mrec(i, p->t[i].fail_member)->runs);
+        expect_failed += !ran || p->t[i].fails;
     }
     if (any_fails ? rc != -1 || !strstr(pto_errmsg(), "planned failure of task") : rc != 0) {
         fprintf(stderr, "seed %" PRIu64 ": pto_run_end returned %d (%s): %s\n", seed, rc,
@@ -816,33 +929,50 @@ static int run_seed(uint64_t seed, int verbose)
     /* Verify. */
     for (int i = 0; i < p->ntasks; i++) {
         const tdesc *t = &p->t[i];
-        task_rec *r = &g_rec[i];
-        int runs = atomic_load(&r->runs);
-        if (runs == 0 && t->may_die) continue;   /* not run: something upstream failed */
-        if (runs != 1) { bad += seed_fail("task ran != 1 times (task, runs)", i, runs); continue; }
-        for (int q = 0; q < i; q++)
-            if (t->eprod[q] && (p->t[q].fails || atomic_load(&g_rec[q].runs) == 0))
-                bad += seed_fail("task ran although a producer failed or did not run (task, producer)", i, q);
-        uint64_t st = atomic_load(&r->start);
-        for (int q = 0; q < i; q++) {
-            if (!t->prod[q]) continue;
-            uint64_t pe = atomic_load(&g_rec[q].end);
-            if (!(st > pe)) {
-                fprintf(stderr, "seed %" PRIu64 ": task %d started (stamp %" PRIu64 ") before its producer %d "
-                        "ended (stamp %" PRIu64 ")\n", seed, i, st, q, pe);
-                bad++;
+        if (!task_ran(i) && t->may_die) continue;   /* not run: something upstream failed */
+        int ok = 1;
+        for (int m = 0; m < t->nm; m++) {
+            task_rec *r = mrec(i, m);
+            int runs = atomic_load(&r->runs);
+            /* A failed member's group skips siblings that have not started. */
+            if (runs == 0 && t->nm > 1 && t->fails && m != t->fail_member) continue;
+            if (runs != 1) {
+                bad += t->nm > 1 ? seed_fail("group member ran != 1 times (task, member * 100 + runs)", i, m * 100 + runs)
+                                 : seed_fail("task ran != 1 times (task, runs)", i, runs);
+                ok = 0;
+                continue;
             }
+            uint64_t st = atomic_load(&r->start);
+            for (int q = 0; q < i; q++) {
+                if (!t->prod[q]) continue;
+                uint64_t pe = task_end(q);
+                if (!(st > pe)) {
+                    fprintf(stderr, "seed %" PRIu64 ": task %d (member %d) started (stamp %" PRIu64 ") before its "
+                            "producer %d ended (stamp %" PRIu64 ")\n", seed, i, m, st, q, pe);
+                    bad++;
+                }
+            }
+            int who = atomic_load(&r->who);
+            int pin = t->nm > 1 ? t->mpin[m] : t->pin;
+            if (t->kind == PTO_SUB ? who != WHO_SUB0 && who != WHO_SUB1 : who != WHO_NL0 && who != WHO_NL1)
+                bad += seed_fail("task ran on the wrong kind of leaf (task, leaf)", i, who);
+            else if (pin >= 0 && who != (t->kind == PTO_SUB ? WHO_SUB0 + pin : pin))
+                bad += seed_fail("pinned task (member) ran on another worker (task, leaf)", i, who);
+            if (atomic_load(&r->hash) != (t->nm > 1 ? t->mhash[m] : t->hash))
+                bad += seed_fail("leaf saw different arguments than were submitted (task, member)", i, m);
         }
-        int who = atomic_load(&r->who);
-        if (t->kind == PTO_SUB ? who != WHO_SUB : (who != WHO_NL0 && who != WHO_NL1))
-            bad += seed_fail("task ran on the wrong kind of leaf (task, leaf)", i, who);
-        else if (t->kind == PTO_NEXT_LEVEL && t->pin >= 0 && who != t->pin)
-            bad += seed_fail("pinned task ran on another next-level child (task, leaf)", i, who);
-        if (atomic_load(&r->hash) != t->hash)
-            bad += seed_fail("leaf saw different arguments than were submitted (task)", i, 0);
+        if (t->nm > 1 && atomic_load(&mrec(i, 0)->runs) && atomic_load(&mrec(i, 1)->runs) &&
+            atomic_load(&mrec(i, 0)->who) == atomic_load(&mrec(i, 1)->who))
+            bad += seed_fail("two members of a group ran on one worker (task, leaf)", i, atomic_load(&mrec(i, 0)->who));
+        if (t->fails && t->nm > 1 && task_ran(i) && !atomic_load(&mrec(i, t->fail_member)->runs))
+            bad += seed_fail("a group ran without its failing member (task, member)", i, t->fail_member);
+        for (int q = 0; ok && q < i; q++)
+            if (t->eprod[q] && (p->t[q].fails || !task_ran(q)))
+                bad += seed_fail("task ran although a producer failed or did not run (task, producer)", i, q);
     }
     for (int i = p->ntasks; i < MAX_TASKS; i++)
-        if (atomic_load(&g_rec[i].runs) != 0) bad += seed_fail("unsubmitted task ran", i, 0);
+        for (int m = 0; m < MAX_MEMBERS; m++)
+            if (atomic_load(&mrec(i, m)->runs) != 0) bad += seed_fail("unsubmitted task ran (task, member)", i, m);
     bad += check_reuse(p);
     if (atomic_load(&g_bad_callable)) { bad += seed_fail("leaf got an unknown callable", 0, 0); atomic_store(&g_bad_callable, 0); }
 
@@ -874,7 +1004,7 @@ static void test_random_dag(void)
     long max_fails = env_long("PTO_RANDOM_MAX_FAILS", 3);
     int failed_seeds = 0, shown = 0;
     uint64_t t0 = now_ms();
-    long ntasks = 0;
+    long ntasks = 0, ngroups = 0;
     int64_t reuses = 0;
     pto_stats st0, st1;
     pto_worker_stats_get(g_w, &st0);
@@ -883,6 +1013,7 @@ static void test_random_dag(void)
         uint64_t seed = (uint64_t)(base + k);
         int b = run_seed(seed, single >= 0);
         ntasks += g_p.ntasks;
+        for (int i = 0; i < g_p.ntasks; i++) ngroups += g_p.t[i].nm > 1;
         reuses += g_p.reuses;
         tu_checks++;
         if (b) {
@@ -899,8 +1030,8 @@ static void test_random_dag(void)
     pto_worker_stats_get(g_w, &st1);
     int64_t stalls = 0;
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) stalls += st1.rings[r].stalls - st0.rings[r].stalls;
-    printf("random_dag: %ld seeds from %ld, %ld tasks, %d failing seeds, %.2f s; %" PRId64 " heap buffers reused "
-           "memory of ended scopes, %" PRId64 " ring stalls\n", nseeds, base, ntasks, failed_seeds,
+    printf("random_dag: %ld seeds from %ld, %ld tasks (%ld groups), %d failing seeds, %.2f s; %" PRId64 " heap buffers reused "
+           "memory of ended scopes, %" PRId64 " ring stalls\n", nseeds, base, ntasks, ngroups, failed_seeds,
            (double)(now_ms() - t0) / 1000.0, reuses, stalls);
 }
 

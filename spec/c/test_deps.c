@@ -110,7 +110,7 @@ static void check_not_started(int c)
 static void check_clean(pto_worker *w)
 {
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.tasks_live, 0);
     CHECK_EQ(st.tensormap_live, 0);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) CHECK_EQ(st.rings[r].used_bytes, 0);
@@ -232,7 +232,7 @@ static void test_slab_being_reclaimed(void)
     uint64_t a_fanout = atomic_load(&sa->fanout);
     uint32_t a_total = (uint32_t)(a_fanout >> 32);
     pto_stats st0, st1;
-    pto_worker_stats(w, &st0);
+    pto_worker_stats_get(w, &st0);
     int64_t ntasks = pto_task_count(o);
 
     atomic_store(&tu_hold[1], 1);   /* if the submit wrongly succeeds, its task keeps A's state still */
@@ -242,7 +242,8 @@ static void test_slab_being_reclaimed(void)
     pto_task_args a = {.tensor_count = 3, .tensors = ts, .tags = tags};
     int64_t id = pto_submit_next_level(o, 1, &a, NULL, -1);
     CHECK_EQ(id, -1);
-    CHECK_CONTAINS(pto_errmsg(), "orch:submit_next_level: a tensor's heap storage");
+    /* the engine speaks C: the message starts with what went wrong, no Lua name */
+    CHECK(strncmp(pto_errmsg(), "a tensor's heap storage", 23) == 0);
     char want[64];
     snprintf(want, sizeof want, "(task %lld's slab) is being reclaimed", (long long)ida);
     CHECK_CONTAINS(pto_errmsg(), want);
@@ -251,7 +252,7 @@ static void test_slab_being_reclaimed(void)
     int64_t leaked = (int64_t)refs_left(sb) - b_left;
     CHECK_EQ(leaked, 0);
     for (; leaked > 0 && leaked < 8; leaked--) pto_slot_release(sb);   /* so a broken engine still ends the run */
-    pto_worker_stats(w, &st1);
+    pto_worker_stats_get(w, &st1);
     CHECK_EQ(st1.rings[0].used_bytes, st0.rings[0].used_bytes);
     CHECK_EQ(pto_task_count(o), ntasks);
     CHECK_EQ(atomic_load(&sa->fanout), pto_fanout_pack(a_total, a_total + 1));
@@ -378,7 +379,7 @@ static void poison_case(bool group)
     CHECK_EQ(atomic_load(&tu_start[3]), 0);
     CHECK_EQ(atomic_load(&tu_runs), 1);
     pto_stats st;
-    pto_worker_stats(w, &st);
+    pto_worker_stats_get(w, &st);
     CHECK_EQ(st.tasks_failed, 3);
     CHECK_EQ(st.tasks_completed, 0);
     check_clean(w);

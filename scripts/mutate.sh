@@ -29,8 +29,8 @@ names=() files=() finds=() repls=() whys=()
 mutant() { names+=("$1"); files+=("$2"); finds+=("$3"); repls+=("$4"); whys+=("$5"); }
 
 mutant child_pids_no_chips src/binding/lpto_worker.c \
-  'int counts[2] = {W->nchips, W->nsubs};' \
-  'int counts[2] = {0, W->nsubs};' \
+  'push_child_pids(L, W, PTO_NEXT_LEVEL, W->nchips);' \
+  'push_child_pids(L, W, PTO_NEXT_LEVEL, 0);' \
   'Worker:child_pids() leaves out the chips'
 mutant group_lookup_member0_only src/engine/orchestrator.c \
   'if (a->tags[i] == PTO_INPUT || a->tags[i] == PTO_INOUT)' \
@@ -45,17 +45,17 @@ mutant merge_drops_dependency src/engine/orchestrator.c \
   '' \
   'a producer seen first as a slab hold loses its dependency when seen again'
 mutant no_poison_failed_producer src/engine/scheduler.c \
-  'if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison(c, p);' \
+  'if (atomic_load_explicit(&p->failed, memory_order_relaxed)) pto_slot_poison(c, p->id);' \
   '' \
   'wiring a consumer of an already-failed producer does not poison it'
 mutant running_producer_finished src/engine/scheduler.c \
   'if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {' \
   'if (st >= PTO_TASK_RUNNING) {' \
   'wiring treats a running producer as finished'
-mutant tag_names_swapped src/binding/lpto_tensor.c \
-  '{"in", "out", "inout", "out_existing", "no_dep", NULL}' \
-  '{"out", "in", "inout", "out_existing", "no_dep", NULL}' \
-  'the binding parses tag "in" as OUTPUT and "out" as INPUT'
+mutant tag_names_swapped src/engine/task_args.c \
+  '{"in", "out", "inout", "out_existing", "no_dep"}' \
+  '{"out", "in", "inout", "out_existing", "no_dep"}' \
+  'tag names swapped: the binding parses "in" as OUTPUT and "out" as INPUT'
 mutant workers_idle_as_running lua/pto/commands.lua \
   'local now = "idle"' \
   'local now = "running"' \

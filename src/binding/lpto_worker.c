@@ -497,23 +497,50 @@ static int w_child_pids(lua_State *L)
     return 1;
 }
 
-static int w_stats_report(lua_State *L)
+/* The flags of an optional {full = bool} table at idx (the report's long form lists unused rings). */
+static int32_t report_flags(lua_State *L, int idx, const char *who)
 {
-    lworker *W = lpto_check_worker(L, 1, "Worker:stats_report");
-    int n = pto_worker_format_stats(W->w, NULL, 0);
+    if (lua_isnoneornil(L, idx)) return 0;
+    if (!lua_istable(L, idx))
+        return lpto_error(L, who, "the options must be a table like {full = true} (got %s)", luaL_typename(L, idx));
+    static const lpto_field fields[] = {{"full", 1, 0}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
+    lua_getfield(L, idx, "full");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+        return lpto_error(L, who, "full must be a boolean (got %s)", luaL_typename(L, -1));
+    int32_t flags = lua_toboolean(L, -1) ? PTO_STATS_FULL : 0;
+    lua_pop(L, 1);
+    return flags;
+}
+
+static void push_report(lua_State *L, lworker *W, int32_t flags)
+{
+    pto_stats st;
+    pto_worker_stats_get(W->w, &st);
+    int n = pto_format_stats_ex(&st, W->level, flags, NULL, 0);
     luaL_Buffer b;
     char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
-    pto_worker_format_stats(W->w, p, (size_t)n + 1);
+    pto_format_stats_ex(&st, W->level, flags, p, (size_t)n + 1);
     luaL_addsize(&b, (size_t)n);
     if (W->level >= 4) lpto_level_report(W, &b);
     luaL_pushresult(&b);
+}
+
+/* w:stats_report([{full = true}]) */
+static int w_stats_report(lua_State *L)
+{
+    const char *who = "Worker:stats_report";
+    lworker *W = lpto_check_worker(L, 1, who);
+    push_report(L, W, report_flags(L, 2, who));
     return 1;
 }
 
+/* w:print_stats([{full = true}]) */
 static int w_print_stats(lua_State *L)
 {
-    lpto_check_worker(L, 1, "Worker:print_stats");
-    w_stats_report(L);
+    const char *who = "Worker:print_stats";
+    lworker *W = lpto_check_worker(L, 1, who);
+    push_report(L, W, report_flags(L, 2, who));
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
     return 0;

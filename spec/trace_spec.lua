@@ -606,6 +606,49 @@ error("the script fails at the end")
     dot_accepts(text)
   end)
 
+  it("names each process and thread once, and adds no empty process, for an L4 over PROCESS-mode children", function()
+    local script = writefile(tmpname(".lua"), [[
+local pto = require "pto"
+local w4 <close> = pto.Worker{level = 4, mode = "process"}
+local fills = {}
+for i = 1, 2 do
+  local l3 = pto.Worker{level = 3, chips = 1}
+  fills[i] = l3:register(pto.chip_kernel("fill"), "fill")
+  w4:add_worker(l3)
+end
+local row = w4:register(function(orch, a)
+  orch:submit_next_level(fills[math.tointeger(a:scalar(1))], pto.args{{a:tensor(1), "out"}, scalars = {3.0}})
+end, "row")
+local t = {pto.tensor{8}, pto.tensor{8}}
+for _ = 1, 4 do
+  w4:run(function(orch)
+    for i = 1, 2 do orch:submit_next_level(row, pto.args{{t[i], "out"}, scalars = {i}}, pto.CallConfig(), {worker = i}) end
+  end)
+end
+]])
+    local tr = tmpname(".json")
+    local _, err, code = ptolua(("--trace %s %s"):format(q(tr), q(script)))
+    assert.are.equal(0, code, err)
+    local doc = decode_file(tr)
+    local pnames, tnames, events = {}, {}, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then pnames[e.pid] = (pnames[e.pid] or 0) + 1 end
+      if e.ph == "M" and e.name == "thread_name" then
+        local k = e.pid .. "/" .. e.tid
+        tnames[k] = (tnames[k] or 0) + 1
+      end
+      if e.ph ~= "M" then events[e.pid] = (events[e.pid] or 0) + 1 end
+    end
+    local procs = 0
+    for pid, n in pairs(pnames) do
+      procs = procs + 1
+      assert.are.equal(1, n, "process " .. pid .. " named " .. n .. " times")
+      assert.truthy((events[pid] or 0) > 0, "process " .. pid .. " has no events")
+    end
+    for k, n in pairs(tnames) do assert.are.equal(1, n, "thread " .. k .. " named " .. n .. " times") end
+    assert.are.equal(3, procs)   -- the L4 and its two L3 children (the parent-side L3 copies recorded nothing)
+  end)
+
   it("--dot quotes hostile error messages and names so that dot accepts them", function()
     local script = writefile(tmpname(".lua"), [==[
 local pto = require "pto"

@@ -390,6 +390,7 @@ describe("the polished prompt", function()
       expect("task 251 check (sub): pending -> failed"), PROMPT,
       send(":dag worker=sub failed\n"), expect("\n  251  failed"), PROMPT,
       send(":rings\n"), expect("ring  used B  free GiB  high-water "), PROMPT,
+      send(":dot " .. tracef .. ".dot full\n"), expect("wrote " .. tracef .. ".dot (252 tasks"), PROMPT,
       send(":finish\n"), expect("run failed"), PROMPT,
       send(":trace stop\n"), expect("wrote " .. tracef), PROMPT,
       EOF, WAIT,

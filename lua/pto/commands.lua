@@ -512,11 +512,15 @@ return function(repl)
     return rest
   end
 
-  add("dot", "FILE", "write the open run's DAG as Graphviz", function(rest)
+  add("dot", "FILE [full]", "write the open run's DAG as Graphviz (condensed above 500 tasks unless full)",
+    function(rest)
+    local opts
+    local file = rest:match("^(.-)%s+full$")
+    if file then rest, opts = file, { condensed = false } end
     local path = path_arg(rest, ":dot")
     local w = worker()
     local orch = open_orch(w)
-    local text = try(orch.dot, orch)
+    local text = try(orch.dot, orch, opts)
     local f, err = io.open(path, "w")
     if not f then problem(":dot: %s", err) end
     f:write(text)

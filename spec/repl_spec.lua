@@ -440,3 +440,49 @@ describe("the polished prompt", function()
     assert.is_nil(out:find("commands.lua", 1, true), out)
   end)
 end)
+
+-- A run longer than a second shows one progress line on a terminal's stderr
+-- (lpto_worker.c), cleared at its end. The driver shows "\r" as <CR> and the
+-- erase-line sequence as <EL> here, so that the clearing can be seen.
+describe("the progress line", function()
+  local function run_script(text, env)
+    local script = writefile(tmpname(), text)
+    return ok_session({ {"expect", "run done"}, WAIT }, { args = q(script), env = "PTYDRIVE_SHOW_ERASE=1 " .. (env or "") })
+  end
+
+  local SLEEPS = [[
+local w <close> = pto.Worker{chips = 2}
+local sleep = w:register(pto.chip_kernel("sleep_us"))
+w:run(function(orch)
+  for _ = 1, 60 do orch:submit_next_level(sleep, pto.args{scalars = {50000}}) end
+end)
+print("run done")
+]]
+
+  it("shows tasks done of submitted, the rate and failures while a run waits, and clears it at the end", function()
+    local out = run_script(SLEEPS)
+    assert.matches("<CR>%[pto%] %d+ of 60 tasks done, %d+ tasks/s, 0 failed, [%d.]+ s<EL>", out)
+    -- the last thing before the script's own output is the cleared line
+    assert.matches("<EL><CR><EL>run done", out)
+  end)
+
+  it("updates while the orchestration function itself runs", function()
+    local out = run_script [[
+local w <close> = pto.Worker{chips = 1}
+local fill = w:register(pto.chip_kernel("fill"))
+w:run(function(orch)
+  for _ = 1, 10 do orch:submit_next_level(fill, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}}) end
+  local t = pto.now()
+  while pto.now() - t < 1.6 do end   -- Lua busy in the run's function
+end)
+print("run done")
+]]
+    assert.matches("<CR>%[pto%] %d+ of 10 tasks done", out)
+  end)
+
+  it("is off with PTO_PROGRESS=0", function()
+    local out = run_script(SLEEPS, "PTO_PROGRESS=0 ")
+    assert.is_nil(out:find("[pto]", 1, true), out)
+    assert.truthy(out:find("run done", 1, true), out)
+  end)
+end)

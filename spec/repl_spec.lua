@@ -329,6 +329,7 @@ describe("the polished prompt", function()
         PROMPT, send("V = pto.tensor({100}, 'i32'); for i = 1, 100 do V[i] = i end\n"), PROMPT,
         send("V\n"), expect("tensor(i32, {100}) [1, 2, 3, ..., 98, 99, 100]\n"),
         PROMPT, send(":print V\n"), expect(", 49, 50, 51, "), expect(", 100]\n"),
+        PROMPT, send(":print nosuch.field\n"), expect(":print: "), expect("attempt to index"),
         PROMPT, send("pto.tensor({20, 30}, 'i32')\n"), expect("tensor(i32, {20, 30})\n[[0, 0, 0, ..., 0, 0, 0],\n"),
         expect(" ...,\n"),
         PROMPT, EOF, WAIT,
@@ -388,7 +389,7 @@ describe("the polished prompt", function()
       send(":task 250\n"), expect("fan-out 1: consumers plus references such as its open scope's"), PROMPT,
       send(":release\n"), expect("252 tasks changed state:"), expect("ready -> completed"),
       expect("task 251 check (sub): pending -> failed"), PROMPT,
-      send(":dag worker=sub failed\n"), expect("\n  251  failed"), PROMPT,
+      send(":dag worker=sub fai\t\n"), expect("\n  251  failed"), PROMPT,   -- TAB completes the state
       send(":rings\n"), expect("ring  used B  free GiB  high-water "), PROMPT,
       send(":dot " .. tracef .. ".dot full\n"), expect("wrote " .. tracef .. ".dot (252 tasks"), PROMPT,
       send(":finish\n"), expect("run failed"), PROMPT,

@@ -266,7 +266,13 @@ M.add_command("print", "everything in a value: every element of a tensor, every 
     io.stdout:write(":print: ", err, "\n")
     return nil
   end
-  local r = table.pack(f())
+  local r = table.pack(pcall(f))
+  if not r[1] then
+    io.stdout:write(":print: ", tostring(r[2]), "\n")
+    return nil
+  end
+  table.remove(r, 1)
+  r.n = r.n - 1
   local out = {}
   for i = 1, r.n do out[i] = M.format(r[i], true) end
   if r.n > 0 then rawset(_G, "_", r[1]) end
@@ -362,10 +368,14 @@ local function add_keys(set, t, prefix, want_fn)
 end
 
 -- What the argument of each command completes to: "file", "callable" or "lua".
-M.arg_kinds = { dot = "file", trace = "file", ["break"] = "callable", unbreak = "callable", use = "lua", print = "lua" }
+M.arg_kinds = { dot = "file", trace = "file", ["break"] = "callable", unbreak = "callable", use = "lua", print = "lua",
+  dag = "dag" }
 
 -- Callable names for :break (set by pto.commands: the current Worker's).
 function M.callable_names() return {} end
+
+-- :dag's filter words besides the callable names.
+M.dag_words = { "all", "pending", "ready", "running", "queued", "completed", "consumed", "failed", "worker=", "callable=" }
 
 local function command_arg(line)
   local name = line and line:match("^%s*:%s*(%a+)%s")
@@ -384,9 +394,12 @@ function M.complete(text, at_start, line)
   local set, base = {}, ""
   local _, kind = command_arg(line)
   if kind == "file" then return { files = true } end
-  if kind == "callable" then
+  if kind == "callable" or kind == "dag" then
     for _, name in ipairs(M.callable_names()) do
       if name:sub(1, #text) == text then set[name] = true end
+    end
+    for _, word in ipairs(kind == "dag" and M.dag_words or {}) do
+      if word:sub(1, #text) == text then set[word] = true end
     end
   elseif kind == "none" then
     return {}

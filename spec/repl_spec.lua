@@ -317,3 +317,173 @@ describe("docs/repl.md's walkthrough", function()
     assert.matches("\n  8%s+pending%s+chip%s+add%s+%-%s+2%s+0%s+5,7\n", out)
   end)
 end)
+
+-- Issue 18's prompt polish: values, completion, and the engine commands at scale.
+describe("the polished prompt", function()
+  it("prints tensors with their shape, elides the middle of large ones, :print shows all, _ is the last value",
+    function()
+      local out = ok_session {
+        PROMPT, send("C = pto.tensor({3, 3}, 'f32'); for i = 1, 9 do C[i] = i end\n"), PROMPT,
+        send("C\n"), expect("tensor(f32, {3, 3})\n[[1.0, 2.0, 3.0],\n [4.0, 5.0, 6.0],\n [7.0, 8.0, 9.0]]\n"),
+        PROMPT, send("_[9]\n"), expect("\n9.0\n"),
+        PROMPT, send("V = pto.tensor({100}, 'i32'); for i = 1, 100 do V[i] = i end\n"), PROMPT,
+        send("V\n"), expect("tensor(i32, {100}) [1, 2, 3, ..., 98, 99, 100]\n"),
+        PROMPT, send(":print V\n"), expect(", 49, 50, 51, "), expect(", 100]\n"),
+        PROMPT, send(":print nosuch.field\n"), expect(":print: "), expect("attempt to index"),
+        PROMPT, send("pto.tensor({20, 30}, 'i32')\n"), expect("tensor(i32, {20, 30})\n[[0, 0, 0, ..., 0, 0, 0],\n"),
+        expect(" ...,\n"),
+        PROMPT, EOF, WAIT,
+      }
+      -- the plain print of V elides its middle; only :print shows 49, 50, 51
+      local plain = assert(out:match("\n> V\n([^\n]*)\n"), out)
+      assert.is_nil(plain:find("49", 1, true), plain)
+    end)
+
+  it("completes methods of orchestrators, fields of tensors, files after :dot, callables after :break; hides pto._*",
+    function()
+      local dir = tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir " .. q(dir)))
+      writefile(dir .. "/only_file.txt", "x")
+      local out = ok_session {
+        PROMPT, send("w = pto.Worker{chips = 1}\n"), PROMPT,
+        send("fill = w:register(pto.chip_kernel('fill'), 'fill_kernel')\n"), PROMPT,
+        send("orch = w:open_run()\n"), PROMPT,
+        send("#orch:da\t().nodes\n"), expect("\n0\n"), PROMPT,
+        send("C = pto.tensor({2, 5})\n"), PROMPT,
+        send("C.sh\t[2]\n"), expect("\n5\n"), PROMPT,
+        send("pto.\t\t"), expect("pto.tensor_spec"), send("\21\n"), PROMPT,
+        send("pto.tensor({2}):\t\t"), send("\21\n"), PROMPT,
+        send(":break \t\n"), expect("dispatch will hold before any task of fill_kernel"), PROMPT,
+        send(":dot " .. dir .. "/on\t\n"), expect("wrote " .. dir .. "/only_file.txt"), PROMPT,
+        send(":finish\n"), expect("run finished"), PROMPT,
+        EOF, WAIT,
+      }
+      assert.is_nil(out:find("pto._callable_name", 1, true), out)   -- private names stay hidden
+      assert.is_nil(out:find(":collectgarbage", 1, true), out)       -- "f(x):" offers no globals
+      os.execute("rm -rf " .. q(dir))
+    end)
+
+  it(":dag filters by state, id range, worker and callable, with a summary by state; :task explains fan-out; "
+    .. ":trace alone shows the status; :rings has one unit per column", function()
+    local tracef = tmpname()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{chips = 2, num_sub_workers = 1}\n"), PROMPT,
+      send("fill = w:register(pto.chip_kernel('fill'), 'fill')\n"), PROMPT,
+      send("check = w:register(function(a) error('bad') end, 'check')\n"), PROMPT,
+      send(":trace\n"), expect("is not tracing"), PROMPT,
+      send(":trace " .. tracef .. "\n"), expect("; :trace stop writes it"), PROMPT,
+      send(":trace\n"), expect("into " .. tracef .. ": "), expect(" events so far"), PROMPT,
+      send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("x = pto.tensor({4})\n"), PROMPT,
+      send("for i = 1, 250 do orch:submit_next_level(fill, pto.args{{pto.tensor({4}), 'out'}, scalars = {1.0}}) end\n"),
+      PROMPT,
+      send("orch:submit_next_level(fill, pto.args{{x, 'out'}, scalars = {1.0}})\n"), expect("\n250\n"), PROMPT,
+      send("orch:submit_sub(check, pto.args{{x, 'in'}})\n"), expect("\n251\n"), PROMPT,
+      send(":dag\n"), expect("by state: 1 pending, 251 ready"), expect("... 52 more (:dag all"), PROMPT,
+      send(":dag pending\n"), expect("\n  251  pending"), PROMPT,
+      send(":dag 10-12\n"), expect("\n  12  ready"), PROMPT,
+      send(":dag check\n"), expect("\n  251  pending  sub"), PROMPT,
+      send(":dag bogus=1\n"), expect("unknown filter 'bogus'"), PROMPT,
+      send(":task 250\n"), expect("fan-out 1: consumers plus references such as its open scope's"), PROMPT,
+      send(":release\n"), expect("252 tasks changed state:"), expect("ready -> completed"),
+      expect("task 251 check (sub): pending -> failed"), PROMPT,
+      send(":dag worker=sub fai\t\n"), expect("\n  251  failed"), PROMPT,   -- TAB completes the state
+      send(":rings\n"), expect("ring  used B  free GiB  high-water "), PROMPT,
+      send(":dot " .. tracef .. ".dot full\n"), expect("wrote " .. tracef .. ".dot (252 tasks"), PROMPT,
+      send(":finish\n"), expect("run failed"), PROMPT,
+      send(":trace stop\n"), expect("wrote " .. tracef), PROMPT,
+      EOF, WAIT,
+    }
+    -- :dag 10-12 lists those three rows only
+    local block = assert(out:match(":dag 10%-12\n(.-)\n> "), out)
+    local ids = {}
+    for id in block:gmatch("\n  (%d+)  ") do ids[#ids + 1] = tonumber(id) end
+    assert.same({10, 11, 12}, ids)
+    -- :release summarised instead of 252 lines
+    local rel = assert(out:match(":release\n(.-)\n> "), out)
+    local n = 0
+    for _ in rel:gmatch("[^\n]+") do n = n + 1 end
+    assert.is_true(n < 12, rel)
+  end)
+
+  it("tells tasks a worker runs from tasks queued for it", function()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{num_sub_workers = 1}\n"), PROMPT,
+      send("slow = w:register(function() local t = pto.now() while pto.now() - t < 0.5 do end end, 'slow')\n"),
+      PROMPT, send("orch = w:open_run()\n"), PROMPT,
+      send("for i = 1, 4 do orch:submit_sub(slow, pto.args{}) end\n"), PROMPT,
+      send(":dag\n"), expect("by state: "), PROMPT,
+      send(":finish\n"), expect("run finished: 4 tasks"), PROMPT,
+      EOF, WAIT,
+    }
+    local line = assert(out:match("by state: ([^\n]*)"), out)
+    local running = tonumber(line:match("(%d+) running") or "0")
+    local total = 0
+    for k in line:gmatch("(%d+) %a+") do total = total + tonumber(k) end
+    assert.equal(4, total, line)
+    assert.is_true(running <= 1, line)   -- one sub worker executes at most one task at a time
+  end)
+
+  it("reports Ctrl-C during :release in one line, without a traceback", function()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{num_sub_workers = 1}\n"), PROMPT,
+      send("slow = w:register(function() local t = pto.now() while pto.now() - t < 2 do end end, 'slow')\n"), PROMPT,
+      send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("orch:submit_sub(slow, pto.args{})\n"), PROMPT,
+      send(":release\n"), {"sleep", 300}, send("\3"), expect("interrupted :release"), PROMPT,
+      send("1+1\n"), expect("\n2\n"), PROMPT,
+      EOF, WAIT,
+    }
+    assert.is_nil(out:find("traceback", 1, true), out)
+    assert.is_nil(out:find("commands.lua", 1, true), out)
+  end)
+end)
+
+-- A run longer than a second shows one progress line on a terminal's stderr
+-- (lpto_worker.c), cleared at its end. The driver shows "\r" as <CR> and the
+-- erase-line sequence as <EL> here, so that the clearing can be seen.
+describe("the progress line", function()
+  local function run_script(text, env)
+    local script = writefile(tmpname(), text)
+    return ok_session({ {"expect", "run done"}, WAIT }, { args = q(script), env = "PTYDRIVE_SHOW_ERASE=1 " .. (env or "") })
+  end
+
+  local SLEEPS = [[
+local w <close> = pto.Worker{chips = 2}
+local sleep = w:register(pto.chip_kernel("sleep_us"))
+w:run(function(orch)
+  for _ = 1, 60 do orch:submit_next_level(sleep, pto.args{scalars = {50000}}) end
+end)
+print("run done")
+]]
+
+  it("shows tasks done of submitted, the rate and failures while a run waits, and clears it at the end", function()
+    local out = run_script(SLEEPS)
+    assert.matches("<CR>%[pto%] %d+ of 60 tasks done, %d+ tasks/s, 0 failed, [%d.]+ s<EL>", out)
+    -- the last thing before the script's own output is the cleared line
+    assert.matches("<EL><CR><EL>run done", out)
+  end)
+
+  it("updates while the orchestration function itself runs", function()
+    local out = run_script [[
+local w <close> = pto.Worker{chips = 1}
+local fill = w:register(pto.chip_kernel("fill"))
+w:run(function(orch)
+  for _ = 1, 10 do orch:submit_next_level(fill, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}}) end
+  local t = pto.now()
+  while pto.now() - t < 1.6 do end   -- Lua busy in the run's function
+end)
+print("run done")
+]]
+    assert.matches("<CR>%[pto%] %d+ of 10 tasks done", out)
+  end)
+
+  it("is off with PTO_PROGRESS=0", function()
+    local out = run_script(SLEEPS, "PTO_PROGRESS=0 ")
+    assert.is_nil(out:find("[pto]", 1, true), out)
+    assert.truthy(out:find("run done", 1, true), out)
+  end)
+end)

@@ -542,10 +542,79 @@ describe("orch:dot", function()
   end)
 end)
 
+describe("orch:dot's views", function()
+  -- node lines ("  t3 [label=...];" or "  g2 [label=...];") of a dot text, by id
+  local function node_lines(text, kind)
+    local nodes = {}
+    for id, line in text:gmatch("\n  " .. kind .. "(%d+) (%[label=[^\n]*%];)") do nodes[tonumber(id)] = line end
+    return nodes
+  end
+
+  it("colours nodes by callable, names their worker, and folds an alloc into the tasks that use it", function()
+    local text
+    W:run(function(orch)
+      local x, y = pto.tensor{4}, pto.tensor{4}
+      local at = orch:alloc({4}, "f32")
+      local a = orch:task_count() - 1   -- the alloc slot's task id
+      local f = orch:submit_next_level(K.fill, pto.args{{at, "out"}, scalars = {1.0}})
+      local c = orch:submit_next_level(K.copy, pto.args{{at, "in"}, {x, "out"}})
+      local g = orch:submit_next_level(K.fill, pto.args{{y, "out"}, scalars = {2.0}})
+      orch:alloc({4}, "f32")
+      local unused = orch:task_count() - 1
+      orch:drain()
+      text = orch:dot()
+      local nodes = node_lines(text, "t")
+      assert.is_nil(nodes[a], text)                     -- folded
+      assert.truthy(nodes[unused], text)                -- an alloc nobody uses is still drawn
+      assert.truthy(nodes[f]:find("\\nuses alloc " .. a, 1, true), nodes[f])
+      assert.truthy(nodes[c]:find("\\nuses alloc " .. a, 1, true), nodes[c])
+      assert.truthy(nodes[f]:find("\\non chip %d"), nodes[f])
+      local cf, cc, cg = nodes[f]:match("fillcolor=(%w+)"), nodes[c]:match("fillcolor=(%w+)"), nodes[g]:match("fillcolor=(%w+)")
+      assert.are.equal(cf, cg)          -- one callable, one colour
+      assert.are_not.equal(cf, cc)      -- another callable, another
+      assert.truthy(text:find("  t" .. f .. " -> t" .. c .. ";", 1, true), text)
+    end)
+    dot_accepts(text)
+  end)
+
+  it("condenses a DAG of more than 500 tasks into groups with counts, which dot renders quickly", function()
+    local text, full
+    W:run(function(orch)
+      for _ = 1, 250 do   -- in the run's own scope: tasks of a scope that ended are reclaimed, and drawn so
+        local t = orch:alloc({4}, "f32")
+        orch:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {1.0}})
+        orch:submit_next_level(K.copy, pto.args{{t, "in"}, {pto.tensor{4}, "out"}})
+      end
+      for _ = 1, 250 do orch:submit_next_level(K.fill, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}}) end
+      orch:drain()
+      assert.are.equal(1000, orch:task_count())
+      text = orch:dot()
+      full = orch:dot{condensed = false}
+    end)
+    local groups = node_lines(text, "g")
+    local n = 0
+    for _ in pairs(groups) do n = n + 1 end
+    assert.is_true(n >= 2 and n <= 10, text)
+    assert.truthy(text:find("condensed: 1000 tasks in " .. n .. " groups", 1, true), text)
+    assert.truthy(text:find("fill (next_level)\\nx500 completed", 1, true), text)   -- both loops' fills
+    assert.truthy(text:find("copy (next_level)\\nx250 completed", 1, true), text)
+    assert.truthy(text:find('subgraph cluster_d1 { label="scopes at depth 1"', 1, true) == nil, text)  -- orch:dot knows no depths
+    assert.truthy(text:find('%[label="x250"%];'), text)   -- fill -> copy, 250 times
+    local detailed = 0
+    for _ in full:gmatch("\n  t%d+ %[label=") do detailed = detailed + 1 end
+    assert.are.equal(750, detailed)   -- the 250 allocs are folded into their fill and copy
+    local t0 = pto.now()
+    dot_accepts(text)
+    assert.is_true(pto.now() - t0 < 10, "dot took " .. (pto.now() - t0) .. " s on the condensed view")
+    assert.has_error(function() W:run(function(orch) orch:dot(true) end) end)
+  end)
+end)
+
 describe("ptolua --trace and --dot", function()
-  local function ptolua(args)
+  local function ptolua(args, env)
     local err = tmpname(".err")
-    local p = assert(io.popen(("env -u LUA_INIT -u LUA_INIT_5_4 %s %s </dev/null 2>%s"):format(q(PTOLUA), args, q(err))))
+    local p = assert(io.popen(("env -u LUA_INIT -u LUA_INIT_5_4 %s%s %s </dev/null 2>%s"):format(env or "", q(PTOLUA), args,
+      q(err))))
     local out = p:read("a")
     local _, how, code = p:close()
     assert.are.equal("exit", how)
@@ -602,8 +671,56 @@ error("the script fails at the end")
     assert.truthy(text:find("w1_t0 -> w1_t1;", 1, true))
     assert.truthy(text:find("w2_t0 [label=\"task 0\\nfail (next_level)\\nfailed\\n", 1, true), text)
     assert.truthy(text:find("fail kernel called with code 9", 1, true))
-    assert.truthy(text:find("w1_t1 [label=\"task 1\\nsleep_us (next_level)\\ncompleted\"", 1, true), text)
+    -- the worker that ran a task is in its label while the task is still there
+    assert.truthy(text:find('w1_t1 %[label="task 1\\nsleep_us %(next_level%)\\ncompleted\\non chip %d"'), text)
+    -- a root cause and a task poisoned by it look different
+    assert.truthy(text:find('w2_t0 [label="task 0\\nfail (next_level)\\nfailed\\non chip 1\\n', 1, true), text)
+    assert.truthy(text:find('fill %(next_level%)\\ncompleted\\non chip %d", fillcolor=%w+%];'), text)
+    assert.truthy(text:find('w2_t1 %[label="task 1\\nnote %(sub%)\\npoisoned %(not run%)\\n.-fillcolor=mistyrose%];'), text)
     dot_accepts(text)
+  end)
+
+  it("names each process and thread once, and adds no empty process, for an L4 over PROCESS-mode children", function()
+    local script = writefile(tmpname(".lua"), [[
+local pto = require "pto"
+local w4 <close> = pto.Worker{level = 4, mode = "process"}
+local fills = {}
+for i = 1, 2 do
+  local l3 = pto.Worker{level = 3, chips = 1}
+  fills[i] = l3:register(pto.chip_kernel("fill"), "fill")
+  w4:add_worker(l3)
+end
+local row = w4:register(function(orch, a)
+  orch:submit_next_level(fills[math.tointeger(a:scalar(1))], pto.args{{a:tensor(1), "out"}, scalars = {3.0}})
+end, "row")
+local t = {pto.tensor{8}, pto.tensor{8}}
+for _ = 1, 4 do
+  w4:run(function(orch)
+    for i = 1, 2 do orch:submit_next_level(row, pto.args{{t[i], "out"}, scalars = {i}}, pto.CallConfig(), {worker = i}) end
+  end)
+end
+]])
+    local tr = tmpname(".json")
+    local _, err, code = ptolua(("--trace %s %s"):format(q(tr), q(script)))
+    assert.are.equal(0, code, err)
+    local doc = decode_file(tr)
+    local pnames, tnames, events = {}, {}, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "M" and e.name == "process_name" then pnames[e.pid] = (pnames[e.pid] or 0) + 1 end
+      if e.ph == "M" and e.name == "thread_name" then
+        local k = e.pid .. "/" .. e.tid
+        tnames[k] = (tnames[k] or 0) + 1
+      end
+      if e.ph ~= "M" then events[e.pid] = (events[e.pid] or 0) + 1 end
+    end
+    local procs = 0
+    for pid, n in pairs(pnames) do
+      procs = procs + 1
+      assert.are.equal(1, n, "process " .. pid .. " named " .. n .. " times")
+      assert.truthy((events[pid] or 0) > 0, "process " .. pid .. " has no events")
+    end
+    for k, n in pairs(tnames) do assert.are.equal(1, n, "thread " .. k .. " named " .. n .. " times") end
+    assert.are.equal(3, procs)   -- the L4 and its two L3 children (the parent-side L3 copies recorded nothing)
   end)
 
   it("--dot quotes hostile error messages and names so that dot accepts them", function()
@@ -629,9 +746,38 @@ end))
     local text = assert(F.readfile(dt), "no --dot file")
     assert.truthy(text:find('quote \\" backslash \\\\ end\\\\', 1, true), text)
     assert.truthy(text:find('sub \\"named\\" \\\\ oddly (sub)', 1, true), text)
-    local failed = 0
+    local failed, poisoned = 0, 0
     for _ in text:gmatch("fillcolor=tomato") do failed = failed + 1 end
-    assert.are.equal(7, failed)
+    for _ in text:gmatch("fillcolor=mistyrose") do poisoned = poisoned + 1 end
+    assert.are.equal(6, failed)     -- the six subs failed by themselves
+    assert.are.equal(1, poisoned)   -- the fill after the first was not run because of it
+    dot_accepts(text)
+  end)
+
+  it("--dot condenses a large run, with a cluster per scope depth", function()
+    local script = writefile(tmpname(".lua"), [==[
+local pto = require "pto"
+local w <close> = pto.Worker{chips = 2}
+local fill = w:register(pto.chip_kernel("fill"))
+local copy = w:register(pto.chip_kernel("copy"))
+w:run(function(orch)
+  for _ = 1, 300 do
+    orch:scope(function()
+      local t = orch:alloc({4}, "f32")
+      orch:submit_next_level(fill, pto.args{{t, "out"}, scalars = {1.0}})
+      orch:submit_next_level(copy, pto.args{{t, "in"}, {pto.tensor{4}, "out"}})
+    end)
+  end
+end)
+]==])
+    local dt = tmpname(".dot")
+    local _, err, code = ptolua(("--dot %s %s"):format(q(dt), q(script)))
+    assert.are.equal(0, code, err)
+    local text = assert(F.readfile(dt), "no --dot file")
+    assert.truthy(text:find("condensed: 600 tasks in 2 groups", 1, true), text)
+    assert.truthy(text:find('subgraph cluster_w1_d1 { label="scopes at depth 1";', 1, true), text)
+    assert.truthy(text:find("fill (next_level)\\nx300 ", 1, true), text)
+    assert.truthy(text:find('w1_g1 -> w1_g2 [label="x300"];', 1, true), text)
     dot_accepts(text)
   end)
 
@@ -643,7 +789,7 @@ local noop = w:register(pto.chip_kernel("noop"))
 w:run(function(orch) for _ = 1, 5010 do orch:submit_next_level(noop, pto.args{}) end end)
 ]==])
     local dt = tmpname(".dot")
-    local _, err, code = ptolua(("--dot %s %s"):format(q(dt), q(script)))
+    local _, err, code = ptolua(("--dot %s %s"):format(q(dt), q(script)), "PTO_DOT=full ")   -- each task, not condensed
     assert.are.equal(0, code, err)
     local text = assert(F.readfile(dt), "no --dot file")
     assert.truthy(text:find("run 1 (the first 5000 of 5010 tasks)", 1, true), text:sub(1, 300))
@@ -697,7 +843,9 @@ end))
     local text = assert(F.readfile(dt), "no --dot file")
     assert.truthy(text:find('w1_t0 [label="task 0\\nfail (next_level)\\nfailed\\ntask 0 (callable \'fail\' on chip 1) failed:', 1, true), text)
     assert.truthy(text:find("code 6", 1, true), text)
-    assert.truthy(text:find('w1_t1 [label="task 1\\nsleep_us (next_level)\\ncompleted"', 1, true), text)
+    assert.truthy(text:find('w1_t1 [label="task 1\\nsleep_us (next_level)\\ncompleted\\non chip 1"', 1, true), text)
+    -- task 0 was submitted in a nested scope: drawn in a cluster of its own
+    assert.truthy(text:find('subgraph cluster_w1_s1 { label="scope %(depth 1%)";[^}]*w1_t0 %['), text)
     dot_accepts(text)
   end)
 

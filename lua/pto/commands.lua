@@ -94,6 +94,31 @@ return function(repl)
     return ("%d %s"):format(n, units[u])
   end
 
+  -- Byte counts of one column in one unit: the largest the column's biggest
+  -- value reaches, named once (in the header), so rows compare at a glance.
+  local function byte_unit(values)
+    local max = 0
+    for _, v in ipairs(values) do max = math.max(max, v) end
+    for _, u in ipairs { { "GiB", 1 << 30 }, { "MiB", 1 << 20 }, { "KiB", 1 << 10 } } do
+      if max >= u[2] then return u[1], u[2] end
+    end
+    return "B", 1
+  end
+
+  local function in_unit(v, div)
+    local x = v / div
+    if x == math.floor(x) then return ("%d"):format(math.floor(x)) end
+    return ("%.1f"):format(x)
+  end
+
+  -- The tasks a child is executing now; the other "running" tasks were
+  -- handed to a worker and wait in its queue (queue_depth) for it.
+  local function executing(w)
+    local now = {}
+    for _, c in ipairs(w:children()) do if c.task then now[c.task] = c.name end end
+    return now
+  end
+
   local function dispatch_line(w)
     local d = w:dispatch()
     local parts = { d.held and "dispatch held" or "dispatch free" }
@@ -101,7 +126,13 @@ return function(repl)
     if d.breakpoints > 0 then
       parts[#parts + 1] = ("%d breakpoint%s"):format(d.breakpoints, d.breakpoints == 1 and "" or "s")
     end
-    if d.running > 0 then parts[#parts + 1] = ("%d running"):format(d.running) end
+    if d.running > 0 then
+      local n = 0
+      for _ in pairs(executing(w)) do n = n + 1 end
+      n = math.min(n, d.running)
+      parts[#parts + 1] = ("%d running"):format(n)
+      if d.running > n then parts[#parts + 1] = ("%d queued for workers"):format(d.running - n) end
+    end
     if d.break_task and d.held then
       local orch = w:orch()
       local ok, t = pcall(function() return orch:task(d.break_task) end)
@@ -121,21 +152,46 @@ return function(repl)
     return s
   end
 
-  -- After tasks moved: one line per task whose state changed, and why dispatch stopped.
+  -- More lines than this and :step/:release summarise (a screenful, less
+  -- the prompt and the summary).
+  local function screenful()
+    return math.max(10, (math.tointeger(tonumber(os.getenv("LINES") or "")) or 24) - 4)
+  end
+
+  local function move_line(w, t, was)
+    return ("%s: %s -> %s%s%s"):format(describe(w, t), was, t.state, t.worker_name and (" on " .. t.worker_name) or "",
+      t.error and (": " .. t.error:match("[^\n]*")) or "")
+  end
+
+  -- After tasks moved: one line per task whose state changed, or, when more
+  -- than a screenful changed, a count per transition and the failures; then
+  -- why dispatch stopped.
   local function report_moves(w, orch, before)
-    local moved = 0
+    local moves = {}
     if orch then
       for _, t in ipairs(orch:tasks()) do
         local was = before[t.id]
-        if was and was ~= t.state then
-          moved = moved + 1
-          out("%s: %s -> %s%s%s", describe(w, t), was, t.state,
-            t.worker_name and (" on " .. t.worker_name) or "",
-            t.error and (": " .. t.error:match("[^\n]*")) or "")
-        end
+        if was and was ~= t.state then moves[#moves + 1] = { t = t, was = was } end
       end
     end
-    if moved == 0 then out("no task changed state") end
+    if #moves == 0 then out("no task changed state") end
+    if #moves <= screenful() then
+      for _, m in ipairs(moves) do out("%s", move_line(w, m.t, m.was)) end
+    else
+      local count, order, failed = {}, {}, {}
+      for _, m in ipairs(moves) do
+        local key = m.was .. " -> " .. m.t.state
+        if not count[key] then order[#order + 1] = key end
+        count[key] = (count[key] or 0) + 1
+        if m.t.state == "failed" then failed[#failed + 1] = m end
+      end
+      out("%d tasks changed state:", #moves)
+      for _, key in ipairs(order) do out("  %-24s %d", key, count[key]) end
+      local show = math.min(#failed, 5)
+      for i = 1, show do out("%s", move_line(w, failed[i].t, failed[i].was)) end
+      if #failed > show then out("... %d more failed", #failed - show) end
+      out("(:dag STATE lists the tasks in a state)")
+    end
     out("(%s)", dispatch_line(w))
   end
 
@@ -153,16 +209,37 @@ return function(repl)
 
   -- ---- the commands -------------------------------------------------------
 
+  -- Ctrl-C while a command waits: the error of ptolua's interrupt hook
+  -- ("interrupted!") or of a pto call it interrupted.
+  local function interrupted(err)
+    if type(err) == "table" and getmetatable(err) == Problem then err = err.msg end
+    return type(err) == "string" and (err:find("interrupted!$") or err:find("interrupted", 1, true)) ~= nil
+  end
+
   local function add(name, usage, help, fn)
     repl.add_command(name, help, function(rest)
       local ok, err = pcall(fn, rest)
       if ok then return err end
+      if interrupted(err) then
+        local w = worker(true)
+        local okl, line = pcall(dispatch_line, w)
+        io.stdout:write(("interrupted :%s%s\n"):format(name, w and okl and (" (" .. line .. ")") or ""))
+        return nil
+      end
       if getmetatable(err) == Problem then
         io.stdout:write(err.msg, "\n")
         return nil
       end
       error(err, 0)
     end, usage)
+  end
+
+  -- :break TAB: the current Worker's callable names.
+  function repl.callable_names()
+    local w = worker(true)
+    local names = {}
+    if w then for _, c in ipairs(w:callables()) do if c.name then names[#names + 1] = c.name end end end
+    return names
   end
 
   add("use", "[expr]", "the Worker the commands act on (default: the newest with an open run, else the newest)",
@@ -243,23 +320,90 @@ return function(repl)
     out("breakpoint on %s removed", rest)
   end)
 
-  add("dag", nil, "the open run's tasks: state, kind, callable, worker, fan-in, fan-out, producers", function()
+  local STATES = { pending = true, ready = true, running = true, queued = true, completed = true, consumed = true,
+    failed = true, free = true }
+
+  -- :dag's filter words: a state, an id or id range (N, N-M), worker=NAME
+  -- (a prefix: "worker=chip" is every chip, spaces may be left out),
+  -- callable=NAME or a bare callable name, and "all" (no row limit).
+  local function dag_filter(rest)
+    local f = { limit = 200 }
+    for word in rest:gmatch("%S+") do
+      local key, val = word:match("^(%a+)=(.*)$")
+      local lo, hi = word:match("^(%d+)%-(%d+)$")
+      if word == "all" then
+        f.limit = math.huge
+      elseif STATES[word] then
+        f.state = word
+      elseif lo then
+        f.lo, f.hi = tonumber(lo), tonumber(hi)
+      elseif word:match("^%d+$") then
+        f.lo, f.hi = tonumber(word), tonumber(word)
+      elseif key == "state" then
+        if not STATES[val] then problem(":dag: unknown state '%s'", val) end
+        f.state = val
+      elseif key == "worker" then
+        f.worker = val:gsub("%s", "")
+      elseif key == "callable" then
+        f.callable = val
+      elseif key then
+        problem(":dag: unknown filter '%s' (state=, worker=, callable=, an id or N-M, all)", key)
+      else
+        f.callable = word
+      end
+    end
+    return f
+  end
+
+  local function dag_keep(f, row)
+    if f.state and row.state ~= f.state then return false end
+    if f.lo and (row.t.id < f.lo or row.t.id > f.hi) then return false end
+    if f.callable and row.callable ~= f.callable then return false end
+    if f.worker then
+      local name = (row.t.worker_name or ""):gsub("%s", "")
+      if name:sub(1, #f.worker) ~= f.worker then return false end
+    end
+    return true
+  end
+
+  add("dag", "[filter]", "the open run's tasks (state, kind, callable, worker, fan-in, fan-out, producers); filter by "
+    .. "state, N-M, worker=, callable= (or its name); all: no row limit", function(rest)
+    local f = dag_filter(rest)
     local w = worker()
     local orch = open_orch(w)
     w:sync()
     local tasks = orch:tasks()
+    local now = executing(w)
     out("%d task%s; %s", #tasks, #tasks == 1 and "" or "s", dispatch_line(w))
     if #tasks == 0 then return end
-    local rows = { { "id", "state", "kind", "callable", "worker", "in", "out", "producers" } }
-    local shown = 0
+    local by, order, rows = {}, { "pending", "ready", "running", "queued", "completed", "consumed", "failed", "free" }, {}
     for _, t in ipairs(tasks) do
-      shown = shown + 1
-      if shown > 200 then break end
-      rows[#rows + 1] = { tostring(t.id), t.state, kind_name(w, t), callable_name(w, t), t.worker_name or "-",
-        tostring(t.fanin), tostring(t.fanout), table.concat(t.producers, ",") }
+      -- "running" in the engine: handed to a worker; running only if a child executes it now
+      local state = t.state == "running" and not now[t.id] and "queued" or t.state
+      by[state] = (by[state] or 0) + 1
+      rows[#rows + 1] = { t = t, state = state, callable = callable_name(w, t) }
     end
-    columns(rows)
-    if #tasks > 200 then out("  ... %d more (:task N shows any one)", #tasks - 200) end
+    local summary = {}
+    for _, st in ipairs(order) do if by[st] then summary[#summary + 1] = ("%d %s"):format(by[st], st) end end
+    out("  by state: %s", table.concat(summary, ", "))
+    local cells = { { "id", "state", "kind", "callable", "worker", "in", "out", "producers" } }
+    local matched = 0
+    for _, r in ipairs(rows) do
+      if dag_keep(f, r) then
+        matched = matched + 1
+        if matched <= f.limit then
+          local t = r.t
+          cells[#cells + 1] = { tostring(t.id), r.state, kind_name(w, t), r.callable, t.worker_name or "-",
+            tostring(t.fanin), tostring(t.fanout), table.concat(t.producers, ",") }
+        end
+      end
+    end
+    if matched == 0 then out("  no task matches '%s'", rest) return end
+    columns(cells)
+    if matched > f.limit then
+      out("  ... %d more (:dag all shows every one; :dag STATE, N-M, worker=, callable= filter; :task N shows one)",
+        matched - f.limit)
+    end
   end)
 
   add("task", "N", "one task in full: producers, consumers, tensors with tags, ring and slab, error", function(rest)
@@ -272,7 +416,10 @@ return function(repl)
     out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
     if (t.group_size or 1) > 1 then out("  group of %d members", t.group_size) end
     out("  producers: %s (fan-in %d)", #t.producers > 0 and table.concat(t.producers, ", ") or "none", t.fanin)
-    out("  consumers: %s (fan-out %d)", #t.consumers > 0 and table.concat(t.consumers, ", ") or "none", t.fanout)
+    -- the engine's fan-out counts every reference that keeps the task's
+    -- outputs alive: its consumers and the scope that has not ended yet
+    out("  consumers: %s (fan-out %d: consumers plus references such as its open scope's)",
+      #t.consumers > 0 and table.concat(t.consumers, ", ") or "none", t.fanout)
     if t.ring then out("  slab: ring %d, offset %d, %s", t.ring, t.slab_offset, bytes(t.slab_bytes)) end
     if t.tensors and #t.tensors > 0 then
       local rows = {}
@@ -319,10 +466,20 @@ return function(repl)
 
   add("rings", nil, "per heap ring: bytes used and free, high-water mark, slabs, stalls", function()
     local w = worker()
-    local rows = { { "ring", "used", "free", "high-water", "slabs", "stalls" } }
-    for _, r in ipairs(w:stats().rings) do
-      rows[#rows + 1] = { tostring(r.ring), bytes(r.used_bytes), bytes(r.capacity_bytes - r.used_bytes),
-        bytes(r.hwm_bytes), tostring(r.live_slabs), ("%d (%.1f ms)"):format(r.stalls, r.stall_ms) }
+    local rings = w:stats().rings
+    local function col(f)
+      local vals = {}
+      for i, r in ipairs(rings) do vals[i] = f(r) end
+      local name, div = byte_unit(vals)
+      return vals, name, div
+    end
+    local used, uu, ud = col(function(r) return r.used_bytes end)
+    local free, fu, fd = col(function(r) return r.capacity_bytes - r.used_bytes end)
+    local hwm, hu, hd = col(function(r) return r.hwm_bytes end)
+    local rows = { { "ring", "used " .. uu, "free " .. fu, "high-water " .. hu, "slabs", "stalls", "stall ms" } }
+    for i, r in ipairs(rings) do
+      rows[#rows + 1] = { tostring(r.ring), in_unit(used[i], ud), in_unit(free[i], fd), in_unit(hwm[i], hd),
+        tostring(r.live_slabs), tostring(r.stalls), ("%.1f"):format(r.stall_ms) }
     end
     columns(rows)
   end)
@@ -355,11 +512,15 @@ return function(repl)
     return rest
   end
 
-  add("dot", "FILE", "write the open run's DAG as Graphviz", function(rest)
+  add("dot", "FILE [full]", "write the open run's DAG as Graphviz (condensed above 500 tasks unless full)",
+    function(rest)
+    local opts
+    local file = rest:match("^(.-)%s+full$")
+    if file then rest, opts = file, { condensed = false } end
     local path = path_arg(rest, ":dot")
     local w = worker()
     local orch = open_orch(w)
-    local text = try(orch.dot, orch)
+    local text = try(orch.dot, orch, opts)
     local f, err = io.open(path, "w")
     if not f then problem(":dot: %s", err) end
     f:write(text)
@@ -367,14 +528,27 @@ return function(repl)
     out("wrote %s (%d tasks; render with dot -Tsvg %s -o dag.svg)", path, orch:task_count(), path)
   end)
 
-  add("trace", "FILE|stop", "record a Chrome/Perfetto trace into FILE; :trace stop writes it", function(rest)
+  local trace_files = setmetatable({}, { __mode = "k" }) -- Worker -> the file :trace FILE gave
+
+  add("trace", "[FILE|stop]", "record a Chrome/Perfetto trace into FILE; :trace stop writes it; alone: tracing or not",
+    function(rest)
     local w = worker()
-    if rest == "stop" or rest == "" then
+    if rest == "" then
+      local st = try(w.trace_status, w)
+      if not st.active then out("%s is not tracing (:trace FILE starts)", tostring(w)) return end
+      out("tracing %s%s: %d events so far%s; :trace stop writes it", tostring(w),
+        trace_files[w] and (" into " .. trace_files[w]) or "", st.events,
+        st.dropped > 0 and (", %d dropped"):format(st.dropped) or "")
+      return
+    end
+    if rest == "stop" then
+      trace_files[w] = nil
       local r = try(w.trace_stop, w)
       out("wrote %s: %d events%s", r.path, r.events, r.dropped > 0 and (", %d dropped"):format(r.dropped) or "")
       return
     end
     try(w.trace_start, w, rest)
+    trace_files[w] = rest
     out("tracing %s into %s; :trace stop writes it", tostring(w), rest)
   end)
 

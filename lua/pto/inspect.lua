@@ -27,11 +27,6 @@ return function(pto)
 
   function M.dag(orch) return dag(orch, "orch:dag") end
 
-  local COLOURS = {
-    pending = "lightgrey", ready = "lightblue", running = "gold", completed = "palegreen",
-    consumed = "darkseagreen", failed = "tomato", free = "white",
-  }
-
   -- One line of a DOT label: inside a quoted string only '"' and '\' are
   -- special (a backslash would also start an escape like \n or \l), other
   -- control characters become spaces, bytes that are not UTF-8 become '?'
@@ -59,46 +54,247 @@ return function(pto)
     return ok and name or nil
   end
 
-  -- Node and edge lines for tasks (orch:task tables, with `name` when
-  -- known), ids prefixed by `prefix`.
-  local function dot_lines(nodes, prefix, indent)
-    local lines = {}
-    for _, t in ipairs(nodes) do
-      local what
-      if t.kind == "next_level" or t.kind == "sub" then
-        what = ("%s (%s)"):format(t.name or ("callable " .. tostring(t.callable)), t.kind)
-      else
-        what = t.kind
-      end
-      local state = t.state
-      if (t.group_size or 1) > 1 then state = ("%s, group of %d"):format(state, t.group_size) end
-      local label = {label_line(("task %d"):format(t.id)), label_line(what, 60), label_line(state)}
-      local attrs = ""
-      if t.error then
-        local n = 0
-        for l in t.error:gmatch("[^\n]+") do
-          n = n + 1
-          if n > 3 then label[#label + 1] = "..." break end
-          label[#label + 1] = label_line(l, 100)
-        end
-        attrs = (", tooltip=%s"):format(quote_lines{label_line(t.error, 2000)})
-      end
-      lines[#lines + 1] = ("%s%st%d [label=%s%s, fillcolor=%s];"):format(indent, prefix, t.id, quote_lines(label),
-        attrs, COLOURS[t.state] or "white")
-    end
-    for _, t in ipairs(nodes) do
-      for _, p in ipairs(t.producers) do
-        lines[#lines + 1] = ("%s%st%d -> %st%d;"):format(indent, prefix, p, prefix, t.id)
-      end
-    end
-    return lines
+  -- ---- Graphviz ------------------------------------------------------------
+  --
+  -- Nodes are filled with one colour per callable, so that the structure of
+  -- a DAG shows at a glance; a task that failed by itself (the root cause)
+  -- is red with a thick border, one that was not run because a producer
+  -- failed (poisoned) is pale red and dashed; tasks that have not run yet
+  -- (pending, ready) have a dashed border, running ones a thick one. Labels
+  -- name the worker that ran the task when it is still known. An
+  -- orch:alloc slot is drawn only when no task uses it; otherwise it is
+  -- folded into the label of the tasks that use its memory. With the scope
+  -- depth of each task (ptolua --dot records it at submit), consecutive
+  -- tasks of a nested scope are drawn in a cluster. Above CONDENSE tasks a
+  -- DAG is condensed: one node per (scope depth, callable, state) with its
+  -- count, one edge per pair of such nodes with the number of edges.
+
+  local PALETTE = { "lightblue", "palegreen", "khaki", "plum", "lightsalmon", "paleturquoise", "wheat", "thistle",
+    "lightpink", "darkseagreen", "lightsteelblue", "burlywood" }
+  local CONDENSE = 500
+
+  -- "root", "poisoned" or nil: why a failed task failed.
+  local function failure_kind(t, failed)
+    if t.state ~= "failed" then return nil end
+    if t.error and t.error:find("was not run: its producer", 1, true) then return "poisoned" end
+    for _, p in ipairs(t.producers) do if failed[p] then return "poisoned" end end
+    return "root"
   end
 
-  function M.dot(orch)
+  local function colour_of(colours, key)
+    if not colours[key] then
+      colours.n = (colours.n or 0) + 1
+      colours[key] = PALETTE[(colours.n - 1) % #PALETTE + 1]
+    end
+    return colours[key]
+  end
+
+  -- Attributes for a node of state (and failure kind fk), callable colour c;
+  -- fillcolor comes last.
+  local function node_style(state, fk, c)
+    if fk == "root" then return "penwidth=3, color=red3, fillcolor=tomato" end
+    if fk == "poisoned" then return "style=\"filled,dashed\", color=red3, fillcolor=mistyrose" end
+    if state == "pending" or state == "ready" then return ("style=\"filled,dashed\", fillcolor=%s"):format(c) end
+    if state == "running" then return ("penwidth=3, fillcolor=%s"):format(c) end
+    return ("fillcolor=%s"):format(c)
+  end
+
+  local function what_of(t)
+    if t.kind == "next_level" or t.kind == "sub" then
+      return ("%s (%s)"):format(t.name or ("callable " .. tostring(t.callable)), t.kind)
+    end
+    return t.kind
+  end
+
+  -- The alloc slots among nodes and, for each other node, the allocs whose
+  -- slab holds one of its tensors (the newest alloc at that place: ring
+  -- space is reused). Returns used[alloc id] = true, uses[task id] = {ids}.
+  local function fold_allocs(nodes)
+    local live, used, uses = {}, {}, {}
+    for _, t in ipairs(nodes) do
+      if t.kind == "alloc" and t.ring then
+        local list = live[t.ring] or {}
+        live[t.ring] = list
+        local lo, hi = t.slab_offset, t.slab_offset + t.slab_bytes
+        for i = #list, 1, -1 do   -- an older slab at the same place is gone
+          if list[i].lo < hi and lo < list[i].hi then table.remove(list, i) end
+        end
+        list[#list + 1] = { lo = lo, hi = hi, id = t.id }
+      elseif t.tensors then
+        for _, x in ipairs(t.tensors) do
+          for _, a in ipairs(x.ring and live[x.ring] or {}) do
+            if x.ring_offset >= a.lo and x.ring_offset < a.hi then
+              uses[t.id] = uses[t.id] or {}
+              local u = uses[t.id]
+              if u[#u] ~= a.id then u[#u + 1] = a.id end
+              used[a.id] = true
+            end
+          end
+        end
+      end
+    end
+    return used, uses
+  end
+
+  local function node_line(t, prefix, indent, colours, failed, uses)
+    local label = {label_line(("task %d"):format(t.id)), label_line(what_of(t), 60)}
+    local state = t.state
+    local fk = failure_kind(t, failed)
+    if fk == "poisoned" then state = "poisoned (not run)" end
+    if (t.group_size or 1) > 1 then state = ("%s, group of %d"):format(state, t.group_size) end
+    label[#label + 1] = label_line(state)
+    if t.worker_name then label[#label + 1] = label_line("on " .. t.worker_name) end
+    if uses and uses[t.id] then label[#label + 1] = label_line("uses alloc " .. table.concat(uses[t.id], ", ")) end
+    local attrs = ""
+    if t.error then
+      local n = 0
+      for l in t.error:gmatch("[^\n]+") do
+        n = n + 1
+        if n > 3 then label[#label + 1] = "..." break end
+        label[#label + 1] = label_line(l, 100)
+      end
+      attrs = (", tooltip=%s"):format(quote_lines{label_line(t.error, 2000)})
+    end
+    local c = t.kind == "alloc" and "white" or colour_of(colours, what_of(t))
+    return ("%s%st%d [label=%s%s, %s];"):format(indent, prefix, t.id, quote_lines(label), attrs, node_style(t.state, fk, c))
+  end
+
+  -- Lines of the detailed view: nodes (inside scope clusters when depths
+  -- are known), then edges.
+  local function detailed_lines(nodes, prefix, indent)
+    local lines, colours, failed = {}, {}, {}
+    for _, t in ipairs(nodes) do if t.state == "failed" then failed[t.id] = true end end
+    local used, uses = fold_allocs(nodes)
+    local drawn, depth, nclusters = {}, 0, 0
+    for _, t in ipairs(nodes) do
+      if not (t.kind == "alloc" and used[t.id]) then
+        local d = t.depth or 0
+        while depth > d do
+          lines[#lines + 1] = indent .. "}"
+          depth = depth - 1
+        end
+        while depth < d do
+          depth = depth + 1
+          nclusters = nclusters + 1
+          lines[#lines + 1] = ("%ssubgraph cluster_%ss%d { label=\"scope (depth %d)\"; style=rounded;")
+            :format(indent, prefix, nclusters, depth)
+        end
+        lines[#lines + 1] = node_line(t, prefix, indent, colours, failed, uses)
+        drawn[t.id] = true
+      end
+    end
+    for _ = 1, depth do lines[#lines + 1] = indent .. "}" end
+    for _, t in ipairs(nodes) do
+      for _, p in ipairs(t.producers) do
+        if drawn[t.id] and (drawn[p] or not used[p]) then
+          lines[#lines + 1] = ("%s%st%d -> %st%d;"):format(indent, prefix, p, prefix, t.id)
+        end
+      end
+    end
+    return lines, drawn
+  end
+
+  -- Lines of the condensed view: one node per (depth, callable, state or
+  -- failure kind), in a cluster per scope depth, with counts.
+  local function condensed_lines(nodes, prefix, indent)
+    local colours, failed, group_of, groups, order = {}, {}, {}, {}, {}
+    for _, t in ipairs(nodes) do if t.state == "failed" then failed[t.id] = true end end
+    local used = fold_allocs(nodes)
+    local allocs = 0
+    for _, t in ipairs(nodes) do
+      if t.kind == "alloc" and used[t.id] then
+        allocs = allocs + 1
+      else
+        local fk = failure_kind(t, failed)
+        local state = fk == "poisoned" and "poisoned (not run)" or t.state
+        local key = ("%d|%s|%s"):format(t.depth or 0, what_of(t), state)
+        local g = groups[key]
+        if not g then
+          g = { id = #order + 1, depth = t.depth or 0, what = what_of(t), state = t.state, shown = state, fk = fk,
+            n = 0, workers = {}, nworkers = 0, first = t.id, errors = {} }
+          groups[key] = g
+          order[#order + 1] = g
+        end
+        g.n, g.last = g.n + 1, t.id
+        if t.worker_name and not g.workers[t.worker_name] then
+          g.workers[t.worker_name] = true
+          g.nworkers = g.nworkers + 1
+        end
+        if t.error and #g.errors < 1 then g.errors[1] = t.error end
+        group_of[t.id] = g
+      end
+    end
+    local lines, maxdepth = {}, 0
+    for _, g in ipairs(order) do maxdepth = math.max(maxdepth, g.depth) end
+    local at_depth = {}
+    for _, g in ipairs(order) do at_depth[g.depth] = true end
+    for d = 0, maxdepth do
+      local cluster = d > 0 and at_depth[d]
+      if cluster then
+        lines[#lines + 1] = ("%ssubgraph cluster_%sd%d { label=\"scopes at depth %d\"; style=rounded;"):format(indent,
+          prefix, d, d)
+      end
+      for _, g in ipairs(order) do
+        if g.depth == d then
+          local label = { label_line(g.what, 60), label_line(("x%d %s"):format(g.n, g.shown)) }
+          label[#label + 1] = label_line(g.n > 1 and ("task %d ... task %d"):format(g.first, g.last) or ("task %d"):format(g.first))
+          if g.nworkers > 0 then
+            local ws = {}
+            for name in pairs(g.workers) do ws[#ws + 1] = name end
+            table.sort(ws)
+            if #ws > 4 then ws = { ws[1], ws[2], ws[3], ("... %d workers"):format(#ws) } end
+            label[#label + 1] = label_line("on " .. table.concat(ws, ", "), 80)
+          end
+          if g.errors[1] then label[#label + 1] = label_line(g.errors[1]:match("[^\n]*"), 100) end
+          local c = colour_of(colours, g.what)
+          lines[#lines + 1] = ("%s%sg%d [label=%s, %s];"):format(indent, prefix, g.id, quote_lines(label),
+            node_style(g.state, g.fk, c))
+        end
+      end
+      if cluster then lines[#lines + 1] = indent .. "}" end
+    end
+    local edges, eorder = {}, {}
+    for _, t in ipairs(nodes) do
+      local to = group_of[t.id]
+      for _, p in ipairs(t.producers) do
+        local from = group_of[p]
+        if to and from then
+          local key = from.id .. ">" .. to.id
+          if not edges[key] then eorder[#eorder + 1] = key end
+          edges[key] = (edges[key] or 0) + 1
+        end
+      end
+    end
+    for _, key in ipairs(eorder) do
+      local f, t = key:match("(%d+)>(%d+)")
+      lines[#lines + 1] = ("%s%sg%s -> %sg%s [label=\"x%d\"];"):format(indent, prefix, f, prefix, t, edges[key])
+    end
+    return lines, #order, allocs
+  end
+
+  local function want_condensed(opts, n)
+    if opts and opts.condensed ~= nil then return opts.condensed end
+    return n > CONDENSE
+  end
+
+  -- orch:dot([{condensed = bool}])
+  function M.dot(orch, opts)
     local nodes = tasks(orch, "orch:dot")
+    if opts ~= nil and type(opts) ~= "table" then
+      error(("orch:dot: the options must be a table like {condensed = true} (got %s)"):format(type(opts)), 2)
+    end
     for _, t in ipairs(nodes) do t.name = callable_name(orch, t) end
     local lines = {"digraph pto {", "  rankdir=LR;", "  node [shape=box, style=filled, fontname=\"monospace\"];"}
-    for _, l in ipairs(dot_lines(nodes, "", "  ")) do lines[#lines + 1] = l end
+    local body
+    if want_condensed(opts, #nodes) then
+      local groups
+      body, groups = condensed_lines(nodes, "", "  ")
+      lines[#lines + 1] = ("  label=%s;"):format(quote_lines{label_line(("condensed: %d tasks in %d groups "
+        .. "(orch:dot{condensed = false} draws each task)"):format(#nodes, groups))})
+    else
+      body = detailed_lines(nodes, "", "  ")
+    end
+    for _, l in ipairs(body) do lines[#lines + 1] = l end
     lines[#lines + 1] = "}"
     return table.concat(lines, "\n") .. "\n"
   end
@@ -108,24 +304,26 @@ return function(pto)
   -- and their producers and callables with them. rec = {nodes, total}.
   local DOT_MAX = 5000   -- beyond this a picture no longer helps (and dot takes minutes)
 
-  -- Right after task id was submitted.
+  -- Right after task id was submitted: the task, and the scope depth it was
+  -- submitted at (the clusters of the picture).
   function pto._dot_record(orch, rec, id)
     rec.total = rec.total + 1
     if #rec.nodes >= DOT_MAX then return end
     local ok, t = pcall(orch.task, orch, id)
     if not ok then return end
     t.name = callable_name(orch, t)
+    t.depth = orch:scope_depth()
     rec.nodes[#rec.nodes + 1] = t
   end
 
   -- At the end of the run's function, once every task has finished: the
-  -- final states of the tasks still there; the others finished and were
-  -- reclaimed.
+  -- final states (and workers) of the tasks still there; the others
+  -- finished and were reclaimed.
   function pto._dot_refresh(orch, rec)
     for _, t in ipairs(rec.nodes) do
       local ok, now = pcall(orch.task, orch, t.id)
       if ok and now.kind ~= "reclaimed" then
-        t.state, t.error = now.state, now.error
+        t.state, t.error, t.worker_name = now.state, now.error, now.worker_name
       elseif ok then
         -- reclaimed: a task already seen failing stays failed
         t.state = t.error and "failed" or "consumed"
@@ -135,6 +333,7 @@ return function(pto)
 
   -- The run as cluster `name` of a digraph; failure: why the run failed, whose
   -- task is marked failed if it was reclaimed before it could be seen.
+  -- PTO_DOT=full in the environment draws every task of a large run.
   function pto._dot_cluster(rec, name, title, failure)
     if type(failure) == "string" then
       local id = math.tointeger(tonumber(failure:match("task (%d+)")))
@@ -147,21 +346,29 @@ return function(pto)
     if rec.total > #rec.nodes then
       title = ("%s (the first %d of %d tasks)"):format(title, #rec.nodes, rec.total)
     end
+    local condensed = os.getenv("PTO_DOT") ~= "full" and #rec.nodes > CONDENSE
+    local body, known = nil, {}
+    if condensed then
+      local groups
+      body, groups = condensed_lines(rec.nodes, name .. "_", "    ")
+      title = ("%s, condensed: %d tasks in %d groups (PTO_DOT=full draws each task)"):format(title, #rec.nodes, groups)
+    else
+      body, known = detailed_lines(rec.nodes, name .. "_", "    ")
+    end
     local lines = {("  subgraph cluster_%s {"):format(name), ("    label=%s;"):format(quote_lines{label_line(title)})}
     -- A producer that was not submitted (an orch:alloc slot read before
     -- anything wrote it) still gets a node, drawn dashed.
-    local known, extra = {}, {}
-    for _, t in ipairs(rec.nodes) do known[t.id] = true end
-    for _, t in ipairs(rec.nodes) do
-      for _, p in ipairs(t.producers) do
-        if not known[p] then
-          known[p] = true
-          extra[#extra + 1] = ("    %s_t%d [label=\"task %d\", style=\"dashed,filled\", fillcolor=white];"):format(name, p, p)
+    if not condensed then
+      for _, t in ipairs(rec.nodes) do
+        for _, p in ipairs(t.producers) do
+          if not known[p] then
+            known[p] = true
+            lines[#lines + 1] = ("    %s_t%d [label=\"task %d\", style=\"dashed,filled\", fillcolor=white];"):format(name, p, p)
+          end
         end
       end
     end
-    for _, l in ipairs(extra) do lines[#lines + 1] = l end
-    for _, l in ipairs(dot_lines(rec.nodes, name .. "_", "    ")) do lines[#lines + 1] = l end
+    for _, l in ipairs(body) do lines[#lines + 1] = l end
     lines[#lines + 1] = "  }"
     return table.concat(lines, "\n") .. "\n"
   end

@@ -7,8 +7,13 @@
 --   M.print_results(...)      after a chunk returned values
 --   M.command(line)           for a first line starting with ':'; returns
 --                             "quit" to leave the prompt
---   M.complete(text, at_start) -> array of candidate words for `text`
---                             (at_start: the word begins the line)
+--   M.complete(text, at_start, line) -> array of candidate words for
+--                             `text` (at_start: the word begins the line;
+--                             line: the whole line), or {files = true}:
+--                             complete a file name (readline does that)
+--   M.takes_file(line)        true when the word being completed is a file
+--                             name (:dot FILE, :trace FILE): the word then
+--                             breaks only at blanks, so that "/tmp/x" is whole
 -- Commands are added with M.add_command(name, help, fn); the engine's live
 -- in pto/commands.lua.
 local M = {}
@@ -101,18 +106,128 @@ function format_value(v, depth, path, indent)
   return safe_tostring(v)
 end
 
+-- ---- tensors ---------------------------------------------------------------
+
+M.tensor_edge = 3 -- a dimension longer than 2 * edge + 1 shows its first and last `edge` entries
+
+local TENSOR = "pto.Tensor"
+
+local function is_tensor(v)
+  local mt = type(v) == "userdata" and debug.getmetatable(v)
+  return mt and rawget(mt, "__name") == TENSOR
+end
+
+-- One element as text: f32 with the digits an f32 holds, floats always with
+-- a decimal point (so 2.0 is not mistaken for an integer tensor).
+local function elem_text(x, dtype)
+  if math.type(x) == "float" then
+    local s = dtype == "f32" and ("%.7g"):format(x) or tostring(x)
+    if s:match("^%-?%d+$") then s = s .. ".0" end
+    return s
+  end
+  return tostring(x)
+end
+
+-- The indices of a dimension of n entries to show, with false where the
+-- middle is left out (all of them when full).
+local function shown(n, full)
+  local e = M.tensor_edge
+  local idx = {}
+  if full or n <= 2 * e + 1 then
+    for i = 1, n do idx[#idx + 1] = i end
+  else
+    for i = 1, e do idx[#idx + 1] = i end
+    idx[#idx + 1] = false
+    for i = n - e + 1, n do idx[#idx + 1] = i end
+  end
+  return idx
+end
+
+-- A tensor with its shape: one line for 1-D, rows and columns for 2-D,
+-- the rows of the last dimension with their leading indices beyond that;
+-- long dimensions are elided in the middle unless full.
+function M.format_tensor(t, full)
+  local ok, head = pcall(tostring, t)
+  if not ok then return "<tensor: __tostring failed>" end
+  local shape = t.shape
+  if not t.is_set or not pcall(function() return t[1] end) or #shape == 0 then return head end
+  local title = ("tensor(%s, {%s})"):format(t.dtype, table.concat(shape, ", "))
+  local dtype, last = t.dtype, shape[#shape]
+  local nrows = #t // math.max(last, 1)
+  local cols = shown(last, full)
+  -- cells[r][c] for the shown rows and columns (r: row index 1..nrows)
+  local rows, width = shown(nrows, full), {}
+  local cells = {}
+  for _, r in ipairs(rows) do
+    if r then
+      local line = {}
+      for ci, c in ipairs(cols) do
+        local text = c and elem_text(t[(r - 1) * last + c], dtype) or "..."
+        line[ci] = text
+        width[ci] = math.max(width[ci] or 0, #text)
+      end
+      cells[r] = line
+    end
+  end
+  local function row_text(r)
+    local parts = {}
+    for ci, text in ipairs(cells[r]) do parts[ci] = (" "):rep(width[ci] - #text) .. text end
+    return "[" .. table.concat(parts, ", ") .. "]"
+  end
+  if #shape == 1 then
+    local parts = {}
+    for ci, text in ipairs(cells[1]) do parts[ci] = text end
+    return title .. " [" .. table.concat(parts, ", ") .. "]"
+  end
+  local out = { title }
+  if #shape == 2 then
+    for i, r in ipairs(rows) do
+      local open = i == 1 and "[" or " "
+      local close = i == #rows and "]" or ","
+      out[#out + 1] = open .. (r and row_text(r) or "...") .. close
+    end
+    return table.concat(out, "\n")
+  end
+  -- more dimensions: each row of the last one, led by its other indices
+  for _, r in ipairs(rows) do
+    if r then
+      local idx, rest = {}, r - 1
+      for d = #shape - 1, 1, -1 do
+        idx[d] = rest % shape[d] + 1
+        rest = rest // shape[d]
+      end
+      out[#out + 1] = ("[%s, :] %s"):format(table.concat(idx, ", "), row_text(r))
+    else
+      out[#out + 1] = "..."
+    end
+  end
+  return table.concat(out, "\n")
+end
+
 -- The printed form of one value. A string at top level prints raw, as in
 -- lua5.4; inside tables strings are quoted so that keys and values are
--- unambiguous.
-function M.format(v)
+-- unambiguous. A tensor at top level prints with its shape.
+function M.format(v, full)
   if type(v) == "string" then return v end
+  if is_tensor(v) then return M.format_tensor(v, full) end
+  if full then
+    local items, depth = M.max_items, M.max_depth
+    M.max_items, M.max_depth = math.huge, math.huge
+    local ok, s = pcall(format_value, v, 0, {}, "")
+    M.max_items, M.max_depth = items, depth
+    if not ok then error(s, 0) end
+    return s
+  end
   return format_value(v, 0, {}, "")
 end
 
+-- The values of a chunk; the first is kept in the global `_` (the last
+-- value, as in luaprompt), so that it can be used in the next line.
 function M.print_results(...)
   local n = select("#", ...)
   local out = {}
   for i = 1, n do out[i] = M.format((select(i, ...))) end
+  if n > 0 then rawset(_G, "_", (select(1, ...))) end
   io.stdout:write(table.concat(out, "\t"), "\n")
   io.stdout:flush()
 end
@@ -141,6 +256,29 @@ M.add_command("help", "list the commands", function()
   io.stdout:write("Other lines are Lua: expressions print their values, Ctrl-C interrupts, Ctrl-D exits.\n")
 end)
 
+M.add_command("print", "everything in a value: every element of a tensor, every entry of a table", function(rest)
+  if rest == "" then
+    io.stdout:write(":print: expected a Lua expression, like :print t\n")
+    return nil
+  end
+  local f, err = load("return " .. rest, "=:print", "t")
+  if not f then
+    io.stdout:write(":print: ", err, "\n")
+    return nil
+  end
+  local r = table.pack(pcall(f))
+  if not r[1] then
+    io.stdout:write(":print: ", tostring(r[2]), "\n")
+    return nil
+  end
+  table.remove(r, 1)
+  r.n = r.n - 1
+  local out = {}
+  for i = 1, r.n do out[i] = M.format(r[i], true) end
+  if r.n > 0 then rawset(_G, "_", r[1]) end
+  io.stdout:write(table.concat(out, "\t"), "\n")
+end, "EXPR")
+
 M.add_command("quit", "leave the prompt (as Ctrl-D; open Workers are closed)", function()
   return "quit"
 end)
@@ -160,9 +298,19 @@ end
 
 -- ---- completion ------------------------------------------------------------
 
--- The table whose string keys are the methods of v: the metatable's
--- `methods` table (pto Workers, tensors, orchestrators) or its __index when
--- that is a table (pto TaskArgs, plain classes); for tables, v itself too.
+-- Fields that pto objects compute in their __index (C code, so nothing to
+-- enumerate), by metatable name; their methods are in the metatable's
+-- `methods` table.
+M.fields = {
+  ["pto.Tensor"] = { "shape", "dtype", "ndims", "numel", "nbytes", "offset", "is_set", "address" },
+  ["pto.Worker"] = { "closed", "level", "chips", "num_sub_workers", "workers", "mode", "initialized" },
+}
+
+-- The tables whose string keys are the methods (and fields) of v: the
+-- metatable's `methods` table (pto Workers, tensors, orchestrators), the
+-- orchestrator's methods written in Lua, its __index when that is a table
+-- (pto TaskArgs, plain classes), the known fields of pto objects; for
+-- tables, v itself too.
 local function method_tables(v)
   local out = {}
   if type(v) == "table" then out[#out + 1] = v end
@@ -170,6 +318,17 @@ local function method_tables(v)
   if type(mt) == "table" then
     if type(rawget(mt, "methods")) == "table" then out[#out + 1] = rawget(mt, "methods") end
     if type(rawget(mt, "__index")) == "table" then out[#out + 1] = rawget(mt, "__index") end
+    local name = rawget(mt, "__name")
+    if name == "pto.Orchestrator" then
+      local extra = rawget(debug.getregistry(), "pto.orch_extra")
+      if type(extra) == "table" then out[#out + 1] = extra end
+    end
+    local fields = M.fields[name]
+    if fields then
+      local set = {}
+      for _, f in ipairs(fields) do set[f] = true end
+      out[#out + 1] = set
+    end
   end
   if type(v) == "string" then out[#out + 1] = string end
   return out
@@ -195,27 +354,64 @@ local function resolve(path)
   return v
 end
 
+-- Names starting with "_" are private (pto._callable_name, ...) and only
+-- offered when the prefix asks for them.
 local function add_keys(set, t, prefix, want_fn)
+  local private = prefix:sub(1, 1) == "_"
   for k, val in next, t do
     if type(k) == "string" and k:sub(1, #prefix) == prefix and is_ident(k)
+        and (private or k:sub(1, 1) ~= "_")
         and (not want_fn or type(val) == "function") then
       set[k] = true
     end
   end
 end
 
+-- What the argument of each command completes to: "file", "callable" or "lua".
+M.arg_kinds = { dot = "file", trace = "file", ["break"] = "callable", unbreak = "callable", use = "lua", print = "lua",
+  dag = "dag" }
+
+-- Callable names for :break (set by pto.commands: the current Worker's).
+function M.callable_names() return {} end
+
+-- :dag's filter words besides the callable names.
+M.dag_words = { "all", "pending", "ready", "running", "queued", "completed", "consumed", "failed", "worker=", "callable=" }
+
+local function command_arg(line)
+  local name = line and line:match("^%s*:%s*(%a+)%s")
+  return name, name and (M.arg_kinds[name] or "none")
+end
+
+function M.takes_file(line)
+  local _, kind = command_arg(line)
+  return kind == "file"
+end
+
 -- Candidates for the word `text` (what readline found before the cursor,
 -- with `.` and `:` kept inside words). Each candidate is a full word that
 -- replaces `text`.
-function M.complete(text, at_start)
+function M.complete(text, at_start, line)
   local set, base = {}, ""
-  if at_start and text:sub(1, 1) == ":" then
+  local _, kind = command_arg(line)
+  if kind == "file" then return { files = true } end
+  if kind == "callable" or kind == "dag" then
+    for _, name in ipairs(M.callable_names()) do
+      if name:sub(1, #text) == text then set[name] = true end
+    end
+    for _, word in ipairs(kind == "dag" and M.dag_words or {}) do
+      if word:sub(1, #text) == text then set[word] = true end
+    end
+  elseif kind == "none" then
+    return {}
+  elseif at_start and text:sub(1, 1) == ":" then
     for name in pairs(M.commands) do
       if (":" .. name):sub(1, #text) == text then set[":" .. name] = true end
     end
   else
     local head, sep, last = text:match("^(.*)([.:])([%w_]*)$")
     if head then
+      -- "f(x):" reaches here as ":" alone: the value is not known without a call
+      if head == "" then return {} end
       local obj = resolve(head)
       if obj == nil then return {} end
       base = head .. sep

@@ -377,11 +377,27 @@ static int w_children(lua_State *L)
     return 1;
 }
 
+/* w:trace_status() -> {active = bool, events = n, dropped = n}: the prompt's
+ * :trace without an argument. A closed Worker is not tracing. */
+static int w_trace_status(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:trace_status");
+    bool on = W->state != W_CLOSED && W->w && pto_trace_active(W->w);
+    lua_createtable(L, 0, 3);
+    lua_pushboolean(L, on);
+    lua_setfield(L, -2, "active");
+    lua_pushinteger(L, on ? (lua_Integer)pto_trace_events(W->w) : 0);
+    lua_setfield(L, -2, "events");
+    lua_pushinteger(L, on ? (lua_Integer)pto_trace_dropped(W->w) : 0);
+    lua_setfield(L, -2, "dropped");
+    return 1;
+}
+
 const luaL_Reg lpto_debug_methods[] = {
     {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
     {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
     {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
-    {"callables", w_callables}, {"children", w_children}, {NULL, NULL}};
+    {"callables", w_callables}, {"children", w_children}, {"trace_status", w_trace_status}, {NULL, NULL}};
 
 void lpto_open_debug(lua_State *L)
 {

@@ -1,6 +1,7 @@
 /* lpto_worker.c - pto.Worker: construction, init, register (callable
  * handles, chip kernels), run, close, statistics. The orchestrator a run
  * hands to its function is lpto_orch.c; sub callables are lpto_sub.c. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -394,11 +395,98 @@ static void check_can_run(lua_State *L, lworker *W, const char *who)
                    luaL_typename(L, 2));
 }
 
+/* ---- progress ---------------------------------------------------------------------
+ * A run of a top-level Worker that lasts more than a second shows one line on
+ * stderr, when stderr is a terminal and PTO_PROGRESS is not "0": tasks done
+ * of submitted, the rate, failures; the line is cleared when the run ends.
+ * Nothing is added to the engine's hot path: the line is written by the
+ * thread that runs the orchestration function (the only one that may read
+ * the submit counter), from a Lua count hook while that function runs (only
+ * when no other hook is set) and from the run's final wait, which polls
+ * pto_dispatch_wait instead of blocking in one call. */
+
+#define PROGRESS_AFTER 1.0      /* seconds before the line appears */
+#define PROGRESS_EVERY 0.25     /* seconds between updates */
+#define PROGRESS_HOOK_COUNT 20000
+
+typedef struct progress {
+    lworker *W;
+    pthread_t thread;          /* the run's thread: the one that may read the submit counter */
+    double t0, last;
+    int64_t done0, failed0, submitted0;
+    bool shown;
+} progress;
+
+static progress *progress_now;   /* the run showing progress (one at a time), or NULL */
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void progress_tick(progress *p)
+{
+    double now = mono_now();
+    if (!pthread_equal(p->thread, pthread_self())) return;   /* a coroutine or sub that inherited the hook */
+    if (now - p->t0 < PROGRESS_AFTER || now - p->last < PROGRESS_EVERY) return;
+    p->last = now;
+    pto_stats st;
+    pto_worker_stats_get(p->W->w, &st);
+    int64_t done = st.tasks_completed - p->done0, failed = st.tasks_failed - p->failed0;
+    fprintf(stderr, "\r[pto] %lld of %lld tasks done, %.0f tasks/s, %lld failed, %.1f s\033[K",
+            (long long)done, (long long)(st.tasks_submitted - p->submitted0), done / (now - p->t0),
+            (long long)failed, now - p->t0);
+    fflush(stderr);
+    p->shown = true;
+}
+
+static void progress_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)L;
+    (void)ar;
+    if (progress_now) progress_tick(progress_now);
+}
+
+/* Start showing progress for W's run on L, if it should be shown. */
+static progress *progress_begin(lua_State *L, lworker *W, progress *p, const char *who)
+{
+    const char *env = getenv("PTO_PROGRESS");
+    if (!who || W->parent || progress_now || (env && strcmp(env, "0") == 0) || !isatty(STDERR_FILENO)) return NULL;
+    pto_stats st;
+    pto_worker_stats_get(W->w, &st);
+    *p = (progress){W, pthread_self(), mono_now(), 0, st.tasks_completed, st.tasks_failed, st.tasks_submitted, false};
+    progress_now = p;
+    if (!lua_gethook(L)) lua_sethook(L, progress_hook, LUA_MASKCOUNT, PROGRESS_HOOK_COUNT);
+    return p;
+}
+
+/* The orchestration function returned: no more hook (its own, if still set). */
+static void progress_unhook(lua_State *L, progress *p)
+{
+    if (p && lua_gethook(L) == progress_hook) lua_sethook(L, NULL, 0, 0);
+}
+
+static void progress_end(progress *p)
+{
+    if (!p) return;
+    if (p->shown) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+    progress_now = NULL;
+}
+
 /* Wait for the run of the orchestrator at oidx to drain and end it; returns
- * its failure (to free), or NULL. */
-static char *end_run(lua_State *L, lworker *W, int oidx)
+ * its failure (to free), or NULL. With progress p, the wait is in slices. */
+static char *end_run(lua_State *L, lworker *W, int oidx, progress *p)
 {
     lpto_gil_release(W->gil);   /* THREAD-mode subs still run while the run drains */
+    pto_dispatch_state ds;
+    if (p) pto_dispatch_get(W->w, &ds);
+    if (p && !ds.held)   /* a held Worker is drained by pto_run_end alone; its step stays as it is */
+        while (pto_dispatch_wait(W->w, 100) == 0) progress_tick(p);
     int rc = pto_run_end(W->w);
     lpto_gil_acquire(W->gil);
     char *fail = rc != 0 ? strdup(pto_errmsg()) : NULL;
@@ -435,6 +523,8 @@ static int worker_run(lua_State *L, const char *who)
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
     int rec = who ? lpto_trace_dag_begin(L, 5) : 0;
+    progress pstate;
+    progress *p = progress_begin(L, W, &pstate, who);
 
     int base = lua_gettop(L);
     lua_pushvalue(L, 2);
@@ -443,8 +533,10 @@ static int worker_run(lua_State *L, const char *who)
     lua_pushvalue(L, 4);
     int status = lua_pcall(L, 3, LUA_MULTRET, 0);
     int nres = lua_gettop(L) - base;
+    progress_unhook(L, p);
     lpto_trace_dag_ran(L, 5, 1, rec);
-    char *fail = end_run(L, W, 5);
+    char *fail = end_run(L, W, 5, p);
+    progress_end(p);
     if (status == LUA_OK && !fail) {
         lpto_trace_dag_end(L, 1, rec, 0);
         return nres;
@@ -497,23 +589,50 @@ static int w_child_pids(lua_State *L)
     return 1;
 }
 
-static int w_stats_report(lua_State *L)
+/* The flags of an optional {full = bool} table at idx (the report's long form lists unused rings). */
+static int32_t report_flags(lua_State *L, int idx, const char *who)
 {
-    lworker *W = lpto_check_worker(L, 1, "Worker:stats_report");
-    int n = pto_worker_format_stats(W->w, NULL, 0);
+    if (lua_isnoneornil(L, idx)) return 0;
+    if (!lua_istable(L, idx))
+        return lpto_error(L, who, "the options must be a table like {full = true} (got %s)", luaL_typename(L, idx));
+    static const lpto_field fields[] = {{"full", 1, 0}, {NULL, 0, 0}};
+    lpto_check_fields(L, idx, fields, who);
+    lua_getfield(L, idx, "full");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+        return lpto_error(L, who, "full must be a boolean (got %s)", luaL_typename(L, -1));
+    int32_t flags = lua_toboolean(L, -1) ? PTO_STATS_FULL : 0;
+    lua_pop(L, 1);
+    return flags;
+}
+
+static void push_report(lua_State *L, lworker *W, int32_t flags)
+{
+    pto_stats st;
+    pto_worker_stats_get(W->w, &st);
+    int n = pto_format_stats_ex(&st, W->level, flags, NULL, 0);
     luaL_Buffer b;
     char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
-    pto_worker_format_stats(W->w, p, (size_t)n + 1);
+    pto_format_stats_ex(&st, W->level, flags, p, (size_t)n + 1);
     luaL_addsize(&b, (size_t)n);
     if (W->level >= 4) lpto_level_report(W, &b);
     luaL_pushresult(&b);
+}
+
+/* w:stats_report([{full = true}]) */
+static int w_stats_report(lua_State *L)
+{
+    const char *who = "Worker:stats_report";
+    lworker *W = lpto_check_worker(L, 1, who);
+    push_report(L, W, report_flags(L, 2, who));
     return 1;
 }
 
+/* w:print_stats([{full = true}]) */
 static int w_print_stats(lua_State *L)
 {
-    lpto_check_worker(L, 1, "Worker:print_stats");
-    w_stats_report(L);
+    const char *who = "Worker:print_stats";
+    lworker *W = lpto_check_worker(L, 1, who);
+    push_report(L, W, report_flags(L, 2, who));
     fwrite(lua_tostring(L, -1), 1, lua_rawlen(L, -1), stdout);
     fflush(stdout);
     return 0;

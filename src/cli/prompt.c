@@ -150,9 +150,11 @@ static void history_close(void) {
 static char **cands;          /* this completion's candidates, malloc'ed */
 static size_t ncands;
 
-/* Run inside lua_pcall: pto.repl.complete(text, at_start), results
- * checked to be an array of strings. Everything that can raise (allocation
- * included) happens here, never on readline's stack outside a pcall. */
+/* Run inside lua_pcall: pto.repl.complete(text, at_start, line), results
+ * checked to be an array of strings, and true when it asked for a file
+ * name ({files = true}). Everything that
+ * can raise (allocation included) happens here, never on readline's stack
+ * outside a pcall. */
 static int complete_collect(lua_State *L) {
   const char *text = lua_touserdata(L, 1);
   int at_start = lua_toboolean(L, 2);
@@ -161,14 +163,19 @@ static int complete_collect(lua_State *L) {
   lua_getfield(L, -1, "complete");
   lua_pushstring(L, text);
   lua_pushboolean(L, at_start);
-  lua_call(L, 2, 1);
+  lua_pushstring(L, rl_line_buffer ? rl_line_buffer : "");
+  lua_call(L, 3, 1);
   luaL_checktype(L, -1, LUA_TTABLE);
+  lua_pushliteral(L, "files");
+  if (lua_rawget(L, -2) != LUA_TNIL) return 2; /* {files = true}: a file name */
+  lua_pop(L, 1);
   n = luaL_len(L, -1);
   for (i = 1; i <= n; i++) {
     if (lua_rawgeti(L, -1, i) != LUA_TSTRING) luaL_error(L, "completion: not a string");
     lua_pop(L, 1);
   }
-  return 1;
+  lua_pushboolean(L, 0);
+  return 2;
 }
 
 static char *cand_generator(const char *text, int state) {
@@ -193,7 +200,14 @@ static char **attempt_completion(const char *text, int start, int end) {
   lua_pushcfunction(L, complete_collect);
   lua_pushlightuserdata(L, (void *)text);
   lua_pushboolean(L, start == 0);
-  if (lua_pcall(L, 2, 1, 0) == LUA_OK) {
+  int ok = lua_pcall(L, 2, 2, 0) == LUA_OK; /* candidates, and whether to complete a file name */
+  int files = ok && lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (files) {
+    /* a file name (:dot FILE): readline's own completer, '/' after directories */
+    rl_filename_completion_desired = 1;
+    matches = rl_completion_matches(text, rl_filename_completion_function);
+  } else if (ok) {
     size_t n = (size_t)lua_rawlen(L, -1);
     cands = n ? calloc(n, sizeof *cands) : NULL;
     if (cands) {
@@ -217,6 +231,29 @@ static char **attempt_completion(const char *text, int start, int end) {
 /* Words end at these; '.' and ':' are not among them so that
  * "string.fo" and "w:reg" reach the completer whole. */
 static char word_breaks[] = " \t\n\"'`@$><=;|&{}()[],+-*/%^#~";
+/* A file name (:dot /tmp/x.dot) ends only at blanks. */
+static char file_breaks[] = " \t\n";
+
+static int takes_file_call(lua_State *L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, full_ref);
+  lua_getfield(L, -1, "takes_file");
+  lua_pushstring(L, rl_line_buffer ? rl_line_buffer : "");
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+/* readline asks which characters end the word before each completion:
+ * pto.repl.takes_file(line) says whether that word is a file name. */
+static char *word_break_hook(void) {
+  lua_State *L = prompt_L;
+  int top, file = 0;
+  if (!L || full_ref == LUA_NOREF || !lua_checkstack(L, 4)) return NULL;
+  top = lua_gettop(L);
+  lua_pushcfunction(L, takes_file_call);
+  if (lua_pcall(L, 0, 1, 0) == LUA_OK) file = lua_toboolean(L, -1);
+  lua_settop(L, top);
+  return file ? file_breaks : NULL; /* NULL: rl_completer_word_break_characters */
+}
 
 #endif /* PTO_HAVE_READLINE */
 
@@ -276,6 +313,7 @@ void prompt_open(lua_State *L, int repl_ref) {
   rl_catch_signals = 0; /* SIGINT is ours (read_line_tty, ptolua.c's docall) */
   rl_attempted_completion_function = attempt_completion;
   rl_completer_word_break_characters = word_breaks;
+  rl_completion_word_break_hook = word_break_hook;
   history_open();
 #endif
 }

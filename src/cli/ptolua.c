@@ -88,8 +88,9 @@ static void print_usage(FILE *f, const char *badoption) {
           "  -h, --help  show this help and exit\n"
           "  --trace f   write a Chrome trace (Perfetto, chrome://tracing) of every\n"
           "              Worker the script creates to file 'f' at exit\n"
-          "  --dot f     write the DAG of every Worker's last run, nodes coloured by\n"
-          "              state, to file 'f' (Graphviz) at exit\n"
+          "  --dot f     write the DAG of every Worker's last run to file 'f'\n"
+          "              (Graphviz) at exit: coloured by callable, condensed above\n"
+          "              500 tasks; recording roughly doubles a run of short tasks\n"
           "  --          stop handling options\n"
           "  -           stop handling options and execute stdin\n"
           "The pto module is preloaded as the global 'pto'.\n",

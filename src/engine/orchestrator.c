@@ -175,19 +175,25 @@ static pto_cfg_ref *cfg_intern(pto_orch *o, const pto_call_config *cfg)
 
 /* ---- heap allocation with back-pressure ---------------------------------- */
 
+/* The size that would have been enough is not knowable here: the scope may
+ * go on allocating after this request. So the advice is a procedure that
+ * gives a size which works the first time (measure the peak with a ring big
+ * enough), not a guess that can deadlock again. */
 static void deadlock_error(pto_orch *o, int32_t r, uint64_t bytes, const pto_slab *oldest)
 {
     pto_heap_ring *ring = &o->rings[r];
-    uint64_t need = ring->used + bytes, rec = 1;
-    while (rec < 2 * need) rec <<= 1;
+    uint64_t need = ring->used + bytes;
     pto_set_error("deadlock: heap ring %d is full (%llu of %llu bytes in %u slabs) and cannot drain. Its oldest "
                   "slab (task %lld, %llu bytes) is held by a scope that is still open, so only that scope's end "
                   "could free it, and the orchestrator that would end the scope is the one waiting for the space. "
                   "Fix: end scopes sooner (fewer or smaller tensors per scope), or increase heap_ring_size on the "
-                  "Worker (current: %llu bytes per ring; this scope needs at least %llu, recommended %llu).",
+                  "Worker (current: %llu bytes per ring; this scope needs more than %llu, and how much more it "
+                  "allocates before it ends is not known yet). A size that works: run once with a ring large "
+                  "enough (the default, 1 GiB) and use the ring's high-water mark from the Worker's statistics, "
+                  "rounded up to a power of two for wrap-around.",
                   r, (unsigned long long)ring->used, (unsigned long long)ring->size, ring->count,
                   (long long)oldest->owner->id, (unsigned long long)(oldest->end - oldest->start),
-                  (unsigned long long)ring->size, (unsigned long long)need, (unsigned long long)rec);
+                  (unsigned long long)ring->size, (unsigned long long)need);
 }
 
 static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)

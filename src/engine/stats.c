@@ -53,52 +53,107 @@ int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap)
 
 int pto_format_stats(const pto_stats *s, int32_t level, char *buf, size_t cap)
 {
+    return pto_format_stats_ex(s, level, 0, buf, cap);
+}
+
+/* One unit for a whole column of byte counts: the largest binary unit the
+ * column's biggest value reaches, so that rows compare at a glance. */
+typedef struct unit {
+    const char *name;
+    double div;
+} unit;
+
+static unit column_unit(uint64_t max)
+{
+    static const unit units[] = {{"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"B", 1.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0] - 1; i++)
+        if ((double)max >= units[i].div) return units[i];
+    return units[3];
+}
+
+/* A byte count in unit u: whole numbers without decimals. */
+static void put_bytes(out *o, uint64_t v, unit u, int width)
+{
+    double x = (double)v / u.div;
+    if (x == (double)(uint64_t)x) put(o, "%*llu", width, (unsigned long long)x);
+    else put(o, "%*.1f", width, x);
+}
+
+static bool ring_used(const pto_ring_stats *rs) { return rs->stalls > 0 || rs->hwm_bytes > 0 || rs->used_bytes > 0; }
+
+/* The rows of the ring table: each ring that was used (every ring when full). */
+static void put_rings(out *o, const pto_stats *st, bool full)
+{
+    uint64_t maxcap = 0, maxhwm = 0;
+    int shown = 0;
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        const pto_ring_stats *rs = &st->rings[r];
+        if (!full && !ring_used(rs)) continue;
+        if (rs->capacity_bytes > maxcap) maxcap = rs->capacity_bytes;
+        if (rs->hwm_bytes > maxhwm) maxhwm = rs->hwm_bytes;
+        shown++;
+    }
+    if (!shown) {
+        put(o, "Heap Rings: none was used\n");
+        return;
+    }
+    put(o, "Heap Rings%s:\n", full ? "" : " (rings never used are left out; the full report lists them)");
+    unit cu = column_unit(maxcap), hu = column_unit(maxhwm);
+    put(o, "  ring  capacity %-3s  high-water %-3s  peak    stalls  stall time ms\n", cu.name, hu.name);
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        const pto_ring_stats *rs = &st->rings[r];
+        if (!full && !ring_used(rs)) continue;
+        put(o, "  %-4d  ", r);
+        put_bytes(o, rs->capacity_bytes, cu, 12);
+        put(o, "  ");
+        put_bytes(o, rs->hwm_bytes, hu, 14);
+        put(o, "  %5.1f%%  %6lld  %13.2f\n", pct((double)rs->hwm_bytes, (double)rs->capacity_bytes),
+            (long long)rs->stalls, rs->stall_ns / 1e6);
+    }
+}
+
+/* One piece of advice per ring that stalled or came near its capacity. */
+static int put_advice(out *o, const pto_stats *st)
+{
+    int advice = 0;
+    put(o, "\nSizing Recommendations:\n");
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        const pto_ring_stats *rs = &st->rings[r];
+        double p = pct((double)rs->hwm_bytes, (double)rs->capacity_bytes);
+        if (rs->stalls == 0 && p < 90.0) continue;
+        unit u = column_unit(rs->capacity_bytes);
+        if (rs->stalls > 0)
+            put(o, "  [!] Heap Ring %d was full %lld time%s (%.2f ms waiting for tasks to finish)", r,
+                (long long)rs->stalls, rs->stalls == 1 ? "" : "s", rs->stall_ns / 1e6);
+        else
+            put(o, "  [!] Heap Ring %d reached %.1f%% of its capacity", r, p);
+        put(o, ".\n      Increase heap_ring_size (now ");
+        put_bytes(o, rs->capacity_bytes, u, 0);
+        put(o, " %s per ring), or end the scopes at depth %d sooner.\n", u.name, r);
+        advice++;
+    }
+    if (!advice) put(o, "  none: no resource stalled or came near its limit.\n");
+    return advice;
+}
+
+int pto_format_stats_ex(const pto_stats *s, int32_t level, int32_t flags, char *buf, size_t cap)
+{
     const pto_stats st = *s;
+    const bool full = (flags & PTO_STATS_FULL) != 0;
     out o = {buf, cap, 0};
     if (cap) buf[0] = 0;
     const char *rule = "================================================================================";
-    put(&o, "[PTO Flow Control Statistics] level %d\n%s\n\n", level, rule);
-    put(&o, "Tasks: %lld submitted, %lld completed, %lld failed; %lld allocs; %lld runs\n\n",
+    put(&o, "[PTO Flow Control Statistics] level %d\n%s\n", level, rule);
+    put(&o, "Tasks: %lld submitted, %lld completed, %lld failed; %lld alloc%s; %lld run%s\n",
         (long long)st.tasks_submitted, (long long)st.tasks_completed, (long long)st.tasks_failed,
-        (long long)st.allocs, (long long)st.runs);
-    put(&o, "Stall Counts (times orchestration was blocked):\n");
+        (long long)st.allocs, st.allocs == 1 ? "" : "s", (long long)st.runs, st.runs == 1 ? "" : "s");
+    put(&o, "Peaks: %lld live task slots, %lld TensorMap entries, %lld in the ready queue\n\n",
+        (long long)st.tasks_live_hwm, (long long)st.tensormap_hwm, (long long)st.ready_hwm);
+    put_rings(&o, &st, full);
     int64_t total_ns = 0;
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++)
-        put(&o, "  Heap Ring %d:%28lld\n", r, (long long)st.rings[r].stalls);
-    put(&o, "\nStall Times (nanoseconds):\n");
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        put(&o, "  Heap Ring %d:%28lld ns  (%.2f ms)\n", r, (long long)st.rings[r].stall_ns,
-            st.rings[r].stall_ns / 1e6);
-        total_ns += st.rings[r].stall_ns;
-    }
-    put(&o, "\nTotal Stall Time:%24lld ns  (%.2f ms)\n\n", (long long)total_ns, total_ns / 1e6);
-    put(&o, "High Water Marks (peak usage):\n");
-    put(&o, "  Live task slots:   %lld (grows as needed; bounded by the heap rings and scopes)\n",
-        (long long)st.tasks_live_hwm);
-    put(&o, "  TensorMap entries: %lld\n", (long long)st.tensormap_hwm);
-    put(&o, "  Ready queue:       %lld\n", (long long)st.ready_hwm);
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++)
-        put(&o, "  Heap Ring %d:  %llu / %llu bytes  (%.1f%%)\n", r, (unsigned long long)st.rings[r].hwm_bytes,
-            (unsigned long long)st.rings[r].capacity_bytes,
-            pct((double)st.rings[r].hwm_bytes, (double)st.rings[r].capacity_bytes));
-    put(&o, "\nSizing Recommendations:\n");
-    int advice = 0;
-    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        const pto_ring_stats *rs = &st.rings[r];
-        double p = pct((double)rs->hwm_bytes, (double)rs->capacity_bytes);
-        if (rs->stalls > 0) {
-            put(&o, "  [!] Heap Ring %d was exhausted %lld times (%.2f ms waiting).\n"
-                    "      Consider increasing heap_ring_size (current: %llu MB per ring), or scopes that end "
-                    "sooner at depth %d.\n",
-                r, (long long)rs->stalls, rs->stall_ns / 1e6, (unsigned long long)(rs->capacity_bytes >> 20), r);
-            advice++;
-        }
-        if (p >= 90.0) {
-            put(&o, "  [WARN] Heap Ring %d usage reached %.1f%% - consider increasing heap_ring_size\n", r, p);
-            advice++;
-        }
-    }
-    if (!advice) put(&o, "  none: no resource stalled or came near its limit.\n");
-    put(&o, "\n%s\n", rule);
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) total_ns += st.rings[r].stall_ns;
+    if (total_ns > 0 || full) put(&o, "  total stall time: %.2f ms\n", total_ns / 1e6);
+    put_advice(&o, &st);
+    put(&o, "%s\n", rule);
     return (int)o.len;
 }

@@ -483,6 +483,65 @@ static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *
     names_free(&nm);
 }
 
+/* The "name" .. "tid" head of a metadata event line ({"name":..,"ph":"M",
+ * "pid":..,"tid":..,), which names what it sets; NULL for other lines. */
+static size_t meta_key(const char *line, size_t len)
+{
+    static const char ph[] = "\"ph\":\"M\"";
+    const char *args = NULL;
+    for (size_t i = 0; i + sizeof ph - 1 <= len; i++)
+        if (memcmp(line + i, ph, sizeof ph - 1) == 0) {
+            for (size_t j = i; j + 7 <= len; j++)
+                if (memcmp(line + j, "\"args\":", 7) == 0) {
+                    args = line + j;
+                    break;
+                }
+            break;
+        }
+    return args ? (size_t)(args - line) : 0;
+}
+
+/* Append the events of other processes (one event a line), leaving out a
+ * metadata event already given for the same pid and thread: a Worker child
+ * sends its names with every run, and a process named four times shows as
+ * four in some viewers. heads: offsets in b of the metadata lines so far. */
+static void append_extra(sbuf *b, const char *extra, size_t len)
+{
+    size_t nheads = 0, cap = 16;
+    size_t *heads = pto_xmalloc(cap * sizeof *heads);
+    for (const char *line = b->p; line && *line;) {   /* the metadata b already has */
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) : strlen(line);
+        if (meta_key(line, n)) {
+            if (nheads == cap) heads = pto_xrealloc(heads, (cap *= 2) * sizeof *heads);
+            heads[nheads++] = (size_t)(line - b->p);
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    const char *p = extra, *end = extra + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        size_t line_len = n > 0 && p[n - 1] == ',' ? n - 1 : n;   /* without its separator */
+        size_t key = meta_key(p, line_len);
+        bool dup = false;
+        for (size_t i = 0; key && i < nheads && !dup; i++) dup = strncmp(b->p + heads[i], p, key) == 0;
+        if (!dup && line_len) {
+            sb_reserve(b, line_len + 2);
+            if (b->len) memcpy(b->p + b->len, ",\n", 2), b->len += 2;
+            if (key) {
+                if (nheads == cap) heads = pto_xrealloc(heads, (cap *= 2) * sizeof *heads);
+                heads[nheads++] = b->len;
+            }
+            memcpy(b->p + b->len, p, line_len);
+            b->len += line_len;
+            b->p[b->len] = 0;
+        }
+        p += n + (nl ? 1 : 0);
+    }
+    free(heads);
+}
+
 /* The stopped trace's events, formatted once per (pid, name). */
 static const char *events_json(pto_worker *w, pto_trace *t, int32_t pid, const char *name, size_t *len)
 {
@@ -492,14 +551,11 @@ static const char *events_json(pto_worker *w, pto_trace *t, int32_t pid, const c
         sbuf b = {0};
         sb_reserve(&b, 0);
         b.p[0] = 0;
-        format_events(w, t, pid, name, &b);
-        if (t->extra_len) {   /* other processes' events ride along */
-            sb_reserve(&b, t->extra_len + 2);
-            if (b.len) memcpy(b.p + b.len, ",\n", 2), b.len += 2;
-            memcpy(b.p + b.len, t->extra, t->extra_len);
-            b.len += t->extra_len;
-            b.p[b.len] = 0;
-        }
+        /* In a file of several Workers (a name is given), one that recorded
+         * nothing (the parent-side copy of a PROCESS-mode Worker child, whose
+         * runs were traced in its own process) adds no empty process. */
+        if (!name || t->recorded || t->extra_len) format_events(w, t, pid, name, &b);
+        if (t->extra_len) append_extra(&b, t->extra, t->extra_len);   /* other processes' events */
         t->json = b.p;
         t->json_len = b.len;
         t->json_pid = pid;

@@ -284,6 +284,9 @@ void pto_worker_stats_get(pto_worker *w, pto_stats *out);
 int pto_worker_format_stats(pto_worker *w, char *buf, size_t cap);
 /* The same report for statistics st of a Worker of level (e.g. copied from another process). */
 int pto_format_stats(const pto_stats *st, int32_t level, char *buf, size_t cap);
+/* pto_format_stats with flags: PTO_STATS_FULL also lists rings never used (the short form leaves them out). */
+int pto_format_stats_ex(const pto_stats *st, int32_t level, int32_t flags, char *buf, size_t cap);
+enum { PTO_STATS_FULL = 1 };
 /* Base address of heap ring r (for tests and children). */
 void *pto_worker_ring_base(pto_worker *w, int32_t r);
 /* Number of next-level children / sub workers. */

@@ -1,0 +1,95 @@
+-- report_spec.lua: the flow-control report (w:stats_report, w:print_stats)
+-- and the deadlock message's sizing advice. The report is short when
+-- nothing stalled, uses one unit per column, gives each piece of advice
+-- once, and the deadlock's advice yields a ring size that works at once.
+local pto = require "pto"
+local H = require "helpers"
+
+local function lines(s)
+  local n = 0
+  for _ in s:gmatch("[^\n]*\n") do n = n + 1 end
+  return n
+end
+
+-- The rows of the ring table: {ring, capacity, high-water, peak, stalls}.
+local function ring_rows(report)
+  local rows = {}
+  for r, cap, hwm, peak, stalls in report:gmatch("\n  (%d)%s+([%d.]+)%s+([%d.]+)%s+([%d.]+)%%%s+(%d+)") do
+    rows[#rows + 1] = {tonumber(r), tonumber(cap), tonumber(hwm), tonumber(peak), tonumber(stalls)}
+  end
+  return rows
+end
+
+local function fill_run(w)
+  local h = w:register(pto.chip_kernel("fill"))
+  w:run(function(orch) orch:submit_next_level(h, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}}) end)
+end
+
+describe("the flow-control report", function()
+  it("is short when nothing stalled: no rows for unused rings, singular counts", function()
+    local w <close> = pto.Worker{chips = 1}
+    fill_run(w)
+    local report = w:stats_report()
+    assert.truthy(report:find("Tasks: 1 submitted, 1 completed, 0 failed; 0 allocs; 1 run\n", 1, true), report)
+    assert.truthy(report:find("Heap Rings: none was used", 1, true), report)
+    assert.truthy(report:find("none: no resource stalled", 1, true), report)
+    assert.is_true(lines(report) <= 12, report)
+    assert.equal(0, #ring_rows(report))
+  end)
+
+  it("lists every ring with {full = true}", function()
+    local w <close> = pto.Worker{chips = 1, heap_ring_size = 1 << 20}
+    fill_run(w)
+    local report = w:stats_report{full = true}
+    local rows = ring_rows(report)
+    assert.equal(4, #rows, report)
+    assert.truthy(report:find("capacity MiB  high-water B ", 1, true), report)
+    for i, r in ipairs(rows) do assert.same({i - 1, 1, 0, 0, 0}, r) end
+  end)
+
+  it("shows a stalled ring once, in one unit per column, with one piece of advice", function()
+    local w <close> = pto.Worker{chips = 1, heap_ring_size = 64 * 1024}
+    local ok = pcall(w.run, w, function(orch) for _ = 1, 100 do orch:alloc({1024}, "f32") end end)
+    assert.is_false(ok)
+    local report = w:stats_report()
+    local rows = ring_rows(report)
+    assert.equal(1, #rows, report)
+    assert.same({0, 64, 64, 100, 1}, rows[1])
+    assert.truthy(report:find("capacity KiB  high%-water KiB"), report)
+    assert.is_nil(report:find(" MB", 1, true), report)
+    local _, advice = report:gsub("%[!%]", "")
+    assert.equal(1, advice, report)
+    assert.truthy(report:find("Increase heap_ring_size (now 64 KiB per ring)", 1, true), report)
+  end)
+
+  it("checks its options", function()
+    local w <close> = pto.Worker{chips = 1}
+    H.assert_error(function() w:stats_report{fulll = true} end, "Worker:stats_report: ", "unknown field 'fulll'")
+    H.assert_error(function() w:print_stats{full = 1} end, "Worker:print_stats: ", "full must be a boolean")
+    H.assert_error(function() w:stats_report(true) end, "Worker:stats_report: ", "must be a table")
+  end)
+end)
+
+describe("the deadlock message", function()
+  local function run_allocs(size)
+    local w <close> = pto.Worker{chips = 1, heap_ring_size = size}
+    local ok, err = pcall(w.run, w, function(orch) for _ = 1, 100 do orch:alloc({1024}, "f32") end end)
+    return ok, err, w:stats().rings[1].hwm_bytes
+  end
+
+  it("gives advice that yields a ring size that works the first time", function()
+    local ok, err = run_allocs(64 * 1024)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("deadlock", 1, true), err)
+    assert.truthy(tostring(err):find("needs more than 69632", 1, true), err)
+    assert.is_nil(tostring(err):find("recommended", 1, true), err)  -- the old guess deadlocked again
+    assert.truthy(tostring(err):find("high-water mark", 1, true), err)
+    -- follow it: measure with the default ring, round up to a power of two
+    local ok2, err2, hwm = run_allocs(nil)
+    assert.is_true(ok2, err2)
+    local size = 1
+    while size < hwm do size = size * 2 end
+    local ok3, err3 = run_allocs(size)
+    assert.is_true(ok3, err3)
+  end)
+end)

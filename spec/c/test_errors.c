@@ -13,7 +13,7 @@
 /* What only the Lua API calls things: its method and module names. */
 static const char *const LUA_NAMES[] = {
     "orch:", "Worker:", "TaskArgs:", "Tensor:", "pto.", "submit_next_level", "submit_sub", "add_worker",
-    "chip_kernel", "in Lua", NULL,
+    "chip_kernel", "in Lua", ":step", ":release", ":hold", ":break", NULL,
 };
 
 static int messages;
@@ -28,6 +28,11 @@ static void check_msg(const char *file, int line, const char *want)
     if (!strstr(m, want)) {
         tu_failures++;
         fprintf(stderr, "%s:%d: expected \"%s\" in \"%s\"\n", file, line, want, m);
+    }
+    tu_checks++;
+    if (pto_errcode() == PTO_ERR_NONE) {
+        tu_failures++;
+        fprintf(stderr, "%s:%d: pto_errcode() is PTO_ERR_NONE after a failure\n", file, line);
     }
     for (int i = 0; LUA_NAMES[i]; i++) {
         tu_checks++;

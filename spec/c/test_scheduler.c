@@ -582,6 +582,8 @@ static void test_ring_full_while_held(void)
     }
     CHECK(last < 0);
     CHECK_CONTAINS(pto_errmsg(), "dispatch is held");
+    CHECK_EQ(pto_errcode(), PTO_ERR_DISPATCH_HELD);   /* callers add their own commands' names */
+    CHECK(!strstr(pto_errmsg(), ":step"));
     CHECK(tu_now_ms() - t0 < 2000);   /* not after alloc_timeout_ms */
     CHECK_EQ(pto_run_end(w), 0);
     CHECK_EQ(ran_count((int[]){130, 131}, 2), 2);

@@ -22,7 +22,10 @@ int lpto_error(lua_State *L, const char *who, const char *fmt, ...)
 
 int lpto_engine_error(lua_State *L, const char *who)
 {
-    return who ? luaL_error(L, "%s: %s", who, pto_errmsg()) : luaL_error(L, "%s", pto_errmsg());
+    /* the engine says what went wrong; the names a Lua user types are the binding's to add */
+    const char *advice = pto_errcode() == PTO_ERR_DISPATCH_HELD
+                             ? " (:step or :release at the prompt; w:step() or w:release() from Lua)" : "";
+    return who ? luaL_error(L, "%s: %s%s", who, pto_errmsg(), advice) : luaL_error(L, "%s%s", pto_errmsg(), advice);
 }
 
 /* ---- argument tables --------------------------------------------------------------------- */

@@ -8,8 +8,11 @@
 #include <time.h>
 
 static _Thread_local char errbuf[PTO_ERRLEN];
+static _Thread_local int errcode;
 
 const char *pto_errmsg(void) { return errbuf; }
+
+int pto_errcode(void) { return errcode; }
 
 void pto_set_error(const char *fmt, ...)
 {
@@ -17,6 +20,16 @@ void pto_set_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(errbuf, sizeof errbuf, fmt, ap);
     va_end(ap);
+    errcode = PTO_ERR_FAILED;
+}
+
+void pto_set_error_code(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    va_end(ap);
+    errcode = code;
 }
 
 static void oom(size_t n)

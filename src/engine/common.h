@@ -13,6 +13,8 @@
 
 /* Record the calling thread's error (read back by pto_errmsg). */
 void pto_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same with a pto_errcode() other than PTO_ERR_FAILED. */
+void pto_set_error_code(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 void *pto_xmalloc(size_t n);
 void *pto_xcalloc(size_t n, size_t size);

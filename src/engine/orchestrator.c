@@ -232,9 +232,11 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
             break;
         }
         if (pto_sched_stalled_by_hold(o->sched)) {
-            pto_set_error("heap ring %d is full (%llu of %llu bytes) and dispatch is held (:hold or :break), so "
-                          "no task can finish to free it: :step or :release dispatch first, or drain",
-                          r, (unsigned long long)ring->used, (unsigned long long)ring->size);
+            pto_set_error_code(PTO_ERR_DISPATCH_HELD,
+                               "heap ring %d is full (%llu of %llu bytes) and dispatch is held (a hold or a "
+                               "breakpoint), so no task can finish to free it: step or release dispatch first, or "
+                               "drain",
+                               r, (unsigned long long)ring->used, (unsigned long long)ring->size);
             break;
         }
         uint64_t now = pto_now_ns();

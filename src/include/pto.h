@@ -226,6 +226,15 @@ typedef struct pto_orch pto_orch;
 /* Message of the last failing pto_* call on this thread ("" if none). */
 const char *pto_errmsg(void);
 
+/* What kind of failure the last failing pto_* call on this thread had, for callers that
+ * add their own advice (pto_errmsg says what went wrong either way). */
+enum {
+    PTO_ERR_NONE = 0,          /* nothing failed on this thread yet */
+    PTO_ERR_FAILED = 1,        /* any failure not listed below */
+    PTO_ERR_DISPATCH_HELD = 2  /* a heap ring is full and only held tasks could free it */
+};
+int pto_errcode(void);
+
 /* Bytes per element of dtype, or 0 if dtype is unknown. */
 size_t pto_dtype_size(int32_t dtype);
 /* Name of dtype ("f32"), or NULL if unknown. */

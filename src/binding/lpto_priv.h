@@ -34,7 +34,10 @@ typedef struct lpto_storage {
     uint64_t nbytes;
     int kind;
     bool valid;
+    bool temp;                 /* a pto.temp's: every OUTPUT submit rebinds it to new heap-ring memory */
     const char *why_invalid;   /* for the error when !valid */
+    uint64_t pinned;           /* serial of the last run that pinned it: each run pins it once */
+    uint64_t listed;           /* serial of the last scope that lists it for invalidation */
 } lpto_storage;
 
 typedef struct lpto_tensor {
@@ -55,6 +58,26 @@ int lpto_parse_tag(lua_State *L, int idx, const char *who);
 /* Read a shape table at idx into shape; returns ndims. */
 int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who);
 void lpto_open_tensor(lua_State *L);
+/* The message of a ring storage once its scope has ended. */
+extern const char lpto_ring_gone[];
+
+/* ---- checks by identity -------------------------------------------------------
+ * The hot functions (submits, views, prepared submits) carry the metatables
+ * they check as upvalues, in this order, and compare by identity: no
+ * registry lookup by name per call, as luaL_testudata makes. */
+enum { LPTO_UP_TENSOR = 1, LPTO_UP_ARGS, LPTO_UP_ORCH, LPTO_UP_HANDLE, LPTO_UP_COUNT = LPTO_UP_HANDLE };
+/* Push the LPTO_UP_COUNT metatables (creating any not made yet), for luaL_setfuncs. */
+void lpto_push_mt_upvalues(lua_State *L);
+/* The userdata at idx if its metatable is the one in upvalue up, else NULL. */
+static inline void *lpto_testudata_up(lua_State *L, int idx, int up)
+{
+    if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return NULL;
+    bool same = lua_rawequal(L, -1, lua_upvalueindex(up));
+    lua_pop(L, 1);
+    return same ? lua_touserdata(L, idx) : NULL;
+}
+/* lpto_push_tensor with the Tensor metatable at mt_idx (no lookup by name). */
+lpto_tensor *lpto_push_tensor_mt(lua_State *L, const pto_tensor *desc, int st_idx, int mt_idx);
 
 /* ---- TaskArgs and CallConfig ---------------------------------------------- */
 typedef struct lpto_args {
@@ -134,11 +157,21 @@ typedef struct lorch {
     pto_orch *o;
     bool valid;
     pthread_t thread;          /* the thread running the run's function: the engine's orchestrator is single-threaded */
+    uint64_t serial;           /* this run's, for lpto_storage.pinned */
+    int32_t npins;             /* storages in the OUV_PINS list */
+    /* Per scope depth: the serial of the scope open there and how many
+     * ring storages its OUV_SCOPES list holds (the lists are reused). */
+    uint64_t scope_serial[PTO_MAX_SCOPE_DEPTH + 2];
+    int32_t nlisted[PTO_MAX_SCOPE_DEPTH + 2];
 } lorch;
+
+/* A new serial (never 0) for runs and scopes; unique in the process. */
+uint64_t lpto_next_serial(void);
 
 typedef struct lhandle {
     int kind;
     uint64_t callable;
+    const void *owner;         /* the lworker it was registered on (its user value keeps it alive) */
 } lhandle;
 
 void lpto_open_worker(lua_State *L);

@@ -1,0 +1,209 @@
+/* pto_bench_lua_c - the C-API rows of scripts/bench_lua.sh: the four DAG
+ * shapes of pto_bench submitted straight through pto.h, on the same leaves
+ * the Lua rows use (two chips running the simulated "noop" kernel, through
+ * pto_chip_leaf), in THREAD or PROCESS mode. The Lua rows are then compared
+ * with what the engine does with no binding in between: the ratio is the
+ * binding's cost, not the engine's.
+ *   pto_bench_lua_c thread|process [reps]
+ * Prints one line per shape: "<shape> <best us/task> <median us/task>",
+ * over reps timed repetitions (default 5) after one warm-up. A benchmark,
+ * not a test. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pto.h"
+
+#define SLOT_ELEMS 16
+#define FAN 8
+
+static pto_worker *g_w;
+static uint64_t g_noop;
+static float *g_slots;   /* in the shared arena, as pto.tensor's memory is */
+
+static void die(const char *what)
+{
+    fprintf(stderr, "pto_bench_lua_c: %s: %s\n", what, pto_errmsg());
+    exit(2);
+}
+
+static pto_tensor slot(size_t i)
+{
+    pto_tensor t;
+    memset(&t, 0, sizeof t);
+    t.base = (uint64_t)(uintptr_t)g_slots;
+    t.offset = i * SLOT_ELEMS * sizeof(float);
+    t.shape[0] = SLOT_ELEMS;
+    t.dtype = PTO_F32;
+    t.ndims = 1;
+    return t;
+}
+
+static pto_tensor unset(void)
+{
+    pto_tensor t = slot(0);
+    t.base = 0;
+    t.offset = 0;
+    return t;
+}
+
+static void submit(pto_orch *o, pto_tensor *ts, const uint8_t *tags, int n)
+{
+    pto_task_args a = {n, 0, ts, tags, NULL};
+    if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
+}
+
+static pto_orch *begin(void)
+{
+    pto_orch *o = pto_run_begin(g_w);
+    if (!o) die("pto_run_begin");
+    return o;
+}
+
+static void end(void)
+{
+    if (pto_run_end(g_w) != 0) die("pto_run_end");
+}
+
+/* Each shape: one timed repetition; returns the task count. */
+static long w1(int n)
+{
+    static const uint8_t tags[1] = {PTO_OUTPUT};
+    pto_orch *o = begin();
+    for (int i = 0; i < n; i++) {
+        pto_tensor t = slot((size_t)i);
+        submit(o, &t, tags, 1);
+    }
+    end();
+    return n;
+}
+
+static long w2(int n)
+{
+    static const uint8_t tags[1] = {PTO_INOUT};
+    pto_orch *o = begin();
+    for (int i = 0; i < n; i++) {
+        pto_tensor t = slot(0);
+        submit(o, &t, tags, 1);
+    }
+    end();
+    return n;
+}
+
+static long w3(int n)
+{
+    int groups = n / (FAN + 2);
+    static const uint8_t out[1] = {PTO_OUTPUT}, rd[2] = {PTO_INPUT, PTO_OUTPUT};
+    uint8_t join[FAN + 1];
+    for (int j = 0; j < FAN; j++) join[j] = PTO_INPUT;
+    join[FAN] = PTO_OUTPUT;
+    pto_orch *o = begin();
+    for (int g = 0; g < groups; g++) {
+        size_t x = (size_t)g * (FAN + 2);
+        pto_tensor t[FAN + 1];
+        t[0] = slot(x);
+        submit(o, t, out, 1);
+        for (int j = 0; j < FAN; j++) {
+            t[0] = slot(x);
+            t[1] = slot(x + 1 + (size_t)j);
+            submit(o, t, rd, 2);
+        }
+        for (int j = 0; j < FAN; j++) t[j] = slot(x + 1 + (size_t)j);
+        t[FAN] = slot(x + 1 + FAN);
+        submit(o, t, join, FAN + 1);
+    }
+    end();
+    return (long)groups * (FAN + 2);
+}
+
+/* BGEMM d^4: A, B, C tiles are distinct slots; P is an automatic OUTPUT. */
+static long w4(int d, int runs)
+{
+    static const uint8_t tg[3] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT}, ta[2] = {PTO_INPUT, PTO_INOUT};
+    size_t dd = (size_t)d, n3 = dd * dd * dd;
+    for (int r = 0; r < runs; r++) {
+        pto_orch *o = begin();
+        for (size_t b = 0; b < dd; b++)
+            for (size_t m = 0; m < dd; m++)
+                for (size_t n = 0; n < dd; n++) {
+                    if (pto_scope_begin(o) != 0) die("pto_scope_begin");
+                    for (size_t k = 0; k < dd; k++) {
+                        pto_tensor g[3] = {slot((b * dd + m) * dd + k), slot(n3 + (b * dd + k) * dd + n), unset()};
+                        submit(o, g, tg, 3);
+                        pto_tensor a[2] = {g[2], slot(2 * n3 + (b * dd + m) * dd + n)};
+                        submit(o, a, ta, 2);
+                    }
+                    if (pto_scope_end(o) != 0) die("pto_scope_end");
+                }
+        end();
+    }
+    return 2L * d * d * d * d * runs;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define N_TASKS 20000
+
+static long run_shape(int s)
+{
+    switch (s) {
+    case 0: return w1(N_TASKS);
+    case 1: return w2(N_TASKS);
+    case 2: return w3(N_TASKS);
+    case 3: return w4(4, 200);
+    default: return w4(16, 1);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps]\n");
+        return 2;
+    }
+    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    if (reps < 1 || reps > 100) reps = 5;
+    pto_worker_config wc = {.level = 3, .heap_ring_size = 16u << 20};
+    wc.mode = strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS;
+    size_t nslots = 3 * 16 * 16 * 16 > N_TASKS ? 3 * 16 * 16 * 16 : N_TASKS;
+    g_slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
+    if (!g_slots) die("pto_shm_alloc");
+    int64_t id = pto_kernel_register(NULL, "noop");
+    if (id < 0) die("pto_kernel_register");
+    g_noop = (uint64_t)id;
+    if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
+    for (int i = 0; i < 2; i++) {
+        pto_leaf leaf = pto_chip_leaf();
+        leaf.name = i ? "chip 2" : "chip 1";
+        if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
+    }
+    if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+    static const char *const names[] = {"W1", "W2", "W3", "W4s", "W4l"};
+    for (int s = 0; s < 5; s++) {
+        double xs[100];
+        run_shape(s);   /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_us();
+            long n = run_shape(s);
+            xs[r] = (now_us() - t0) / (double)n;
+        }
+        qsort(xs, (size_t)reps, sizeof *xs, cmp_d);
+        printf("%s %.4f %.4f\n", names[s], xs[0], xs[reps / 2]);
+        fflush(stdout);
+    }
+    pto_worker_close(g_w);
+    pto_shm_free(g_slots);
+    return 0;
+}

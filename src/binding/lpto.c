@@ -52,7 +52,6 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     lpto_open_debug(L);
     lpto_open_trace(L);
-    load_lua_part(L, "pto.args");
     load_lua_part(L, "pto.inspect");
     return 1;
 }

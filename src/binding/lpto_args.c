@@ -15,40 +15,68 @@ lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who)
     return a;
 }
 
-static void *grow(lua_State *L, void *p, int32_t n, size_t size)
+/* lpto_checkargs for the functions of this file, which carry the metatables as upvalues. */
+static lpto_args *check_args(lua_State *L, int idx, const char *who)
 {
-    void *q = realloc(p, (size_t)n * size);
+    lpto_args *a = lpto_testudata_up(L, idx, LPTO_UP_ARGS);
+    if (!a) lpto_error(L, who, "expected a TaskArgs (from pto.TaskArgs() or pto.args{...}), got %s",
+                       luaL_typename(L, idx));
+    return a;
+}
+
+/* Grow array p (inline: the userdata's own, which is not freed) of old elements to n. */
+static void *grow(lua_State *L, void *p, const void *in, int32_t old, int32_t n, size_t size)
+{
+    void *q = p == in ? malloc((size_t)n * size) : realloc(p, (size_t)n * size);
     if (!q) luaL_error(L, "TaskArgs: out of memory");
+    if (p == in) memcpy(q, in, (size_t)old * size);
     return q;
 }
 
 static int a_gc(lua_State *L)
 {
     lpto_args *a = lua_touserdata(L, 1);
-    free(a->tensors);
-    free(a->tags);
-    free(a->scalars);
-    free(a->scalar_float);
+    if (a->tensors != a->tensors_in) free(a->tensors);
+    if (a->tags != a->tags_in) free(a->tags);
+    if (a->scalars != a->scalars_in) free(a->scalars);
+    if (a->scalar_float != a->scalar_float_in) free(a->scalar_float);
     memset(a, 0, sizeof *a);
     return 0;
 }
 
-lpto_args *lpto_push_args(lua_State *L)
+/* Push a new, empty TaskArgs with the metatable at mt_idx. */
+static lpto_args *push_args_mt(lua_State *L, int mt_idx, int narr)
 {
+    mt_idx = lua_absindex(L, mt_idx);
     lpto_args *a = lua_newuserdatauv(L, sizeof *a, 1);
     memset(a, 0, sizeof *a);
-    lua_newtable(L);
+    a->cap_t = a->cap_s = LPTO_ARGS_INLINE;
+    a->tensors = a->tensors_in;
+    a->tags = a->tags_in;
+    a->scalars = a->scalars_in;
+    a->scalar_float = a->scalar_float_in;
+    lua_createtable(L, narr, 0);
     lua_setiuservalue(L, -2, 1);
-    luaL_setmetatable(L, LPTO_ARGS);
+    lua_pushvalue(L, mt_idx);
+    lua_setmetatable(L, -2);
+    return a;
+}
+
+lpto_args *lpto_push_args(lua_State *L)
+{
+    luaL_getmetatable(L, LPTO_ARGS);
+    lpto_args *a = push_args_mt(L, -1, 0);
+    lua_remove(L, -2);
     return a;
 }
 
 static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
 {
     if (a->nt == a->cap_t) {
-        a->cap_t = a->cap_t ? a->cap_t * 2 : 4;
-        a->tensors = grow(L, a->tensors, a->cap_t, sizeof *a->tensors);
-        a->tags = grow(L, a->tags, a->cap_t, sizeof *a->tags);
+        int32_t old = a->cap_t;
+        a->tensors = grow(L, a->tensors, a->tensors_in, old, old * 2, sizeof *a->tensors);
+        a->tags = grow(L, a->tags, a->tags_in, old, old * 2, sizeof *a->tags);
+        a->cap_t = old * 2;
     }
     a->tensors[a->nt] = lua_touserdata(L, tidx);
     a->tags[a->nt] = (uint8_t)tag;
@@ -61,9 +89,10 @@ static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
 static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
 {
     if (a->ns == a->cap_s) {
-        a->cap_s = a->cap_s ? a->cap_s * 2 : 4;
-        a->scalars = grow(L, a->scalars, a->cap_s, sizeof *a->scalars);
-        a->scalar_float = grow(L, a->scalar_float, a->cap_s, sizeof *a->scalar_float);
+        int32_t old = a->cap_s;
+        a->scalars = grow(L, a->scalars, a->scalars_in, old, old * 2, sizeof *a->scalars);
+        a->scalar_float = grow(L, a->scalar_float, a->scalar_float_in, old, old * 2, sizeof *a->scalar_float);
+        a->cap_s = old * 2;
     }
     uint64_t bits;
     bool is_float = false;
@@ -86,7 +115,7 @@ static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
 
 static int a_add_tensor(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_tensor");
+    lpto_args *a = check_args(L, 1, "TaskArgs:add_tensor");
     lpto_checktensor(L, 2, "TaskArgs:add_tensor");
     int tag = lpto_parse_tag(L, 3, "TaskArgs:add_tensor");
     add_tensor(L, 1, a, 2, tag);
@@ -96,7 +125,7 @@ static int a_add_tensor(lua_State *L)
 
 static int a_add_scalar(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_scalar");
+    lpto_args *a = check_args(L, 1, "TaskArgs:add_scalar");
     add_scalar(L, a, 2, "TaskArgs:add_scalar");
     lua_settop(L, 1);
     return 1;
@@ -113,7 +142,7 @@ static lua_Integer check_pos(lua_State *L, int idx, int32_t n, const char *who, 
 
 static int a_tensor(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tensor");
+    lpto_args *a = check_args(L, 1, "TaskArgs:tensor");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tensor", "tensor");
     lua_getiuservalue(L, 1, 1);
     lua_rawgeti(L, -1, i);
@@ -122,7 +151,7 @@ static int a_tensor(lua_State *L)
 
 static int a_tag(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tag");
+    lpto_args *a = check_args(L, 1, "TaskArgs:tag");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tag", "tensor");
     lua_pushstring(L, pto_tag_name(a->tags[i - 1]));
     return 1;
@@ -130,7 +159,7 @@ static int a_tag(lua_State *L)
 
 static int a_scalar(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar");
+    lpto_args *a = check_args(L, 1, "TaskArgs:scalar");
     lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar", "scalar");
     uint64_t bits = a->scalars[i - 1];
     if (a->scalar_float[i - 1]) {
@@ -147,7 +176,7 @@ static int a_scalar(lua_State *L)
  * task (a leaf sees only bits). */
 static int a_scalar_float(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar_float");
+    lpto_args *a = check_args(L, 1, "TaskArgs:scalar_float");
     lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar_float", "scalar");
     double d;
     memcpy(&d, &a->scalars[i - 1], sizeof d);
@@ -157,19 +186,19 @@ static int a_scalar_float(lua_State *L)
 
 static int a_tensor_count(lua_State *L)
 {
-    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:tensor_count")->nt);
+    lua_pushinteger(L, check_args(L, 1, "TaskArgs:tensor_count")->nt);
     return 1;
 }
 
 static int a_scalar_count(lua_State *L)
 {
-    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:scalar_count")->ns);
+    lua_pushinteger(L, check_args(L, 1, "TaskArgs:scalar_count")->ns);
     return 1;
 }
 
 static int a_clear(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:clear");
+    lpto_args *a = check_args(L, 1, "TaskArgs:clear");
     a->nt = a->ns = 0;
     lua_newtable(L);
     lua_setiuservalue(L, 1, 1);
@@ -192,7 +221,76 @@ static int a_tostring(lua_State *L)
 
 static int l_taskargs(lua_State *L)
 {
-    lpto_push_args(L);
+    push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), 0);
+    return 1;
+}
+
+/* Whether lpto_parse_tag will accept the value at idx (the message naming
+ * the entry is made only when it will not). */
+static bool lpto_tag_ok(lua_State *L, int idx)
+{
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL: return true;
+    case LUA_TNUMBER: return lua_isinteger(L, idx) && lua_tointeger(L, idx) >= PTO_INPUT && lua_tointeger(L, idx) <= PTO_NO_DEP;
+    case LUA_TSTRING: {
+        const char *s = lua_tostring(L, idx);
+        for (int t = PTO_INPUT; t <= PTO_NO_DEP; t++)
+            if (s[0] == pto_tag_name(t)[0] && strcmp(s, pto_tag_name(t)) == 0) return true;
+        return false;
+    }
+    default: return false;
+    }
+}
+
+/* pto.args{ {a, "in"}, {b, "in"}, {c, "out"}, scalars = {42} }: a TaskArgs
+ * built from a table; a bare tensor entry is an INPUT. */
+static int l_args(lua_State *L)
+{
+    const char *who = "pto.args";
+    if (!lua_istable(L, 1))
+        return lpto_error(L, who, "expected a table like { {a, \"in\"}, {c, \"out\"}, scalars = {42} } (got %s)",
+                          luaL_typename(L, 1));
+    lua_settop(L, 1);
+    lua_Integer n = luaL_len(L, 1);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        lua_pop(L, 1);
+        int isint;
+        lua_Integer k = lua_tointegerx(L, -1, &isint);
+        bool ok = lua_type(L, -1) == LUA_TNUMBER ? isint && k >= 1 && k <= n
+                                                : lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "scalars") == 0;
+        if (!ok)
+            return lpto_error(L, who, "unknown field '%s' (entries are {tensor, tag} pairs and an optional scalars list)",
+                              luaL_tolstring(L, -1, NULL));
+    }
+    lpto_args *a = push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), (int)(n < 64 ? n : 64));
+    int self = lua_gettop(L);
+    for (lua_Integer i = 1;; i++) {
+        if (lua_geti(L, 1, i) == LUA_TNIL) break;   /* as ipairs */
+        int e = lua_gettop(L);
+        if (lpto_testudata_up(L, e, LPTO_UP_TENSOR)) {
+            add_tensor(L, self, a, e, PTO_INPUT);
+        } else if (lua_istable(L, e) && (lua_geti(L, e, 1), lpto_testudata_up(L, -1, LPTO_UP_TENSOR))) {
+            lua_geti(L, e, 2);
+            int tag = lpto_parse_tag(L, e + 2, lpto_tag_ok(L, e + 2) ? NULL : lua_pushfstring(L, "pto.args: entry %d", (int)i));
+            add_tensor(L, self, a, e + 1, tag);
+        } else {
+            return lpto_error(L, who, "entry %d must be a tensor or {tensor, tag} (got %s)", (int)i, luaL_typename(L, e));
+        }
+        lua_settop(L, self);
+    }
+    lua_settop(L, self);
+    if (lua_getfield(L, 1, "scalars") != LUA_TNIL) {
+        if (!lua_istable(L, -1))
+            return lpto_error(L, who, "scalars must be a list of numbers (got %s)", luaL_typename(L, -1));
+        int sc = lua_gettop(L);
+        for (lua_Integer i = 1;; i++) {
+            if (lua_geti(L, sc, i) == LUA_TNIL) break;
+            add_scalar(L, a, sc + 1, lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
+            lua_settop(L, sc);
+        }
+    }
+    lua_settop(L, self);
     return 1;
 }
 
@@ -332,7 +430,9 @@ void lpto_open_args(lua_State *L)
         {"scalar", a_scalar},         {"scalar_float", a_scalar_float}, {"tag", a_tag},
         {"tensor_count", a_tensor_count}, {"scalar_count", a_scalar_count}, {"clear", a_clear},
         {NULL, NULL}};
-    luaL_newlib(L, methods);
+    lua_newtable(L);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, methods, LPTO_UP_COUNT);
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 
@@ -342,8 +442,9 @@ void lpto_open_args(lua_State *L)
     luaL_setfuncs(L, cmeta, 0);
     lua_pop(L, 1);
 
-    lua_pushcfunction(L, l_taskargs);
-    lua_setfield(L, -2, "TaskArgs");
+    static const luaL_Reg fns[] = {{"TaskArgs", l_taskargs}, {"args", l_args}, {NULL, NULL}};
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, fns, LPTO_UP_COUNT);
     lua_pushcfunction(L, l_callconfig);
     lua_setfield(L, -2, "CallConfig");
 }

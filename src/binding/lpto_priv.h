@@ -80,12 +80,19 @@ static inline void *lpto_testudata_up(lua_State *L, int idx, int up)
 lpto_tensor *lpto_push_tensor_mt(lua_State *L, const pto_tensor *desc, int st_idx, int mt_idx);
 
 /* ---- TaskArgs and CallConfig ---------------------------------------------- */
+/* Arguments up to this many tensors (and scalars) live inside the
+ * userdata: building the common TaskArgs makes no malloc. */
+#define LPTO_ARGS_INLINE 4
+
 typedef struct lpto_args {
     int32_t nt, ns, cap_t, cap_s;
     lpto_tensor **tensors;      /* userdata kept alive in the user value table (index i) */
     uint8_t *tags;
     uint64_t *scalars;
     uint8_t *scalar_float;      /* 1 if scalars[i] holds a double's bits */
+    lpto_tensor *tensors_in[LPTO_ARGS_INLINE];
+    uint64_t scalars_in[LPTO_ARGS_INLINE];
+    uint8_t tags_in[LPTO_ARGS_INLINE], scalar_float_in[LPTO_ARGS_INLINE];
 } lpto_args;
 
 lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who);

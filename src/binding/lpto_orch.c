@@ -382,8 +382,7 @@ typedef struct lprep {
     uint64_t callable;
     int32_t pin;
     int32_t nt;
-    const pto_call_config *cfg;   /* &cfg_copy or NULL */
-    pto_call_config cfg_copy;
+    const pto_call_config *cfg;   /* the CallConfig userdata (upvalue 4: alive), or NULL */
     const char *who;
     uint8_t tags[PREP_MAX_TENSORS];
 } lprep;
@@ -403,7 +402,9 @@ static uint64_t scalar_bits(lua_State *L, int idx, const char *who)
                                 luaL_typename(L, idx));
 }
 
-/* Upvalues: 1 the Tensor metatable (LPTO_UP_TENSOR), 2 the lprep, 3 the orchestrator. */
+/* Upvalues: 1 the Tensor metatable (LPTO_UP_TENSOR), 2 the lprep, 3 the
+ * orchestrator, 4 the CallConfig if any (read at each call, as a plain
+ * submit reads the one it is given). */
 static int prep_call(lua_State *L)
 {
     const lprep *P = lua_touserdata(L, lua_upvalueindex(2));
@@ -467,11 +468,7 @@ static int prepare(lua_State *L, int kind, const char *who, const char *call_who
                                   : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), who);
     lprep *P = lua_newuserdatauv(L, sizeof *P, 0);
     memset(P, 0, sizeof *P);
-    *P = (lprep){.O = O, .kind = kind, .callable = c, .pin = pin, .nt = (int32_t)n, .who = call_who};
-    if (cfg) {
-        P->cfg_copy = *cfg;
-        P->cfg = &P->cfg_copy;
-    }
+    *P = (lprep){.O = O, .kind = kind, .callable = c, .pin = pin, .nt = (int32_t)n, .cfg = cfg, .who = call_who};
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 3, i);
         if (lua_isnil(L, -1))
@@ -482,7 +479,8 @@ static int prepare(lua_State *L, int kind, const char *who, const char *call_who
     lua_pushvalue(L, lua_upvalueindex(LPTO_UP_TENSOR));
     lua_pushvalue(L, -2);
     lua_pushvalue(L, 1);
-    lua_pushcclosure(L, prep_call, 3);
+    lua_pushvalue(L, 4);
+    lua_pushcclosure(L, prep_call, 4);
     return 1;
 }
 

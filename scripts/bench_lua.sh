@@ -5,6 +5,9 @@
 # (pto_bench_lua_c), idiomatic Lua and the fast form (scripts/bench_lua.lua),
 # in THREAD and PROCESS mode. Prints best us/task (median beside it), tasks
 # per ms and the Lua/C ratios against the C row of the same run and mode.
+# Then the main job (examples/bgemm.lua at its default size) in both modes
+# beside the machine's GEMM peak measured in the same run (gemm_tile in a C
+# loop on every core: pto_bench_lua_c peak), and the ratio.
 # A benchmark, not a test (Release build in build-bench/).
 #   scripts/bench_lua.sh [reps]        (default 5 timed repetitions per row)
 set -euo pipefail
@@ -42,5 +45,18 @@ awk '
         }
       }
     }
-    for (k in heap) printf "Lua heap growth over 100 W4 4^4 runs, GC stopped (%s): %s KiB\n", k, heap[k]
+    for (k in heap) printf "Lua heap allocated over 100 W4 4^4 runs (51,200 tasks), collector stopped (%s): %s KiB\n", k, heap[k]
   }' "$out/rows"
+
+echo
+peak="$("$build/scripts/bench/pto_bench_lua_c" peak 64)"
+read -r _ total threads per <<<"$peak"
+echo "GEMM peak: gemm_tile 64x64 f32 in a C loop on $threads cores: $total GFLOP/s ($per per core)"
+for mode in process thread; do
+  PTO_MODE=$mode "$build/ptolua" "$root/examples/bgemm.lua" 4 8 8 8 64 2 "$reps" >"$out/bgemm"
+  awk -v mode="$mode" -v peak="$total" '
+    / first run / { first = $(NF - 1) }
+    / best of / { best = $(NF - 1) }
+    END { printf "main job (examples/bgemm.lua 4 8 8 8 64 2, %s): first run %.2f GFLOP/s, best %.2f GFLOP/s = %.0f%% of peak (goal 70%%)\n",
+                 mode, first, best, 100 * best / peak }' "$out/bgemm"
+done

@@ -6,12 +6,19 @@
  * binding's cost, not the engine's.
  *   pto_bench_lua_c thread|process [reps]
  * Prints one line per shape: "<shape> <best us/task> <median us/task>",
- * over reps timed repetitions (default 5) after one warm-up. A benchmark,
+ * over reps timed repetitions (default 5) after one warm-up.
+ *   pto_bench_lua_c peak [tile] [threads]
+ * The machine's GEMM peak the main job is measured against: the gemm_tile
+ * kernel (tile x tile f32, default 64) called in a C loop on every core at
+ * once (threads default: the online cores), for one second; prints
+ * "peak <GFLOP/s total> <threads> <GFLOP/s per thread...>". A benchmark,
  * not a test. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pto.h"
 
@@ -167,10 +174,80 @@ static long run_shape(int s)
     }
 }
 
+/* ---- peak ---- */
+
+typedef struct gemm_loop {
+    pto_kernel_fn fn;
+    uint32_t n;
+    double gflops;
+} gemm_loop;
+
+static void *gemm_body(void *arg)
+{
+    gemm_loop *g = arg;
+    size_t bytes = ((size_t)g->n * g->n * sizeof(float) + 63) / 64 * 64;
+    float *m[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = aligned_alloc(64, bytes);
+        if (!m[i]) die("out of memory");
+        for (size_t e = 0; e < (size_t)g->n * g->n; e++) m[i][e] = (float)(e % 17) / 16.0f - 0.5f;
+    }
+    pto_tensor t[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].base = (uint64_t)(uintptr_t)m[i];
+        t[i].dtype = PTO_F32;
+        t[i].ndims = 2;
+        t[i].shape[0] = t[i].shape[1] = g->n;
+    }
+    pto_args_view v = {3, 0, t, NULL};
+    char err[256];
+    uint64_t calls = 0;
+    double t0 = now_us(), dt;
+    do {
+        if (g->fn(&v, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "pto_bench_lua_c: gemm_tile: %s\n", err);
+            exit(2);
+        }
+        calls++;
+    } while ((dt = now_us() - t0) < 1e6);
+    g->gflops = 2.0 * g->n * g->n * g->n * (double)calls / dt / 1e3;
+    for (int i = 0; i < 3; i++) free(m[i]);
+    return NULL;
+}
+
+static int peak(int argc, char **argv)
+{
+    uint32_t n = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
+    long threads = argc > 3 ? atol(argv[3]) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || n > 1024 || threads < 1 || threads > 256) {
+        fprintf(stderr, "usage: pto_bench_lua_c peak [tile] [threads]\n");
+        return 2;
+    }
+    int64_t id = pto_kernel_register(NULL, "gemm_tile");
+    if (id < 0) die("pto_kernel_register gemm_tile");
+    gemm_loop g[256];
+    pthread_t th[256];
+    for (long i = 0; i < threads; i++) {
+        g[i] = (gemm_loop){pto_kernel_lookup((uint64_t)id), n, 0};
+        if (pthread_create(&th[i], NULL, gemm_body, &g[i]) != 0) die("pthread_create");
+    }
+    double total = 0;
+    for (long i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        total += g[i].gflops;
+    }
+    printf("peak %.2f %ld", total, threads);
+    for (long i = 0; i < threads; i++) printf(" %.2f", g[i].gflops);
+    printf("\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "peak") == 0) return peak(argc, argv);
     if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
-        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps]\n");
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads]\n");
         return 2;
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;

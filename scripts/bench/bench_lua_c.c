@@ -35,12 +35,16 @@ static void die(const char *what)
     exit(2);
 }
 
+/* Slot i is a tensor of its own (its own base, as pto_bench's slots and the
+ * Lua rows' pto.tensor per slot): the engine's TensorMap keeps the writers
+ * of one base in one list, so slots that were views of one base would time
+ * that list's scans instead of the submit path. */
 static pto_tensor slot(size_t i)
 {
     pto_tensor t;
     memset(&t, 0, sizeof t);
-    t.base = (uint64_t)(uintptr_t)g_slots;
-    t.offset = i * SLOT_ELEMS * sizeof(float);
+    t.base = (uint64_t)(uintptr_t)(g_slots + i * SLOT_ELEMS);
+    t.offset = 0;
     t.shape[0] = SLOT_ELEMS;
     t.dtype = PTO_F32;
     t.ndims = 1;

@@ -24,31 +24,25 @@ static lpto_args *check_args(lua_State *L, int idx, const char *who)
     return a;
 }
 
-/* Grow array p (inline: the userdata's own, which is not freed) of old elements to n. */
-static void *grow(lua_State *L, void *p, const void *in, int32_t old, int32_t n, size_t size)
+/* Grow the arrays *p1 (elements of s1 bytes) and *p2 (of s2) from old to n
+ * elements, into a new userdata kept as user value uv of the TaskArgs at
+ * self: the collector frees them with it, so a TaskArgs needs no __gc (a
+ * finalizer per object costs every collection cycle). */
+static void grow_pair(lua_State *L, int self, int uv, void **p1, size_t s1, void **p2, size_t s2, int32_t old, int32_t n)
 {
-    void *q = p == in ? malloc((size_t)n * size) : realloc(p, (size_t)n * size);
-    if (!q) luaL_error(L, "TaskArgs: out of memory");
-    if (p == in) memcpy(q, in, (size_t)old * size);
-    return q;
-}
-
-static int a_gc(lua_State *L)
-{
-    lpto_args *a = lua_touserdata(L, 1);
-    if (a->tensors != a->tensors_in) free(a->tensors);
-    if (a->tags != a->tags_in) free(a->tags);
-    if (a->scalars != a->scalars_in) free(a->scalars);
-    if (a->scalar_float != a->scalar_float_in) free(a->scalar_float);
-    memset(a, 0, sizeof *a);
-    return 0;
+    char *blk = lua_newuserdatauv(L, (size_t)n * (s1 + s2), 0);
+    memcpy(blk, *p1, (size_t)old * s1);
+    memcpy(blk + (size_t)n * s1, *p2, (size_t)old * s2);
+    *p1 = blk;
+    *p2 = blk + (size_t)n * s1;
+    lua_setiuservalue(L, self, uv);
 }
 
 /* Push a new, empty TaskArgs with the metatable at mt_idx. */
 static lpto_args *push_args_mt(lua_State *L, int mt_idx, int narr)
 {
     mt_idx = lua_absindex(L, mt_idx);
-    lpto_args *a = lua_newuserdatauv(L, sizeof *a, 1);
+    lpto_args *a = lua_newuserdatauv(L, sizeof *a, 3);   /* 1 the tensors' table; 2, 3 grown arrays */
     memset(a, 0, sizeof *a);
     a->cap_t = a->cap_s = LPTO_ARGS_INLINE;
     a->tensors = a->tensors_in;
@@ -73,10 +67,10 @@ lpto_args *lpto_push_args(lua_State *L)
 static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
 {
     if (a->nt == a->cap_t) {
-        int32_t old = a->cap_t;
-        a->tensors = grow(L, a->tensors, a->tensors_in, old, old * 2, sizeof *a->tensors);
-        a->tags = grow(L, a->tags, a->tags_in, old, old * 2, sizeof *a->tags);
-        a->cap_t = old * 2;
+        if (a->cap_t > INT32_MAX / 2) luaL_error(L, "TaskArgs: too many tensors");
+        grow_pair(L, self, 2, (void **)&a->tensors, sizeof *a->tensors, (void **)&a->tags, sizeof *a->tags, a->nt,
+                  a->cap_t * 2);
+        a->cap_t *= 2;
     }
     a->tensors[a->nt] = lua_touserdata(L, tidx);
     a->tags[a->nt] = (uint8_t)tag;
@@ -86,13 +80,13 @@ static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
     lua_pop(L, 1);
 }
 
-static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
+static void add_scalar(lua_State *L, int self, lpto_args *a, int idx, const char *who)
 {
     if (a->ns == a->cap_s) {
-        int32_t old = a->cap_s;
-        a->scalars = grow(L, a->scalars, a->scalars_in, old, old * 2, sizeof *a->scalars);
-        a->scalar_float = grow(L, a->scalar_float, a->scalar_float_in, old, old * 2, sizeof *a->scalar_float);
-        a->cap_s = old * 2;
+        if (a->cap_s > INT32_MAX / 2) luaL_error(L, "TaskArgs: too many scalars");
+        grow_pair(L, self, 3, (void **)&a->scalars, sizeof *a->scalars, (void **)&a->scalar_float,
+                  sizeof *a->scalar_float, a->ns, a->cap_s * 2);
+        a->cap_s *= 2;
     }
     uint64_t bits;
     bool is_float = false;
@@ -126,7 +120,7 @@ static int a_add_tensor(lua_State *L)
 static int a_add_scalar(lua_State *L)
 {
     lpto_args *a = check_args(L, 1, "TaskArgs:add_scalar");
-    add_scalar(L, a, 2, "TaskArgs:add_scalar");
+    add_scalar(L, 1, a, 2, "TaskArgs:add_scalar");
     lua_settop(L, 1);
     return 1;
 }
@@ -286,7 +280,9 @@ static int l_args(lua_State *L)
         int sc = lua_gettop(L);
         for (lua_Integer i = 1;; i++) {
             if (lua_geti(L, sc, i) == LUA_TNIL) break;
-            add_scalar(L, a, sc + 1, lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
+            int t = lua_type(L, sc + 1);   /* the message naming the entry is made only for a bad one */
+            add_scalar(L, self, a, sc + 1, t == LUA_TNUMBER || t == LUA_TBOOLEAN ? NULL
+                                           : lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
             lua_settop(L, sc);
         }
     }
@@ -306,7 +302,7 @@ void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx)
     }
     for (int32_t i = 0; i < v->scalar_count; i++) {
         lua_pushinteger(L, (lua_Integer)v->scalars[i]);
-        add_scalar(L, a, lua_gettop(L), "TaskArgs");
+        add_scalar(L, self, a, lua_gettop(L), "TaskArgs");
         lua_pop(L, 1);
     }
 }
@@ -423,7 +419,7 @@ static int c_tostring(lua_State *L)
 void lpto_open_args(lua_State *L)
 {
     luaL_newmetatable(L, LPTO_ARGS);
-    static const luaL_Reg meta[] = {{"__gc", a_gc}, {"__len", a_len}, {"__tostring", a_tostring}, {NULL, NULL}};
+    static const luaL_Reg meta[] = {{"__len", a_len}, {"__tostring", a_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, meta, 0);
     static const luaL_Reg methods[] = {
         {"add_tensor", a_add_tensor}, {"add_scalar", a_add_scalar}, {"tensor", a_tensor},

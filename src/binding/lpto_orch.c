@@ -503,7 +503,7 @@ static int o_alloc(lua_State *L)
     if (release) lpto_gil_acquire(O->W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     push_ring_storage(L, 1, O, &d);
-    lpto_push_tensor(L, &d, -1);
+    lpto_push_tensor_mt(L, &d, -1, lua_upvalueindex(LPTO_UP_TENSOR));
     return 1;
 }
 

@@ -105,7 +105,9 @@ lpto_storage *lpto_push_storage(lua_State *L, uint64_t base, uint64_t nbytes, in
 {
     lpto_storage *s = lua_newuserdatauv(L, sizeof *s, 0);
     *s = (lpto_storage){.base = base, .nbytes = nbytes, .kind = kind, .valid = true};
-    luaL_setmetatable(L, LPTO_STORAGE);
+    /* Only owned memory needs the finalizer; heap-ring and borrowed storage
+     * (one per orch:alloc) skip the collector's finalizer round. */
+    if (kind == LPTO_ST_ARENA || kind == LPTO_ST_PRIVATE) luaL_setmetatable(L, LPTO_STORAGE);
     return s;
 }
 

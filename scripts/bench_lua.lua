@@ -6,8 +6,10 @@
 -- PROCESS mode. A benchmark, not a test: run it through scripts/bench_lua.sh,
 -- which adds the C rows (pto_bench_lua_c) and the ratios.
 --   ptolua scripts/bench_lua.lua thread|process [reps] [form]
--- Prints "<form> <shape> <best us/task> <median us/task>" per row, and
--- "heap <form> <KiB before> <KiB after>" for the Lua heap over the W4 runs.
+-- Prints "<form> <shape> <best us/task> <median us/task>" per row (the two
+-- forms alternate, one warm-up each), and "heap <form> <KiB before> <KiB
+-- after> <KiB allocated>": the Lua heap over 100 W4 4^4 runs with the
+-- collector stopped, so allocated is every byte those runs allocated.
 local pto = require "pto"
 local mode = arg[1] or "thread"
 local reps = tonumber(arg[2]) or 5
@@ -164,15 +166,22 @@ local function time_shape(fn, runs)
 end
 
 local forms = {{"idiomatic", idiomatic}, {"fast", fast}}
+local function wanted(form) return (form[1] ~= "fast" or have_fast) and (not only or only == form[1]) end
 for _, shape in ipairs(SHAPES) do
-  for _, form in ipairs(forms) do
-    if (form[1] ~= "fast" or have_fast) and (not only or only == form[1]) then
-      local fn, runs = shape[2](form[2])
-      time_shape(fn, runs)   -- warm-up
-      local xs = {}
-      for r = 1, reps do xs[r] = time_shape(fn, runs) end
-      table.sort(xs)
-      print(("%s %s %.4f %.4f"):format(form[1], shape[1], xs[1], xs[(reps + 1) // 2]))
+  local xs, fns = {}, {}
+  for i, form in ipairs(forms) do
+    if wanted(form) then
+      xs[i], fns[i] = {}, {shape[2](form[2])}
+      time_shape(fns[i][1], fns[i][2])   -- warm-up
+    end
+  end
+  for r = 1, reps do   -- alternate the forms: noise from elsewhere falls on both
+    for i in pairs(fns) do xs[i][r] = time_shape(fns[i][1], fns[i][2]) end
+  end
+  for i, form in ipairs(forms) do
+    if xs[i] then
+      table.sort(xs[i])
+      print(("%s %s %.4f %.4f"):format(form[1], shape[1], xs[i][1], xs[i][(reps + 1) // 2]))
       io.stdout:flush()
     end
   end
@@ -181,7 +190,7 @@ end
 -- The Lua heap across 100 runs of the W4 4^4 DAG: the fast form makes no
 -- garbage per task, so the count after a full collection stays where it was.
 for _, form in ipairs(forms) do
-  if (form[1] ~= "fast" or have_fast) and (not only or only == form[1]) then
+  if wanted(form) then
     local fn = (form[1] == "fast" and bgemm_fast or bgemm_idiomatic)(4, 1)
     w:run(fn)
     collectgarbage("collect")

@@ -1,7 +1,10 @@
-/* lpto_args.c - pto.TaskArgs and pto.CallConfig.
+/* lpto_args.c - pto.TaskArgs, pto.args{...} and pto.CallConfig.
  * A TaskArgs keeps its tensors' userdata in its user value (so they stay
  * alive and specs bound by a submit are seen by later submits) and the tags
- * and scalars in C arrays that a submit reads directly. */
+ * and scalars in C arrays that a submit reads directly: inside the userdata
+ * up to LPTO_ARGS_INLINE of each, beyond that in userdata blocks held as its
+ * other user values, so a TaskArgs needs neither malloc nor a finalizer.
+ * pto.args is C rather than Lua for the same reason: it runs per submit. */
 #include <stdlib.h>
 #include <string.h>
 

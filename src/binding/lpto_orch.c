@@ -1,6 +1,14 @@
 /* lpto_orch.c - the Orchestrator a run hands to its function: submits,
- * orch:alloc, scopes and inspection. Valid only during its run and only on
- * the thread running it (the engine's orchestrator is single-threaded). */
+ * prepared submits, orch:alloc, scopes and inspection. Valid only during
+ * its run and only on the thread running it (the engine's orchestrator is
+ * single-threaded).
+ *
+ * A submit is the hot path of every orchestration loop, so nothing in it
+ * looks anything up by name: the functions carry the metatables they check
+ * as upvalues; each storage a run uses is pinned once (its pinned serial),
+ * not once per tensor per submit; heap-ring storages are listed for
+ * invalidation in per-depth lists the run reuses; and a prepared submit
+ * (orch:prepare_next_level) builds its task's arguments on the C stack. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>

@@ -222,23 +222,6 @@ static int l_taskargs(lua_State *L)
     return 1;
 }
 
-/* Whether lpto_parse_tag will accept the value at idx (the message naming
- * the entry is made only when it will not). */
-static bool lpto_tag_ok(lua_State *L, int idx)
-{
-    switch (lua_type(L, idx)) {
-    case LUA_TNIL: return true;
-    case LUA_TNUMBER: return lua_isinteger(L, idx) && lua_tointeger(L, idx) >= PTO_INPUT && lua_tointeger(L, idx) <= PTO_NO_DEP;
-    case LUA_TSTRING: {
-        const char *s = lua_tostring(L, idx);
-        for (int t = PTO_INPUT; t <= PTO_NO_DEP; t++)
-            if (s[0] == pto_tag_name(t)[0] && strcmp(s, pto_tag_name(t)) == 0) return true;
-        return false;
-    }
-    default: return false;
-    }
-}
-
 /* pto.args{ {a, "in"}, {b, "in"}, {c, "out"}, scalars = {42} }: a TaskArgs
  * built from a table; a bare tensor entry is an INPUT. */
 static int l_args(lua_State *L)
@@ -269,7 +252,8 @@ static int l_args(lua_State *L)
             add_tensor(L, self, a, e, PTO_INPUT);
         } else if (lua_istable(L, e) && (lua_geti(L, e, 1), lpto_testudata_up(L, -1, LPTO_UP_TENSOR))) {
             lua_geti(L, e, 2);
-            int tag = lpto_parse_tag(L, e + 2, lpto_tag_ok(L, e + 2) ? NULL : lua_pushfstring(L, "pto.args: entry %d", (int)i));
+            int tag = lpto_tag_value(L, e + 2);
+            if (tag < 0) lpto_parse_tag(L, e + 2, lua_pushfstring(L, "pto.args: entry %d", (int)i));   /* raises */
             add_tensor(L, self, a, e + 1, tag);
         } else {
             return lpto_error(L, who, "entry %d must be a tensor or {tensor, tag} (got %s)", (int)i, luaL_typename(L, e));

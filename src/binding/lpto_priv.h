@@ -55,6 +55,8 @@ lpto_storage *lpto_push_storage(lua_State *L, uint64_t base, uint64_t nbytes, in
 void lpto_check_live(lua_State *L, const lpto_tensor *t, const char *who);
 int lpto_parse_dtype(lua_State *L, int idx, const char *who);
 int lpto_parse_tag(lua_State *L, int idx, const char *who);
+/* The tag at idx (nil: INPUT), or -1 if it is none: lpto_parse_tag without the error. */
+int lpto_tag_value(lua_State *L, int idx);
 /* Read a shape table at idx into shape; returns ndims. */
 int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who);
 void lpto_open_tensor(lua_State *L);

@@ -21,19 +21,25 @@ static int tag_of(const char *s, size_t n)
     }
 }
 
-int lpto_parse_tag(lua_State *L, int idx, const char *who)
+int lpto_tag_value(lua_State *L, int idx)
 {
     int t = lua_type(L, idx);
     if (t == LUA_TSTRING) {
         const char *s = lua_tostring(L, idx);
-        int tag = tag_of(s, strlen(s));   /* strlen: a name ends at a NUL, as strcmp saw it */
-        if (tag >= 0) return tag;
-    } else if (t == LUA_TNUMBER) {
+        return tag_of(s, strlen(s));   /* strlen: a name ends at a NUL, as strcmp saw it */
+    }
+    if (t == LUA_TNUMBER) {
         lua_Integer v;
         if (lua_isinteger(L, idx) && (v = lua_tointeger(L, idx)) >= PTO_INPUT && v <= PTO_NO_DEP) return (int)v;
-    } else if (t == LUA_TNIL || t == LUA_TNONE) {
-        return PTO_INPUT;
+        return -1;
     }
+    return t == LUA_TNIL || t == LUA_TNONE ? PTO_INPUT : -1;
+}
+
+int lpto_parse_tag(lua_State *L, int idx, const char *who)
+{
+    int tag = lpto_tag_value(L, idx);
+    if (tag >= 0) return tag;
     return lpto_error(L, who, "unknown tag %s '%s' (use pto.INPUT, pto.OUTPUT, pto.INOUT, pto.OUTPUT_EXISTING, "
                               "pto.NO_DEP or \"in\", \"out\", \"inout\", \"out_existing\", \"no_dep\")",
                       luaL_typename(L, idx), luaL_tolstring(L, idx, NULL));

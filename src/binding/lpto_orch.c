@@ -556,7 +556,7 @@ lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
     lua_setiuservalue(L, -2, OUV_WORKER);
     lua_newtable(L);
     lua_setiuservalue(L, -2, OUV_SCOPES);
-    lua_newtable(L);
+    lua_createtable(L, W->pins_hint, 0);   /* runs of one loop pin the same storages: no regrowth per run */
     lua_setiuservalue(L, -2, OUV_PINS);
     return O;
 }
@@ -566,6 +566,7 @@ void lpto_orch_end(lua_State *L, int oidx)
     oidx = lua_absindex(L, oidx);
     lorch *O = lua_touserdata(L, oidx);
     O->valid = false;
+    O->W->pins_hint = O->npins < (1 << 20) ? O->npins : 1 << 20;
     for (int depth = 0; depth <= PTO_MAX_SCOPE_DEPTH; depth++) invalidate_depth(L, oidx, O, depth);
     lua_pushnil(L);   /* the run's tensors need no pinning any more */
     lua_setiuservalue(L, oidx, OUV_PINS);

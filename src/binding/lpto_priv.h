@@ -152,6 +152,7 @@ struct lworker {
     uint64_t shm_size;         /* tensor memory it takes from its parent's as a PROCESS-mode child; 0: default */
     bool driven;               /* its parent's leaf is initialising or running it now */
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
+    int32_t pins_hint;         /* storages the last run pinned: the next run's pin list starts that size */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they

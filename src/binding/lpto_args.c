@@ -233,12 +233,14 @@ static int l_args(lua_State *L)
     lua_settop(L, 1);
     lua_Integer n = luaL_len(L, 1);
     lua_pushnil(L);
+    bool has_scalars = false;   /* read below only if the key was seen: no lookup by name per call */
     while (lua_next(L, 1)) {
         lua_pop(L, 1);
         int isint;
         lua_Integer k = lua_tointegerx(L, -1, &isint);
         bool ok = lua_type(L, -1) == LUA_TNUMBER ? isint && k >= 1 && k <= n
                                                 : lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "scalars") == 0;
+        if (ok && lua_type(L, -1) == LUA_TSTRING) has_scalars = true;
         if (!ok)
             return lpto_error(L, who, "unknown field '%s' (entries are {tensor, tag} pairs and an optional scalars list)",
                               luaL_tolstring(L, -1, NULL));
@@ -261,7 +263,7 @@ static int l_args(lua_State *L)
         lua_settop(L, self);
     }
     lua_settop(L, self);
-    if (lua_getfield(L, 1, "scalars") != LUA_TNIL) {
+    if (has_scalars && lua_getfield(L, 1, "scalars") != LUA_TNIL) {
         if (!lua_istable(L, -1))
             return lpto_error(L, who, "scalars must be a list of numbers (got %s)", luaL_typename(L, -1));
         int sc = lua_gettop(L);

@@ -631,7 +631,8 @@ static int o_scope(lua_State *L)
         lscope *S = lua_newuserdatauv(L, sizeof *S, 1);
         S->O = O;
         S->depth = 0;
-        luaL_setmetatable(L, LPTO_SCOPE);
+        lua_pushvalue(L, lua_upvalueindex(LPTO_UP_SCOPE));
+        lua_setmetatable(L, -2);
         lua_pushvalue(L, 1);
         lua_setiuservalue(L, -2, 1);
         S->depth = scope_begin(L, O, who);

@@ -67,7 +67,7 @@ extern const char lpto_ring_gone[];
  * The hot functions (submits, views, prepared submits) carry the metatables
  * they check as upvalues, in this order, and compare by identity: no
  * registry lookup by name per call, as luaL_testudata makes. */
-enum { LPTO_UP_TENSOR = 1, LPTO_UP_ARGS, LPTO_UP_ORCH, LPTO_UP_HANDLE, LPTO_UP_COUNT = LPTO_UP_HANDLE };
+enum { LPTO_UP_TENSOR = 1, LPTO_UP_ARGS, LPTO_UP_ORCH, LPTO_UP_HANDLE, LPTO_UP_SCOPE, LPTO_UP_COUNT = LPTO_UP_SCOPE };
 /* Push the LPTO_UP_COUNT metatables (creating any not made yet), for luaL_setfuncs. */
 void lpto_push_mt_upvalues(lua_State *L);
 /* The userdata at idx if its metatable is the one in upvalue up, else NULL. */

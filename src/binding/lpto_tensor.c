@@ -134,7 +134,7 @@ const char lpto_ring_gone[] = "it came from a heap ring (orch:alloc or an automa
 
 void lpto_push_mt_upvalues(lua_State *L)
 {
-    static const char *const names[LPTO_UP_COUNT] = {LPTO_TENSOR, LPTO_ARGS, LPTO_ORCH, LPTO_HANDLE};
+    static const char *const names[LPTO_UP_COUNT] = {LPTO_TENSOR, LPTO_ARGS, LPTO_ORCH, LPTO_HANDLE, LPTO_SCOPE};
     for (int i = 0; i < LPTO_UP_COUNT; i++) luaL_newmetatable(L, names[i]);
 }
 

@@ -296,6 +296,46 @@ describe("views and temporaries", function()
   end)
 end)
 
+describe("TaskArgs storage", function()
+  it("keeps every tensor, inline or beyond, reads it back, and lets go of them on clear", function()
+    collectgarbage("collect")
+    local blocks = pto.shm_stats().live_blocks
+    local a = pto.TaskArgs()
+    local ts = {}
+    for i = 1, 7 do
+      ts[i] = pto.tensor({4}, "f32")
+      ts[i]:fill(i)
+      a:add_tensor(ts[i], i % 2 == 0 and "out" or "in")
+    end
+    assert.are.equal(7, a:tensor_count())
+    for i = 1, 7 do
+      assert.are.equal(ts[i], a:tensor(i))
+      assert.are.equal(i % 2 == 0 and "out" or "in", a:tag(i))
+    end
+    ts = nil   -- luacheck: ignore
+    collectgarbage("collect")
+    assert.are.equal(blocks + 7, pto.shm_stats().live_blocks)   -- the TaskArgs keeps them
+    assert.are.equal(3.0, a:tensor(3)[1])
+    a:clear()
+    collectgarbage("collect")
+    assert.are.equal(blocks, pto.shm_stats().live_blocks)
+    assert.are.equal(0, a:tensor_count())
+  end)
+
+  it("a submit of 9 tensors through pto.args waits for the writers of the ones beyond the inline four", function()
+    local ids = W:run(function(orch)
+      local t = {}
+      for i = 1, 9 do t[i] = pto.tensor({4}, "f32") end
+      local w = orch:submit_next_level(NOOP, pto.args{{t[7], "out"}, {t[9], "out"}})
+      local entries = {}
+      for i = 1, 9 do entries[i] = {t[i], "in"} end
+      local r = orch:submit_next_level(NOOP, pto.args(entries))
+      return {w = w, p = producers(orch, r)}
+    end)
+    assert.are.same({ids.w}, ids.p)
+  end)
+end)
+
 describe("garbage", function()
   -- KiB the Lua heap grows over fn with the collector stopped: everything
   -- fn allocates, garbage or not.

@@ -1,6 +1,8 @@
 /* lpto_args.c - pto.TaskArgs, pto.args{...} and pto.CallConfig.
- * A TaskArgs keeps its tensors' userdata in its user value (so they stay
- * alive and specs bound by a submit are seen by later submits) and the tags
+ * A TaskArgs keeps its tensors' userdata in its user values (so they stay
+ * alive and specs bound by a submit are seen by later submits: the first
+ * LPTO_ARGS_INLINE each in a user value of its own, the rest in a table
+ * made when needed) and the tags
  * and scalars in C arrays that a submit reads directly: inside the userdata
  * up to LPTO_ARGS_INLINE of each, beyond that in userdata blocks held as its
  * other user values, so a TaskArgs needs neither malloc nor a finalizer.
@@ -45,15 +47,14 @@ static void grow_pair(lua_State *L, int self, int uv, void **p1, size_t s1, void
 static lpto_args *push_args_mt(lua_State *L, int mt_idx, int narr)
 {
     mt_idx = lua_absindex(L, mt_idx);
-    lpto_args *a = lua_newuserdatauv(L, sizeof *a, 3);   /* 1 the tensors' table; 2, 3 grown arrays */
+    lpto_args *a = lua_newuserdatauv(L, sizeof *a, UV_ARGS_INLINE + LPTO_ARGS_INLINE);
     memset(a, 0, sizeof *a);
     a->cap_t = a->cap_s = LPTO_ARGS_INLINE;
     a->tensors = a->tensors_in;
     a->tags = a->tags_in;
     a->scalars = a->scalars_in;
     a->scalar_float = a->scalar_float_in;
-    lua_createtable(L, narr, 0);
-    lua_setiuservalue(L, -2, 1);
+    (void)narr;
     lua_pushvalue(L, mt_idx);
     lua_setmetatable(L, -2);
     return a;
@@ -77,10 +78,34 @@ static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
     }
     a->tensors[a->nt] = lua_touserdata(L, tidx);
     a->tags[a->nt] = (uint8_t)tag;
-    lua_getiuservalue(L, self, 1);
+    int32_t i = ++a->nt;
+    tidx = lua_absindex(L, tidx);
+    if (i <= LPTO_ARGS_INLINE) {
+        lua_pushvalue(L, tidx);
+        lua_setiuservalue(L, self, UV_ARGS_INLINE + i);
+        return;
+    }
+    if (lua_getiuservalue(L, self, 1) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setiuservalue(L, self, 1);
+    }
     lua_pushvalue(L, tidx);
-    lua_rawseti(L, -2, ++a->nt);
+    lua_rawseti(L, -2, i);
     lua_pop(L, 1);
+}
+
+void lpto_args_push_tensor(lua_State *L, int aidx, int32_t i)
+{
+    if (i <= LPTO_ARGS_INLINE) {
+        lua_getiuservalue(L, aidx, UV_ARGS_INLINE + i);
+        return;
+    }
+    aidx = lua_absindex(L, aidx);
+    lua_getiuservalue(L, aidx, 1);
+    lua_rawgeti(L, -1, i);
+    lua_remove(L, -2);
 }
 
 static void add_scalar(lua_State *L, int self, lpto_args *a, int idx, const char *who)
@@ -141,8 +166,7 @@ static int a_tensor(lua_State *L)
 {
     lpto_args *a = check_args(L, 1, "TaskArgs:tensor");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tensor", "tensor");
-    lua_getiuservalue(L, 1, 1);
-    lua_rawgeti(L, -1, i);
+    lpto_args_push_tensor(L, 1, (int32_t)i);
     return 1;
 }
 
@@ -197,8 +221,11 @@ static int a_clear(lua_State *L)
 {
     lpto_args *a = check_args(L, 1, "TaskArgs:clear");
     a->nt = a->ns = 0;
-    lua_newtable(L);
-    lua_setiuservalue(L, 1, 1);
+    for (int uv = 1; uv <= UV_ARGS_INLINE + LPTO_ARGS_INLINE; uv++) {   /* let go of the tensors */
+        if (uv == 2 || uv == 3) continue;   /* grown arrays stay for reuse */
+        lua_pushnil(L);
+        lua_setiuservalue(L, 1, uv);
+    }
     lua_settop(L, 1);
     return 1;
 }

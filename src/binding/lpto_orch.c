@@ -206,16 +206,14 @@ static inline void pin_tensor(lua_State *L, int oidx, lorch *O, const lpto_tenso
 static void after_submit(lua_State *L, int oidx, lorch *O, int aidx, lpto_args *a, const pto_tensor *descs,
                          const uint8_t *unset)
 {
-    lua_getiuservalue(L, aidx, 1);
     for (int32_t i = 0; i < a->nt; i++) {
         lpto_tensor *t = a->tensors[i];
         if (!unset[i] && (!t->st || t->st->kind == LPTO_ST_RING || t->st->pinned == O->serial)) continue;
-        lua_rawgeti(L, -1, i + 1);
+        lpto_args_push_tensor(L, aidx, i + 1);
         if (unset[i]) bind_output(L, oidx, O, t, -1, &descs[i]);
         else pin_tensor(L, oidx, O, t, -1);
         lua_pop(L, 1);
     }
-    lua_pop(L, 1);
 }
 
 /* Submit the TaskArgs at stack indices aidx[0..n-1]. */

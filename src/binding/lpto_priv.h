@@ -88,7 +88,7 @@ lpto_tensor *lpto_push_tensor_mt(lua_State *L, const pto_tensor *desc, int st_id
 
 typedef struct lpto_args {
     int32_t nt, ns, cap_t, cap_s;
-    lpto_tensor **tensors;      /* userdata kept alive in the user value table (index i) */
+    lpto_tensor **tensors;      /* userdata kept alive by its user values (lpto_args_push_tensor) */
     uint8_t *tags;
     uint64_t *scalars;
     uint8_t *scalar_float;      /* 1 if scalars[i] holds a double's bits */
@@ -97,7 +97,14 @@ typedef struct lpto_args {
     uint8_t tags_in[LPTO_ARGS_INLINE], scalar_float_in[LPTO_ARGS_INLINE];
 } lpto_args;
 
+/* A TaskArgs' user values: 1 the table of its tensors beyond the first
+ * LPTO_ARGS_INLINE (nil until needed), 2 and 3 its grown arrays, then one
+ * per inline tensor. */
+enum { UV_ARGS_INLINE = 3 };
+
 lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who);
+/* Push tensor i (from 1) of the TaskArgs at aidx. */
+void lpto_args_push_tensor(lua_State *L, int aidx, int32_t i);
 /* Push a new, empty TaskArgs. */
 lpto_args *lpto_push_args(lua_State *L);
 /* Push a TaskArgs over a task's argument view (inside a sub callable):

@@ -316,13 +316,19 @@ local function method_tables(v)
   if type(v) == "table" then out[#out + 1] = v end
   local mt = debug.getmetatable(v)
   if type(mt) == "table" then
-    if type(rawget(mt, "methods")) == "table" then out[#out + 1] = rawget(mt, "methods") end
-    if type(rawget(mt, "__index")) == "table" then out[#out + 1] = rawget(mt, "__index") end
-    local name = rawget(mt, "__name")
-    if name == "pto.Orchestrator" then
-      local extra = rawget(debug.getregistry(), "pto.orch_extra")
-      if type(extra) == "table" then out[#out + 1] = extra end
+    -- a methods table may inherit more (the orchestrator's methods written
+    -- in Lua hang off its C methods table's own __index): follow table chains
+    local function add_chain(t)
+      for _ = 1, 8 do
+        if type(t) ~= "table" then return end
+        out[#out + 1] = t
+        local m = debug.getmetatable(t)
+        t = type(m) == "table" and rawget(m, "__index") or nil
+      end
     end
+    add_chain(rawget(mt, "methods"))
+    add_chain(rawget(mt, "__index"))
+    local name = rawget(mt, "__name")
     local fields = M.fields[name]
     if fields then
       local set = {}

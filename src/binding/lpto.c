@@ -6,7 +6,7 @@
  *   lpto_aux.c      errors named for the Lua function, options tables, the
  *                   interpreter lock, the runs Ctrl-C interrupts; no pto type
  *   lpto_tensor.c   Tensor and Storage
- *   lpto_args.c     TaskArgs and CallConfig
+ *   lpto_args.c     TaskArgs, pto.args and CallConfig
  *   lpto_sub.c      sub callables, and shipping functions to children
  *   lpto_orch.c     the orchestrator a run hands its function (its submits
  *                   call one hook of lpto_trace.c, which does nothing
@@ -52,7 +52,6 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     lpto_open_debug(L);
     lpto_open_trace(L);
-    load_lua_part(L, "pto.args");
     load_lua_part(L, "pto.inspect");
     return 1;
 }

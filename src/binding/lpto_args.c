@@ -1,7 +1,12 @@
-/* lpto_args.c - pto.TaskArgs and pto.CallConfig.
- * A TaskArgs keeps its tensors' userdata in its user value (so they stay
- * alive and specs bound by a submit are seen by later submits) and the tags
- * and scalars in C arrays that a submit reads directly. */
+/* lpto_args.c - pto.TaskArgs, pto.args{...} and pto.CallConfig.
+ * A TaskArgs keeps its tensors' userdata in its user values (so they stay
+ * alive and specs bound by a submit are seen by later submits: the first
+ * LPTO_ARGS_INLINE each in a user value of its own, the rest in a table
+ * made when needed) and the tags
+ * and scalars in C arrays that a submit reads directly: inside the userdata
+ * up to LPTO_ARGS_INLINE of each, beyond that in userdata blocks held as its
+ * other user values, so a TaskArgs needs neither malloc nor a finalizer.
+ * pto.args is C rather than Lua for the same reason: it runs per submit. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,55 +20,101 @@ lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who)
     return a;
 }
 
-static void *grow(lua_State *L, void *p, int32_t n, size_t size)
+/* lpto_checkargs for the functions of this file, which carry the metatables as upvalues. */
+static lpto_args *check_args(lua_State *L, int idx, const char *who)
 {
-    void *q = realloc(p, (size_t)n * size);
-    if (!q) luaL_error(L, "TaskArgs: out of memory");
-    return q;
+    lpto_args *a = lpto_testudata_up(L, idx, LPTO_UP_ARGS);
+    if (!a) lpto_error(L, who, "expected a TaskArgs (from pto.TaskArgs() or pto.args{...}), got %s",
+                       luaL_typename(L, idx));
+    return a;
 }
 
-static int a_gc(lua_State *L)
+/* Grow the arrays *p1 (elements of s1 bytes) and *p2 (of s2) from old to n
+ * elements, into a new userdata kept as user value uv of the TaskArgs at
+ * self: the collector frees them with it, so a TaskArgs needs no __gc (a
+ * finalizer per object costs every collection cycle). */
+static void grow_pair(lua_State *L, int self, int uv, void **p1, size_t s1, void **p2, size_t s2, int32_t old, int32_t n)
 {
-    lpto_args *a = lua_touserdata(L, 1);
-    free(a->tensors);
-    free(a->tags);
-    free(a->scalars);
-    free(a->scalar_float);
+    char *blk = lua_newuserdatauv(L, (size_t)n * (s1 + s2), 0);
+    memcpy(blk, *p1, (size_t)old * s1);
+    memcpy(blk + (size_t)n * s1, *p2, (size_t)old * s2);
+    *p1 = blk;
+    *p2 = blk + (size_t)n * s1;
+    lua_setiuservalue(L, self, uv);
+}
+
+/* Push a new, empty TaskArgs with the metatable at mt_idx. */
+static lpto_args *push_args_mt(lua_State *L, int mt_idx, int narr)
+{
+    mt_idx = lua_absindex(L, mt_idx);
+    lpto_args *a = lua_newuserdatauv(L, sizeof *a, UV_ARGS_INLINE + LPTO_ARGS_INLINE);
     memset(a, 0, sizeof *a);
-    return 0;
+    a->cap_t = a->cap_s = LPTO_ARGS_INLINE;
+    a->tensors = a->tensors_in;
+    a->tags = a->tags_in;
+    a->scalars = a->scalars_in;
+    a->scalar_float = a->scalar_float_in;
+    (void)narr;
+    lua_pushvalue(L, mt_idx);
+    lua_setmetatable(L, -2);
+    return a;
 }
 
 lpto_args *lpto_push_args(lua_State *L)
 {
-    lpto_args *a = lua_newuserdatauv(L, sizeof *a, 1);
-    memset(a, 0, sizeof *a);
-    lua_newtable(L);
-    lua_setiuservalue(L, -2, 1);
-    luaL_setmetatable(L, LPTO_ARGS);
+    luaL_getmetatable(L, LPTO_ARGS);
+    lpto_args *a = push_args_mt(L, -1, 0);
+    lua_remove(L, -2);
     return a;
 }
 
 static void add_tensor(lua_State *L, int self, lpto_args *a, int tidx, int tag)
 {
     if (a->nt == a->cap_t) {
-        a->cap_t = a->cap_t ? a->cap_t * 2 : 4;
-        a->tensors = grow(L, a->tensors, a->cap_t, sizeof *a->tensors);
-        a->tags = grow(L, a->tags, a->cap_t, sizeof *a->tags);
+        if (a->cap_t > INT32_MAX / 2) luaL_error(L, "TaskArgs: too many tensors");
+        grow_pair(L, self, 2, (void **)&a->tensors, sizeof *a->tensors, (void **)&a->tags, sizeof *a->tags, a->nt,
+                  a->cap_t * 2);
+        a->cap_t *= 2;
     }
     a->tensors[a->nt] = lua_touserdata(L, tidx);
     a->tags[a->nt] = (uint8_t)tag;
-    lua_getiuservalue(L, self, 1);
+    int32_t i = ++a->nt;
+    tidx = lua_absindex(L, tidx);
+    if (i <= LPTO_ARGS_INLINE) {
+        lua_pushvalue(L, tidx);
+        lua_setiuservalue(L, self, UV_ARGS_INLINE + i);
+        return;
+    }
+    if (lua_getiuservalue(L, self, 1) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setiuservalue(L, self, 1);
+    }
     lua_pushvalue(L, tidx);
-    lua_rawseti(L, -2, ++a->nt);
+    lua_rawseti(L, -2, i);
     lua_pop(L, 1);
 }
 
-static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
+void lpto_args_push_tensor(lua_State *L, int aidx, int32_t i)
+{
+    if (i <= LPTO_ARGS_INLINE) {
+        lua_getiuservalue(L, aidx, UV_ARGS_INLINE + i);
+        return;
+    }
+    aidx = lua_absindex(L, aidx);
+    lua_getiuservalue(L, aidx, 1);
+    lua_rawgeti(L, -1, i);
+    lua_remove(L, -2);
+}
+
+static void add_scalar(lua_State *L, int self, lpto_args *a, int idx, const char *who)
 {
     if (a->ns == a->cap_s) {
-        a->cap_s = a->cap_s ? a->cap_s * 2 : 4;
-        a->scalars = grow(L, a->scalars, a->cap_s, sizeof *a->scalars);
-        a->scalar_float = grow(L, a->scalar_float, a->cap_s, sizeof *a->scalar_float);
+        if (a->cap_s > INT32_MAX / 2) luaL_error(L, "TaskArgs: too many scalars");
+        grow_pair(L, self, 3, (void **)&a->scalars, sizeof *a->scalars, (void **)&a->scalar_float,
+                  sizeof *a->scalar_float, a->ns, a->cap_s * 2);
+        a->cap_s *= 2;
     }
     uint64_t bits;
     bool is_float = false;
@@ -86,7 +137,7 @@ static void add_scalar(lua_State *L, lpto_args *a, int idx, const char *who)
 
 static int a_add_tensor(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_tensor");
+    lpto_args *a = check_args(L, 1, "TaskArgs:add_tensor");
     lpto_checktensor(L, 2, "TaskArgs:add_tensor");
     int tag = lpto_parse_tag(L, 3, "TaskArgs:add_tensor");
     add_tensor(L, 1, a, 2, tag);
@@ -96,8 +147,8 @@ static int a_add_tensor(lua_State *L)
 
 static int a_add_scalar(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:add_scalar");
-    add_scalar(L, a, 2, "TaskArgs:add_scalar");
+    lpto_args *a = check_args(L, 1, "TaskArgs:add_scalar");
+    add_scalar(L, 1, a, 2, "TaskArgs:add_scalar");
     lua_settop(L, 1);
     return 1;
 }
@@ -113,16 +164,15 @@ static lua_Integer check_pos(lua_State *L, int idx, int32_t n, const char *who, 
 
 static int a_tensor(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tensor");
+    lpto_args *a = check_args(L, 1, "TaskArgs:tensor");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tensor", "tensor");
-    lua_getiuservalue(L, 1, 1);
-    lua_rawgeti(L, -1, i);
+    lpto_args_push_tensor(L, 1, (int32_t)i);
     return 1;
 }
 
 static int a_tag(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:tag");
+    lpto_args *a = check_args(L, 1, "TaskArgs:tag");
     lua_Integer i = check_pos(L, 2, a->nt, "TaskArgs:tag", "tensor");
     lua_pushstring(L, pto_tag_name(a->tags[i - 1]));
     return 1;
@@ -130,7 +180,7 @@ static int a_tag(lua_State *L)
 
 static int a_scalar(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar");
+    lpto_args *a = check_args(L, 1, "TaskArgs:scalar");
     lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar", "scalar");
     uint64_t bits = a->scalars[i - 1];
     if (a->scalar_float[i - 1]) {
@@ -147,7 +197,7 @@ static int a_scalar(lua_State *L)
  * task (a leaf sees only bits). */
 static int a_scalar_float(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:scalar_float");
+    lpto_args *a = check_args(L, 1, "TaskArgs:scalar_float");
     lua_Integer i = check_pos(L, 2, a->ns, "TaskArgs:scalar_float", "scalar");
     double d;
     memcpy(&d, &a->scalars[i - 1], sizeof d);
@@ -157,22 +207,25 @@ static int a_scalar_float(lua_State *L)
 
 static int a_tensor_count(lua_State *L)
 {
-    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:tensor_count")->nt);
+    lua_pushinteger(L, check_args(L, 1, "TaskArgs:tensor_count")->nt);
     return 1;
 }
 
 static int a_scalar_count(lua_State *L)
 {
-    lua_pushinteger(L, lpto_checkargs(L, 1, "TaskArgs:scalar_count")->ns);
+    lua_pushinteger(L, check_args(L, 1, "TaskArgs:scalar_count")->ns);
     return 1;
 }
 
 static int a_clear(lua_State *L)
 {
-    lpto_args *a = lpto_checkargs(L, 1, "TaskArgs:clear");
+    lpto_args *a = check_args(L, 1, "TaskArgs:clear");
     a->nt = a->ns = 0;
-    lua_newtable(L);
-    lua_setiuservalue(L, 1, 1);
+    for (int uv = 1; uv <= UV_ARGS_INLINE + LPTO_ARGS_INLINE; uv++) {   /* let go of the tensors */
+        if (uv == 2 || uv == 3) continue;   /* grown arrays stay for reuse */
+        lua_pushnil(L);
+        lua_setiuservalue(L, 1, uv);
+    }
     lua_settop(L, 1);
     return 1;
 }
@@ -192,7 +245,64 @@ static int a_tostring(lua_State *L)
 
 static int l_taskargs(lua_State *L)
 {
-    lpto_push_args(L);
+    push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), 0);
+    return 1;
+}
+
+/* pto.args{ {a, "in"}, {b, "in"}, {c, "out"}, scalars = {42} }: a TaskArgs
+ * built from a table; a bare tensor entry is an INPUT. */
+static int l_args(lua_State *L)
+{
+    const char *who = "pto.args";
+    if (!lua_istable(L, 1))
+        return lpto_error(L, who, "expected a table like { {a, \"in\"}, {c, \"out\"}, scalars = {42} } (got %s)",
+                          luaL_typename(L, 1));
+    lua_settop(L, 1);
+    lua_Integer n = luaL_len(L, 1);
+    lua_pushnil(L);
+    bool has_scalars = false;   /* read below only if the key was seen: no lookup by name per call */
+    while (lua_next(L, 1)) {
+        lua_pop(L, 1);
+        int isint;
+        lua_Integer k = lua_tointegerx(L, -1, &isint);
+        bool ok = lua_type(L, -1) == LUA_TNUMBER ? isint && k >= 1 && k <= n
+                                                : lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "scalars") == 0;
+        if (ok && lua_type(L, -1) == LUA_TSTRING) has_scalars = true;
+        if (!ok)
+            return lpto_error(L, who, "unknown field '%s' (entries are {tensor, tag} pairs and an optional scalars list)",
+                              luaL_tolstring(L, -1, NULL));
+    }
+    lpto_args *a = push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), (int)(n < 64 ? n : 64));
+    int self = lua_gettop(L);
+    for (lua_Integer i = 1;; i++) {
+        if (lua_geti(L, 1, i) == LUA_TNIL) break;   /* as ipairs */
+        int e = lua_gettop(L);
+        if (lpto_testudata_up(L, e, LPTO_UP_TENSOR)) {
+            add_tensor(L, self, a, e, PTO_INPUT);
+        } else if (lua_istable(L, e) && (lua_geti(L, e, 1), lpto_testudata_up(L, -1, LPTO_UP_TENSOR))) {
+            lua_geti(L, e, 2);
+            int tag = lpto_tag_value(L, e + 2);
+            if (tag < 0) lpto_parse_tag(L, e + 2, lua_pushfstring(L, "pto.args: entry %d", (int)i));   /* raises */
+            add_tensor(L, self, a, e + 1, tag);
+        } else {
+            return lpto_error(L, who, "entry %d must be a tensor or {tensor, tag} (got %s)", (int)i, luaL_typename(L, e));
+        }
+        lua_settop(L, self);
+    }
+    lua_settop(L, self);
+    if (has_scalars && lua_getfield(L, 1, "scalars") != LUA_TNIL) {
+        if (!lua_istable(L, -1))
+            return lpto_error(L, who, "scalars must be a list of numbers (got %s)", luaL_typename(L, -1));
+        int sc = lua_gettop(L);
+        for (lua_Integer i = 1;; i++) {
+            if (lua_geti(L, sc, i) == LUA_TNIL) break;
+            int t = lua_type(L, sc + 1);   /* the message naming the entry is made only for a bad one */
+            add_scalar(L, self, a, sc + 1, t == LUA_TNUMBER || t == LUA_TBOOLEAN ? NULL
+                                           : lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
+            lua_settop(L, sc);
+        }
+    }
+    lua_settop(L, self);
     return 1;
 }
 
@@ -208,7 +318,7 @@ void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx)
     }
     for (int32_t i = 0; i < v->scalar_count; i++) {
         lua_pushinteger(L, (lua_Integer)v->scalars[i]);
-        add_scalar(L, a, lua_gettop(L), "TaskArgs");
+        add_scalar(L, self, a, lua_gettop(L), "TaskArgs");
         lua_pop(L, 1);
     }
 }
@@ -325,14 +435,16 @@ static int c_tostring(lua_State *L)
 void lpto_open_args(lua_State *L)
 {
     luaL_newmetatable(L, LPTO_ARGS);
-    static const luaL_Reg meta[] = {{"__gc", a_gc}, {"__len", a_len}, {"__tostring", a_tostring}, {NULL, NULL}};
+    static const luaL_Reg meta[] = {{"__len", a_len}, {"__tostring", a_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, meta, 0);
     static const luaL_Reg methods[] = {
         {"add_tensor", a_add_tensor}, {"add_scalar", a_add_scalar}, {"tensor", a_tensor},
         {"scalar", a_scalar},         {"scalar_float", a_scalar_float}, {"tag", a_tag},
         {"tensor_count", a_tensor_count}, {"scalar_count", a_scalar_count}, {"clear", a_clear},
         {NULL, NULL}};
-    luaL_newlib(L, methods);
+    lua_newtable(L);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, methods, LPTO_UP_COUNT);
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 
@@ -342,8 +454,9 @@ void lpto_open_args(lua_State *L)
     luaL_setfuncs(L, cmeta, 0);
     lua_pop(L, 1);
 
-    lua_pushcfunction(L, l_taskargs);
-    lua_setfield(L, -2, "TaskArgs");
+    static const luaL_Reg fns[] = {{"TaskArgs", l_taskargs}, {"args", l_args}, {NULL, NULL}};
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, fns, LPTO_UP_COUNT);
     lua_pushcfunction(L, l_callconfig);
     lua_setfield(L, -2, "CallConfig");
 }

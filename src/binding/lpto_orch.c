@@ -1,6 +1,15 @@
 /* lpto_orch.c - the Orchestrator a run hands to its function: submits,
- * orch:alloc, scopes and inspection. Valid only during its run and only on
- * the thread running it (the engine's orchestrator is single-threaded). */
+ * prepared submits, orch:alloc, scopes and inspection. Valid only during
+ * its run and only on the thread running it (the engine's orchestrator is
+ * single-threaded).
+ *
+ * A submit is the hot path of every orchestration loop, so nothing in it
+ * looks anything up by name: the functions carry the metatables they check
+ * as upvalues; each storage a run uses is pinned once (its pinned serial),
+ * not once per tensor per submit; heap-ring storages are listed for
+ * invalidation in per-depth lists the run reuses; and a prepared submit
+ * (orch:prepare_next_level) builds its task's arguments on the C stack. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,17 +23,24 @@ typedef struct lscope {
     int depth;                 /* depth this scope opened; 0 once closed */
 } lscope;
 
-static lorch *check_orch(lua_State *L, int idx, const char *who)
+/* Raise unless O may be used now, by this thread. */
+static void orch_usable(lua_State *L, const lorch *O, const char *who)
 {
-    lorch *O = luaL_testudata(L, idx, LPTO_ORCH);
-    if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
-                       luaL_typename(L, idx));
     if (!O->valid)
         lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only while its run lasts "
                            "(inside the function given to Worker:run, or from Worker:open_run to Worker:close_run)");
     if (!pthread_equal(O->thread, pthread_self()))
         lpto_error(L, who, "the orchestrator can be used only by the function given to Worker:run, not from a sub "
                            "callable; return results through the sub's tensors and submit from that function");
+}
+
+/* Every caller is a function with the metatable upvalues (lpto_push_mt_upvalues). */
+static lorch *check_orch(lua_State *L, int idx, const char *who)
+{
+    lorch *O = lpto_testudata_up(L, idx, LPTO_UP_ORCH);
+    if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
+                       luaL_typename(L, idx));
+    orch_usable(L, O, who);
     return O;
 }
 
@@ -35,10 +51,7 @@ const lhandle *lpto_check_handle(lua_State *L, int idx, lworker *W, const char *
         lpto_error(L, who, "argument %d must be a handle returned by Worker:register (got %s); register the function "
                            "or pto.chip_kernel first",
                    idx - 1, luaL_typename(L, idx));
-    lua_getiuservalue(L, idx, 1);
-    bool mine = lua_touserdata(L, -1) == W;
-    lua_pop(L, 1);
-    if (!mine) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
+    if (h->owner != W) lpto_error(L, who, "this handle was registered on another Worker; register it on this one");
     return h;
 }
 
@@ -55,7 +68,8 @@ int lpto_wait_run(lworker *W, pto_orch *o)
 /* The handle at idx, registered on O's Worker, for submit kind. */
 static uint64_t check_handle(lua_State *L, int idx, lorch *O, int want, const char *who)
 {
-    const lhandle *h = lpto_check_handle(L, idx, O->W, who);
+    const lhandle *h = lpto_testudata_up(L, idx, LPTO_UP_HANDLE);
+    if (!h || h->owner != O->W) h = lpto_check_handle(L, idx, O->W, who);   /* raises */
     if (h->kind != want) {
         if (O->W->level >= 4)
             lpto_error(L, who, "this handle is a chip kernel, but a level-%d Worker has no chips: its next-level "
@@ -81,75 +95,125 @@ static pto_tensor *scratch(lua_State *L, lworker *W, int32_t n)
     return W->scratch;
 }
 
+/* The descriptor a submit passes for tensor t tagged tag, after checking
+ * that t may be passed: an unset tensor_spec or a pto.temp tagged OUTPUT
+ * goes unset (the submit allocates it); anything else must be live. */
+static inline pto_tensor arg_desc(lua_State *L, const lpto_tensor *t, int tag, int i, const char *which,
+                                  const char *who)
+{
+    const lpto_storage *st = t->st;
+    if (st && st->valid && !st->temp) return t->t;
+    if (!st || (st->temp && tag == PTO_OUTPUT)) {
+        if (tag != PTO_OUTPUT)
+            lpto_error(L, who, "%stensor %d is an unset pto.tensor_spec tagged '%s'; only an OUTPUT can be "
+                               "unset (the submit allocates it)",
+                       which, i + 1, pto_tag_name(tag));
+        pto_tensor d = t->t;
+        d.base = 0;
+        d.offset = 0;
+        return d;
+    }
+    if (!st->valid)
+        lpto_error(L, who, "tensor %d's storage is gone: %s", i + 1,
+                   st->why_invalid ? st->why_invalid : "it is no longer valid");
+    return t->t;
+}
+
 /* Copy a TaskArgs into a pto_task_args over descs, checking each tensor. */
 static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_args *out, const char *who, int which)
 {
-    for (int32_t i = 0; i < a->nt; i++) {
-        lpto_tensor *t = a->tensors[i];
-        if (!t->st) {
-            if (a->tags[i] != PTO_OUTPUT)
-                lpto_error(L, who, "%stensor %d is an unset pto.tensor_spec tagged '%s'; only an OUTPUT can be "
-                                   "unset (the submit allocates it)",
-                           which ? lua_pushfstring(L, "args %d: ", which), lua_tostring(L, -1) : "", (int)i + 1,
-                           pto_tag_name(a->tags[i]));
-        } else if (!t->st->valid) {
-            lpto_error(L, who, "tensor %d's storage is gone: %s", (int)i + 1,
-                       t->st->why_invalid ? t->st->why_invalid : "it is no longer valid");
-        }
-        descs[i] = t->t;
-    }
+    const char *prefix = which ? (lua_pushfstring(L, "args %d: ", which), lua_tostring(L, -1)) : "";
+    for (int32_t i = 0; i < a->nt; i++) descs[i] = arg_desc(L, a->tensors[i], a->tags[i], i, prefix, who);
+    if (which) lua_pop(L, 1);
     *out = (pto_task_args){a->nt, a->ns, descs, a->tags, a->scalars};
 }
 
-/* After a submit: unset OUTPUTs of the TaskArgs at aidx now have heap-ring
- * storage, owned by the current scope. */
-/* Push a Storage for heap-ring memory d, listed under the current scope so
- * that the scope's end makes it stale (invalidate_depth). */
-static lpto_storage *push_ring_storage(lua_State *L, int oidx, lorch *O, const pto_tensor *d)
+/* List the storage at st_idx under the current scope, whose end makes it
+ * stale (invalidate_depth). A pto.temp rebound in the same scope is listed
+ * once. The per-depth lists are reused: no table per scope. */
+static void list_in_scope(lua_State *L, int oidx, lorch *O, int st_idx, lpto_storage *st)
 {
-    lpto_storage *st = lpto_push_storage(L, d->base, pto_tensor_nbytes(d), LPTO_ST_RING);
-    st->why_invalid = "it came from a heap ring (orch:alloc or an automatic OUTPUT) and lives only until its "
-                      "scope ends; copy it into a pto.tensor inside the scope to keep it";
-    lua_getiuservalue(L, oidx, OUV_SCOPES);
     int depth = pto_scope_depth(O->o);
+    if (st->listed == O->scope_serial[depth]) return;
+    st->listed = O->scope_serial[depth];
+    st_idx = lua_absindex(L, st_idx);
+    lua_getiuservalue(L, oidx, OUV_SCOPES);
     if (lua_rawgeti(L, -1, depth + 1) == LUA_TNIL) {
         lua_pop(L, 1);
         lua_newtable(L);
         lua_pushvalue(L, -1);
         lua_rawseti(L, -3, depth + 1);
     }
-    lua_pushvalue(L, -3);
-    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pushvalue(L, st_idx);
+    lua_rawseti(L, -2, ++O->nlisted[depth]);
     lua_pop(L, 2);
+}
+
+/* Push a Storage for heap-ring memory d, listed under the current scope. */
+static lpto_storage *push_ring_storage(lua_State *L, int oidx, lorch *O, const pto_tensor *d)
+{
+    lpto_storage *st = lpto_push_storage(L, d->base, pto_tensor_nbytes(d), LPTO_ST_RING);
+    st->why_invalid = lpto_ring_gone;
+    list_in_scope(L, oidx, O, -1, st);
     return st;
 }
 
-static void bind_outputs(lua_State *L, int oidx, lorch *O, int aidx, lpto_args *a, const pto_tensor *descs)
+/* After a submit: the tensor t (at tidx) passed unset now has the heap-ring
+ * memory d: an unset spec gets a Storage for good, a pto.temp's is moved. */
+static void bind_output(lua_State *L, int oidx, lorch *O, lpto_tensor *t, int tidx, const pto_tensor *d)
+{
+    if (t->st && !t->st->temp) return;   /* passed twice: an earlier entry of the submit bound it */
+    tidx = lua_absindex(L, tidx);
+    t->t = *d;
+    if (!t->st) {
+        t->st = push_ring_storage(L, oidx, O, d);
+        lua_setiuservalue(L, tidx, 1);
+        return;
+    }
+    lpto_storage *st = t->st;
+    st->base = d->base;
+    st->nbytes = pto_tensor_nbytes(d);
+    st->valid = true;
+    st->why_invalid = lpto_ring_gone;
+    lua_getiuservalue(L, tidx, 1);
+    list_in_scope(L, oidx, O, -1, st);
+    lua_pop(L, 1);
+}
+
+static inline bool unset_output(const lpto_tensor *t, int tag)
+{
+    return !t->st || (t->st->temp && tag == PTO_OUTPUT);
+}
+
+/* Keep the storage of tensor t (at tidx) alive for the run: a tensor Lua
+ * drops must not give its memory back while a task still uses it. Each
+ * storage is listed once per run; heap-ring memory is the engine's and
+ * needs no pin. */
+static inline void pin_tensor(lua_State *L, int oidx, lorch *O, const lpto_tensor *t, int tidx)
+{
+    lpto_storage *st = t->st;
+    if (!st || st->kind == LPTO_ST_RING || st->pinned == O->serial) return;
+    st->pinned = O->serial;
+    tidx = lua_absindex(L, tidx);
+    lua_getiuservalue(L, oidx, OUV_PINS);
+    lua_getiuservalue(L, tidx, 1);
+    lua_rawseti(L, -2, ++O->npins);
+    lua_pop(L, 1);
+}
+
+/* After the submit of the TaskArgs at aidx: bind its unset OUTPUTs (unset
+ * says which were unset before the submit) and pin its tensors. */
+static void after_submit(lua_State *L, int oidx, lorch *O, int aidx, lpto_args *a, const pto_tensor *descs,
+                         const uint8_t *unset)
 {
     for (int32_t i = 0; i < a->nt; i++) {
         lpto_tensor *t = a->tensors[i];
-        if (t->st) continue;
-        lua_getiuservalue(L, aidx, 1);
-        lua_rawgeti(L, -1, i + 1);
-        t->st = push_ring_storage(L, oidx, O, &descs[i]);
-        t->t = descs[i];
-        lua_setiuservalue(L, -2, 1);
-        lua_pop(L, 2);
+        if (!unset[i] && (!t->st || t->st->kind == LPTO_ST_RING || t->st->pinned == O->serial)) continue;
+        lpto_args_push_tensor(L, aidx, i + 1);
+        if (unset[i]) bind_output(L, oidx, O, t, -1, &descs[i]);
+        else pin_tensor(L, oidx, O, t, -1);
+        lua_pop(L, 1);
     }
-}
-
-/* Keep the tensors of the TaskArgs at aidx alive for the run: a tensor Lua
- * drops must not give its memory back while a task still uses it. */
-static void pin_args(lua_State *L, int oidx, int aidx)
-{
-    lua_getiuservalue(L, oidx, OUV_PINS);
-    lua_getiuservalue(L, aidx, 1);
-    lua_Integer n = (lua_Integer)lua_rawlen(L, -1), base = (lua_Integer)lua_rawlen(L, -2);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_rawgeti(L, -1, i);
-        lua_rawseti(L, -3, base + i);
-    }
-    lua_pop(L, 2);
 }
 
 /* Submit the TaskArgs at stack indices aidx[0..n-1]. */
@@ -160,13 +224,16 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     lpto_args *as[MAX_GROUP];
     int32_t total = 0;
     for (int i = 0; i < n; i++) {
-        as[i] = lpto_checkargs(L, aidx[i], who);
+        as[i] = lpto_testudata_up(L, aidx[i], LPTO_UP_ARGS);
+        if (!as[i]) as[i] = lpto_checkargs(L, aidx[i], who);
         total += as[i]->nt;
     }
-    pto_tensor *descs = scratch(L, W, total > 0 ? total : 1);
+    pto_tensor *descs = scratch(L, W, total > 0 ? 2 * total : 2);
+    uint8_t *unset = (uint8_t *)(descs + (total > 0 ? total : 1));   /* the second half: one byte per tensor */
     pto_task_args targs[MAX_GROUP];
     for (int i = 0, off = 0; i < n; i++) {
         fill_args(L, as[i], descs + off, &targs[i], who, n > 1 ? i + 1 : 0);
+        for (int32_t j = 0; j < as[i]->nt; j++) unset[off + j] = unset_output(as[i]->tensors[j], as[i]->tags[j]);
         off += as[i]->nt;
     }
     /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
@@ -182,8 +249,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     if (release) lpto_gil_acquire(W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     for (int i = 0, off = 0; i < n; i++) {
-        bind_outputs(L, oidx, O, aidx[i], as[i], descs + off);
-        pin_args(L, oidx, aidx[i]);
+        after_submit(L, oidx, O, aidx[i], as[i], descs + off, unset + off);
         off += as[i]->nt;
     }
     lpto_trace_submitted(L, oidx, id);
@@ -306,6 +372,130 @@ static int o_submit_next_level_group(lua_State *L)
 }
 static int o_submit_sub_group(lua_State *L) { return submit_group(L, PTO_SUB, "orch:submit_sub_group"); }
 
+/* ---- prepared submits -------------------------------------------------------------
+ * orch:prepare_next_level(h, {tags...} [, cfg] [, opts]) returns a function
+ * that submits h with its arguments as the tensors, tagged in order, and
+ * any further arguments as scalars. What a plain submit does per call (the
+ * handle, tags, config and options checked and parsed, a TaskArgs built)
+ * is done once; a call checks each tensor by metatable identity, builds the
+ * arguments on the C stack and allocates nothing, in Lua or in C. */
+#define PREP_MAX_TENSORS 64
+#define PREP_MAX_SCALARS 16
+
+typedef struct lprep {
+    lorch *O;
+    int kind;
+    uint64_t callable;
+    int32_t pin;
+    int32_t nt;
+    const pto_call_config *cfg;   /* the CallConfig userdata (upvalue 4: alive), or NULL */
+    const char *who;
+    uint8_t tags[PREP_MAX_TENSORS];
+} lprep;
+
+static uint64_t scalar_bits(lua_State *L, int idx, const char *who)
+{
+    if (lua_isinteger(L, idx)) return (uint64_t)lua_tointeger(L, idx);
+    int t = lua_type(L, idx);
+    if (t == LUA_TNUMBER) {
+        double d = lua_tonumber(L, idx);
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        return bits;
+    }
+    if (t == LUA_TBOOLEAN) return (uint64_t)lua_toboolean(L, idx);
+    return (uint64_t)lpto_error(L, who, "argument %d: a scalar must be an integer, a float or a boolean (got %s)", idx,
+                                luaL_typename(L, idx));
+}
+
+/* Upvalues: 1 the Tensor metatable (LPTO_UP_TENSOR), 2 the lprep, 3 the
+ * orchestrator, 4 the CallConfig if any (read at each call, as a plain
+ * submit reads the one it is given). */
+static int prep_call(lua_State *L)
+{
+    const lprep *P = lua_touserdata(L, lua_upvalueindex(2));
+    lorch *O = P->O;
+    const char *who = P->who;
+    orch_usable(L, O, who);
+    int top = lua_gettop(L), nt = P->nt;
+    if (top < nt)
+        return lpto_error(L, who, "expected %d tensors, one per tag it was prepared with, then any scalars (got %d "
+                                  "arguments)",
+                          nt, top);
+    int ns = top - nt;
+    if (ns > PREP_MAX_SCALARS)
+        return lpto_error(L, who, "at most %d scalars may follow the %d tensors (got %d)", PREP_MAX_SCALARS, nt, ns);
+    pto_tensor descs[PREP_MAX_TENSORS];
+    lpto_tensor *ts[PREP_MAX_TENSORS];
+    uint64_t scalars[PREP_MAX_SCALARS];
+    for (int i = 0; i < nt; i++) {
+        lpto_tensor *t = lpto_testudata_up(L, i + 1, LPTO_UP_TENSOR);
+        if (!t)
+            return lpto_error(L, who, "argument %d must be a tensor (prepared with tag '%s'), got %s", i + 1,
+                              pto_tag_name(P->tags[i]), luaL_typename(L, i + 1));
+        ts[i] = t;
+        descs[i] = arg_desc(L, t, P->tags[i], i, "", who);
+    }
+    for (int j = 0; j < ns; j++) scalars[j] = scalar_bits(L, nt + 1 + j, who);
+    pto_task_args a = {nt, ns, descs, P->tags, scalars};
+    lworker *W = O->W;
+    bool release = lpto_releases_gil(W);
+    if (release) lpto_gil_release(W->gil);
+    int64_t id = P->kind == PTO_SUB ? pto_submit_sub(O->o, P->callable, &a, P->pin)
+                                    : pto_submit_next_level(O->o, P->callable, &a, P->cfg, P->pin);
+    if (release) lpto_gil_acquire(W->gil);
+    if (id < 0) return lpto_engine_error(L, who);
+    int oidx = lua_upvalueindex(3);
+    for (int i = 0; i < nt; i++) {
+        if (unset_output(ts[i], P->tags[i])) bind_output(L, oidx, O, ts[i], i + 1, &descs[i]);
+        else pin_tensor(L, oidx, O, ts[i], i + 1);
+    }
+    lpto_trace_submitted(L, oidx, id);
+    lua_pushinteger(L, id);
+    return 1;
+}
+
+static int prepare(lua_State *L, int kind, const char *who, const char *call_who)
+{
+    lorch *O = check_orch(L, 1, who);
+    uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
+    int opts = kind == PTO_SUB ? 4 : 5;
+    lua_settop(L, opts);
+    if (!lua_istable(L, 3))
+        return lpto_error(L, who, "argument 2 must be the list of tags, one per tensor, like {\"in\", \"in\", "
+                                  "\"out\"} (got %s)",
+                          luaL_typename(L, 3));
+    lua_Integer n = luaL_len(L, 3);
+    if (n > PREP_MAX_TENSORS)
+        return lpto_error(L, who, "at most %d tensors per prepared submit (got %lld tags)", PREP_MAX_TENSORS,
+                          (long long)n);
+    const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
+    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", who)
+                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), who);
+    lprep *P = lua_newuserdatauv(L, sizeof *P, 0);
+    memset(P, 0, sizeof *P);
+    *P = (lprep){.O = O, .kind = kind, .callable = c, .pin = pin, .nt = (int32_t)n, .cfg = cfg, .who = call_who};
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 3, i);
+        if (lua_isnil(L, -1))
+            return lpto_error(L, who, "tags[%lld] is nil; give one tag per tensor", (long long)i);
+        P->tags[i - 1] = (uint8_t)lpto_parse_tag(L, -1, who);
+        lua_pop(L, 1);
+    }
+    lua_pushvalue(L, lua_upvalueindex(LPTO_UP_TENSOR));
+    lua_pushvalue(L, -2);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 4);
+    lua_pushcclosure(L, prep_call, 4);
+    return 1;
+}
+
+static int o_prepare_next_level(lua_State *L)
+{
+    return prepare(L, PTO_NEXT_LEVEL, "orch:prepare_next_level", "orch:submit_next_level (prepared)");
+}
+static int o_prepare_sub(lua_State *L) { return prepare(L, PTO_SUB, "orch:prepare_sub", "orch:submit_sub (prepared)"); }
+
 static int o_alloc(lua_State *L)
 {
     const char *who = "orch:alloc";
@@ -319,39 +509,52 @@ static int o_alloc(lua_State *L)
     if (release) lpto_gil_acquire(O->W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     push_ring_storage(L, 1, O, &d);
-    lpto_push_tensor(L, &d, -1);
+    lpto_push_tensor_mt(L, &d, -1, lua_upvalueindex(LPTO_UP_TENSOR));
     return 1;
 }
 
 /* Heap-ring tensors bound at depth become invalid when its scope ends. */
-static void invalidate_depth(lua_State *L, int oidx, int depth)
+static void invalidate_depth(lua_State *L, int oidx, lorch *O, int depth)
 {
-    lua_getiuservalue(L, oidx, OUV_SCOPES);
-    if (lua_rawgeti(L, -1, depth + 1) == LUA_TTABLE) {
-        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-        for (lua_Integer i = 1; i <= n; i++) {
+    if (O->nlisted[depth] > 0) {
+        lua_getiuservalue(L, oidx, OUV_SCOPES);
+        lua_rawgeti(L, -1, depth + 1);
+        for (lua_Integer i = 1; i <= O->nlisted[depth]; i++) {
             lua_rawgeti(L, -1, i);
             ((lpto_storage *)lua_touserdata(L, -1))->valid = false;
             lua_pop(L, 1);
+            lua_pushnil(L);   /* the list is kept for the next scope at this depth; its entries are not */
+            lua_rawseti(L, -2, i);
         }
+        lua_pop(L, 2);
+        O->nlisted[depth] = 0;
     }
-    lua_pop(L, 1);
-    lua_pushnil(L);
-    lua_rawseti(L, -2, depth + 1);
-    lua_pop(L, 1);
+    O->scope_serial[depth] = lpto_next_serial();
+}
+
+uint64_t lpto_next_serial(void)
+{
+    static _Atomic uint64_t next;
+    return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) + 1;
 }
 
 lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
 {
     widx = lua_absindex(L, widx);
     lorch *O = lua_newuserdatauv(L, sizeof *O, OUV_COUNT);
-    *O = (lorch){W, o, true, pthread_self()};
+    memset(O, 0, sizeof *O);
+    O->W = W;
+    O->o = o;
+    O->valid = true;
+    O->thread = pthread_self();
+    O->serial = lpto_next_serial();
+    for (int d = 0; d < PTO_MAX_SCOPE_DEPTH + 2; d++) O->scope_serial[d] = lpto_next_serial();
     luaL_setmetatable(L, LPTO_ORCH);
     lua_pushvalue(L, widx);
     lua_setiuservalue(L, -2, OUV_WORKER);
     lua_newtable(L);
     lua_setiuservalue(L, -2, OUV_SCOPES);
-    lua_newtable(L);
+    lua_createtable(L, W->pins_hint, 0);   /* runs of one loop pin the same storages: no regrowth per run */
     lua_setiuservalue(L, -2, OUV_PINS);
     return O;
 }
@@ -359,8 +562,10 @@ lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
 void lpto_orch_end(lua_State *L, int oidx)
 {
     oidx = lua_absindex(L, oidx);
-    ((lorch *)lua_touserdata(L, oidx))->valid = false;
-    for (int depth = 0; depth <= PTO_MAX_SCOPE_DEPTH; depth++) invalidate_depth(L, oidx, depth);
+    lorch *O = lua_touserdata(L, oidx);
+    O->valid = false;
+    O->W->pins_hint = O->npins < (1 << 20) ? O->npins : 1 << 20;
+    for (int depth = 0; depth <= PTO_MAX_SCOPE_DEPTH; depth++) invalidate_depth(L, oidx, O, depth);
     lua_pushnil(L);   /* the run's tensors need no pinning any more */
     lua_setiuservalue(L, oidx, OUV_PINS);
 }
@@ -368,14 +573,16 @@ void lpto_orch_end(lua_State *L, int oidx)
 static int scope_begin(lua_State *L, lorch *O, const char *who)
 {
     if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L, who);
-    return pto_scope_depth(O->o);
+    int depth = pto_scope_depth(O->o);
+    O->scope_serial[depth] = lpto_next_serial();
+    return depth;
 }
 
 static void scope_end(lua_State *L, int oidx, lorch *O, const char *who)
 {
     int depth = pto_scope_depth(O->o);
     if (pto_scope_end(O->o) != 0) lpto_engine_error(L, who);
-    invalidate_depth(L, oidx, depth);
+    invalidate_depth(L, oidx, O, depth);
 }
 
 static int o_scope_begin(lua_State *L)
@@ -422,7 +629,8 @@ static int o_scope(lua_State *L)
         lscope *S = lua_newuserdatauv(L, sizeof *S, 1);
         S->O = O;
         S->depth = 0;
-        luaL_setmetatable(L, LPTO_SCOPE);
+        lua_pushvalue(L, lua_upvalueindex(LPTO_UP_SCOPE));
+        lua_setmetatable(L, -2);
         lua_pushvalue(L, 1);
         lua_setiuservalue(L, -2, 1);
         S->depth = scope_begin(L, O, who);
@@ -628,22 +836,6 @@ static int o_worker(lua_State *L)
     return 1;
 }
 
-static int o_index(lua_State *L)
-{
-    luaL_getmetafield(L, 1, "methods");
-    lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
-    if (lua_isnil(L, -1) && lua_type(L, 2) == LUA_TSTRING) {
-        /* methods added by the Lua parts live in pto._orch_methods */
-        lua_getfield(L, LUA_REGISTRYINDEX, "pto.orch_extra");
-        if (lua_istable(L, -1)) {
-            lua_pushvalue(L, 2);
-            lua_rawget(L, -2);
-        }
-    }
-    return 1;
-}
-
 static int o_tostring(lua_State *L)
 {
     lorch *O = lua_touserdata(L, 1);
@@ -661,28 +853,39 @@ static int l_check_orch(lua_State *L)
     return 0;
 }
 
-/* pto._extend_orch(table): methods written in Lua (lua/pto/inspect.lua). */
+/* pto._extend_orch(table): methods written in Lua (lua/pto/inspect.lua),
+ * found through the C methods table's own __index: a method call is then
+ * table lookups in the VM, with no C function to find it. */
 static int l_extend_orch(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_getmetatable(L, LPTO_ORCH);
+    lua_getfield(L, -1, "methods");
+    lua_createtable(L, 0, 1);
     lua_pushvalue(L, 1);
-    lua_setfield(L, LUA_REGISTRYINDEX, "pto.orch_extra");
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
     return 0;
 }
 
 void lpto_open_orch(lua_State *L)
 {
     luaL_newmetatable(L, LPTO_ORCH);
-    static const luaL_Reg ometa[] = {{"__index", o_index}, {"__tostring", o_tostring}, {NULL, NULL}};
+    static const luaL_Reg ometa[] = {{"__tostring", o_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, ometa, 0);
     static const luaL_Reg omethods[] = {
         {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
         {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
         {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
         {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", o_tensormap}, {"worker", o_worker},
+        {"prepare_next_level", o_prepare_next_level}, {"prepare_sub", o_prepare_sub},
         {NULL, NULL}};
-    luaL_newlib(L, omethods);
-    lua_setfield(L, -2, "methods");
+    lua_newtable(L);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, omethods, LPTO_UP_COUNT);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, "methods");   /* for the REPL's completion */
+    lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 
     luaL_newmetatable(L, LPTO_SCOPE);
@@ -691,6 +894,7 @@ void lpto_open_orch(lua_State *L)
     lua_pop(L, 1);
 
     static const luaL_Reg fns[] = {{"_extend_orch", l_extend_orch}, {"_check_orch", l_check_orch}, {NULL, NULL}};
-    luaL_setfuncs(L, fns, 0);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, fns, LPTO_UP_COUNT);
     lpto_set_int(L, "MAX_SCOPE_DEPTH", PTO_MAX_SCOPE_DEPTH);
 }

@@ -34,7 +34,10 @@ typedef struct lpto_storage {
     uint64_t nbytes;
     int kind;
     bool valid;
+    bool temp;                 /* a pto.temp's: every OUTPUT submit rebinds it to new heap-ring memory */
     const char *why_invalid;   /* for the error when !valid */
+    uint64_t pinned;           /* serial of the last run that pinned it: each run pins it once */
+    uint64_t listed;           /* serial of the last scope that lists it for invalidation */
 } lpto_storage;
 
 typedef struct lpto_tensor {
@@ -52,20 +55,56 @@ lpto_storage *lpto_push_storage(lua_State *L, uint64_t base, uint64_t nbytes, in
 void lpto_check_live(lua_State *L, const lpto_tensor *t, const char *who);
 int lpto_parse_dtype(lua_State *L, int idx, const char *who);
 int lpto_parse_tag(lua_State *L, int idx, const char *who);
+/* The tag at idx (nil: INPUT), or -1 if it is none: lpto_parse_tag without the error. */
+int lpto_tag_value(lua_State *L, int idx);
 /* Read a shape table at idx into shape; returns ndims. */
 int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who);
 void lpto_open_tensor(lua_State *L);
+/* The message of a ring storage once its scope has ended. */
+extern const char lpto_ring_gone[];
+
+/* ---- checks by identity -------------------------------------------------------
+ * The hot functions (submits, views, prepared submits) carry the metatables
+ * they check as upvalues, in this order, and compare by identity: no
+ * registry lookup by name per call, as luaL_testudata makes. */
+enum { LPTO_UP_TENSOR = 1, LPTO_UP_ARGS, LPTO_UP_ORCH, LPTO_UP_HANDLE, LPTO_UP_SCOPE, LPTO_UP_COUNT = LPTO_UP_SCOPE };
+/* Push the LPTO_UP_COUNT metatables (creating any not made yet), for luaL_setfuncs. */
+void lpto_push_mt_upvalues(lua_State *L);
+/* The userdata at idx if its metatable is the one in upvalue up, else NULL. */
+static inline void *lpto_testudata_up(lua_State *L, int idx, int up)
+{
+    if (lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return NULL;
+    bool same = lua_rawequal(L, -1, lua_upvalueindex(up));
+    lua_pop(L, 1);
+    return same ? lua_touserdata(L, idx) : NULL;
+}
+/* lpto_push_tensor with the Tensor metatable at mt_idx (no lookup by name). */
+lpto_tensor *lpto_push_tensor_mt(lua_State *L, const pto_tensor *desc, int st_idx, int mt_idx);
 
 /* ---- TaskArgs and CallConfig ---------------------------------------------- */
+/* Arguments up to this many tensors (and scalars) live inside the
+ * userdata: building the common TaskArgs makes no malloc. */
+#define LPTO_ARGS_INLINE 4
+
 typedef struct lpto_args {
     int32_t nt, ns, cap_t, cap_s;
-    lpto_tensor **tensors;      /* userdata kept alive in the user value table (index i) */
+    lpto_tensor **tensors;      /* userdata kept alive by its user values (lpto_args_push_tensor) */
     uint8_t *tags;
     uint64_t *scalars;
     uint8_t *scalar_float;      /* 1 if scalars[i] holds a double's bits */
+    lpto_tensor *tensors_in[LPTO_ARGS_INLINE];
+    uint64_t scalars_in[LPTO_ARGS_INLINE];
+    uint8_t tags_in[LPTO_ARGS_INLINE], scalar_float_in[LPTO_ARGS_INLINE];
 } lpto_args;
 
+/* A TaskArgs' user values: 1 the table of its tensors beyond the first
+ * LPTO_ARGS_INLINE (nil until needed), 2 and 3 its grown arrays, then one
+ * per inline tensor. */
+enum { UV_ARGS_INLINE = 3 };
+
 lpto_args *lpto_checkargs(lua_State *L, int idx, const char *who);
+/* Push tensor i (from 1) of the TaskArgs at aidx. */
+void lpto_args_push_tensor(lua_State *L, int aidx, int32_t i);
 /* Push a new, empty TaskArgs. */
 lpto_args *lpto_push_args(lua_State *L);
 /* Push a TaskArgs over a task's argument view (inside a sub callable):
@@ -120,6 +159,7 @@ struct lworker {
     uint64_t shm_size;         /* tensor memory it takes from its parent's as a PROCESS-mode child; 0: default */
     bool driven;               /* its parent's leaf is initialising or running it now */
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
+    int32_t pins_hint;         /* storages the last run pinned: the next run's pin list starts that size */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they
@@ -134,11 +174,21 @@ typedef struct lorch {
     pto_orch *o;
     bool valid;
     pthread_t thread;          /* the thread running the run's function: the engine's orchestrator is single-threaded */
+    uint64_t serial;           /* this run's, for lpto_storage.pinned */
+    int32_t npins;             /* storages in the OUV_PINS list */
+    /* Per scope depth: the serial of the scope open there and how many
+     * ring storages its OUV_SCOPES list holds (the lists are reused). */
+    uint64_t scope_serial[PTO_MAX_SCOPE_DEPTH + 2];
+    int32_t nlisted[PTO_MAX_SCOPE_DEPTH + 2];
 } lorch;
+
+/* A new serial (never 0) for runs and scopes; unique in the process. */
+uint64_t lpto_next_serial(void);
 
 typedef struct lhandle {
     int kind;
     uint64_t callable;
+    const void *owner;         /* the lworker it was registered on (its user value keeps it alive) */
 } lhandle;
 
 void lpto_open_worker(lua_State *L);

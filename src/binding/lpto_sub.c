@@ -18,7 +18,13 @@ int lpto_sub_run(void *ctx, uint64_t callable, const pto_args_view *args, const 
     lua_State *T = S->T;
     int rc = 0;
     lua_settop(T, 0);
-    lua_getglobal(T, "debug");
+    /* 1: the storage the arguments' tensors borrow, on the stack for the
+     * whole call: a sub with no tensor arguments holds no other reference,
+     * and the flag below is written after the call. */
+    lpto_storage *st = lpto_push_storage(T, 0, 0, LPTO_ST_BORROWED);
+    st->why_invalid = "tensors in a sub callable's arguments are valid only during that call; copy what you "
+                      "need to keep";
+    lua_getglobal(T, "debug");   /* 2: the message handler */
     lua_getfield(T, -1, "traceback");
     lua_remove(T, -2);
     lua_rawgeti(T, LUA_REGISTRYINDEX, W->fns_ref);
@@ -28,12 +34,8 @@ int lpto_sub_run(void *ctx, uint64_t callable, const pto_args_view *args, const 
         snprintf(err, errlen, "callable %llu is not a sub function registered on this Worker", (unsigned long long)callable);
         rc = 1;
     } else {
-        lpto_storage *st = lpto_push_storage(T, 0, 0, LPTO_ST_BORROWED);
-        st->why_invalid = "tensors in a sub callable's arguments are valid only during that call; copy what you "
-                          "need to keep";
-        lpto_push_args_view(T, args, -1);
-        lua_remove(T, -2);
-        if (lua_pcall(T, 1, 0, 1) != LUA_OK) {
+        lpto_push_args_view(T, args, 1);
+        if (lua_pcall(T, 1, 0, 2) != LUA_OK) {
             const char *m = lua_tostring(T, -1);
             snprintf(err, errlen, "%s", m ? m : "(error object is not a string)");
             rc = 1;

@@ -7,17 +7,39 @@
 
 #include "lpto_priv.h"
 
-int lpto_parse_tag(lua_State *L, int idx, const char *who)
+/* Tags and dtypes are matched by length and bytes: a submit parses tags
+ * often, and a loop of strcmp over every name showed in profiles. */
+static int tag_of(const char *s, size_t n)
 {
-    if (lua_isnoneornil(L, idx)) return PTO_INPUT;
-    if (lua_type(L, idx) == LUA_TNUMBER) {
+    switch (n) {
+    case 2: return memcmp(s, "in", 2) == 0 ? PTO_INPUT : -1;
+    case 3: return memcmp(s, "out", 3) == 0 ? PTO_OUTPUT : -1;
+    case 5: return memcmp(s, "inout", 5) == 0 ? PTO_INOUT : -1;
+    case 6: return memcmp(s, "no_dep", 6) == 0 ? PTO_NO_DEP : -1;
+    case 12: return memcmp(s, "out_existing", 12) == 0 ? PTO_OUTPUT_EXISTING : -1;
+    default: return -1;
+    }
+}
+
+int lpto_tag_value(lua_State *L, int idx)
+{
+    int t = lua_type(L, idx);
+    if (t == LUA_TSTRING) {
+        const char *s = lua_tostring(L, idx);
+        return tag_of(s, strlen(s));   /* strlen: a name ends at a NUL, as strcmp saw it */
+    }
+    if (t == LUA_TNUMBER) {
         lua_Integer v;
         if (lua_isinteger(L, idx) && (v = lua_tointeger(L, idx)) >= PTO_INPUT && v <= PTO_NO_DEP) return (int)v;
-    } else if (lua_type(L, idx) == LUA_TSTRING) {
-        const char *s = lua_tostring(L, idx);
-        for (int i = PTO_INPUT; pto_tag_name(i); i++)
-            if (strcmp(s, pto_tag_name(i)) == 0) return i;
+        return -1;
     }
+    return t == LUA_TNIL || t == LUA_TNONE ? PTO_INPUT : -1;
+}
+
+int lpto_parse_tag(lua_State *L, int idx, const char *who)
+{
+    int tag = lpto_tag_value(L, idx);
+    if (tag >= 0) return tag;
     return lpto_error(L, who, "unknown tag %s '%s' (use pto.INPUT, pto.OUTPUT, pto.INOUT, pto.OUTPUT_EXISTING, "
                               "pto.NO_DEP or \"in\", \"out\", \"inout\", \"out_existing\", \"no_dep\")",
                       luaL_typename(L, idx), luaL_tolstring(L, idx, NULL));
@@ -28,8 +50,12 @@ int lpto_parse_dtype(lua_State *L, int idx, const char *who)
     if (lua_isnoneornil(L, idx)) return PTO_F32;
     if (lua_type(L, idx) == LUA_TSTRING) {
         const char *s = lua_tostring(L, idx);
-        for (int d = 0; d < PTO_DTYPE_COUNT; d++)
-            if (strcmp(s, pto_dtype_name(d)) == 0) return d;
+        size_t n = strlen(s);
+        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;   /* the common case first */
+        for (int d = 0; d < PTO_DTYPE_COUNT; d++) {
+            const char *name = pto_dtype_name(d);
+            if (strlen(name) == n && memcmp(s, name, n) == 0) return d;
+        }
     }
     return lpto_error(L, who, "unknown dtype '%s' (use one of \"f32\" \"f16\" \"bf16\" \"f64\" \"i8\" \"i16\" "
                               "\"i32\" \"i64\" \"u8\" \"u16\" \"u32\" \"u64\" \"bool\", or pto.FLOAT32 etc.)",
@@ -85,7 +111,9 @@ lpto_storage *lpto_push_storage(lua_State *L, uint64_t base, uint64_t nbytes, in
 {
     lpto_storage *s = lua_newuserdatauv(L, sizeof *s, 0);
     *s = (lpto_storage){.base = base, .nbytes = nbytes, .kind = kind, .valid = true};
-    luaL_setmetatable(L, LPTO_STORAGE);
+    /* Only owned memory needs the finalizer; heap-ring and borrowed storage
+     * (one per orch:alloc) skip the collector's finalizer round. */
+    if (kind == LPTO_ST_ARENA || kind == LPTO_ST_PRIVATE) luaL_setmetatable(L, LPTO_STORAGE);
     return s;
 }
 
@@ -101,15 +129,35 @@ lpto_tensor *lpto_checktensor(lua_State *L, int idx, const char *who)
     return t;
 }
 
-lpto_tensor *lpto_push_tensor(lua_State *L, const pto_tensor *desc, int st_idx)
+const char lpto_ring_gone[] = "it came from a heap ring (orch:alloc or an automatic OUTPUT) and lives only until "
+                              "its scope ends; copy it into a pto.tensor inside the scope to keep it";
+
+void lpto_push_mt_upvalues(lua_State *L)
+{
+    static const char *const names[LPTO_UP_COUNT] = {LPTO_TENSOR, LPTO_ARGS, LPTO_ORCH, LPTO_HANDLE, LPTO_SCOPE};
+    for (int i = 0; i < LPTO_UP_COUNT; i++) luaL_newmetatable(L, names[i]);
+}
+
+lpto_tensor *lpto_push_tensor_mt(lua_State *L, const pto_tensor *desc, int st_idx, int mt_idx)
 {
     st_idx = lua_absindex(L, st_idx);
+    mt_idx = lua_absindex(L, mt_idx);
     lpto_tensor *t = lua_newuserdatauv(L, sizeof *t, 1);
     t->t = *desc;
     t->st = lua_isnil(L, st_idx) ? NULL : lua_touserdata(L, st_idx);
     lua_pushvalue(L, st_idx);
     lua_setiuservalue(L, -2, 1);
-    luaL_setmetatable(L, LPTO_TENSOR);
+    lua_pushvalue(L, mt_idx);
+    lua_setmetatable(L, -2);
+    return t;
+}
+
+lpto_tensor *lpto_push_tensor(lua_State *L, const pto_tensor *desc, int st_idx)
+{
+    st_idx = lua_absindex(L, st_idx);
+    luaL_getmetatable(L, LPTO_TENSOR);
+    lpto_tensor *t = lpto_push_tensor_mt(L, desc, st_idx, -1);
+    lua_remove(L, -2);
     return t;
 }
 
@@ -265,6 +313,12 @@ static int push_shape(lua_State *L, const pto_tensor *t)
     return 1;
 }
 
+/* Field ids of the Tensor's named fields, the values of the key table (an
+ * upvalue of t_index, which maps methods to their functions as well), so a
+ * key costs one table lookup. */
+enum { F_SHAPE = 1, F_DTYPE, F_NDIMS, F_NUMEL, F_NBYTES, F_OFFSET, F_IS_SET, F_ADDRESS };
+static const char *const FIELD_NAMES[] = {NULL, "shape", "dtype", "ndims", "numel", "nbytes", "offset", "is_set", "address", NULL};
+
 static int t_index(lua_State *L)
 {
     lpto_tensor *t = lua_touserdata(L, 1);
@@ -276,20 +330,19 @@ static int t_index(lua_State *L)
         push_elem(L, t, check_index(L, t, 2, "Tensor"));
         return 1;
     }
-    const char *k = lua_tostring(L, 2);
-    if (!k) return 0;
-    if (strcmp(k, "shape") == 0) return push_shape(L, &t->t);
-    if (strcmp(k, "dtype") == 0) return lua_pushstring(L, pto_dtype_name(t->t.dtype)), 1;
-    if (strcmp(k, "ndims") == 0) return lua_pushinteger(L, t->t.ndims), 1;
-    if (strcmp(k, "numel") == 0) return lua_pushinteger(L, (lua_Integer)numel_of(t)), 1;
-    if (strcmp(k, "nbytes") == 0) return lua_pushinteger(L, (lua_Integer)pto_tensor_nbytes(&t->t)), 1;
-    if (strcmp(k, "offset") == 0)   /* in elements, from the start of the storage */
+    lua_settop(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNUMBER) return 1;   /* a method, or nil */
+    switch (lua_tointeger(L, -1)) {
+    case F_SHAPE: return push_shape(L, &t->t);
+    case F_DTYPE: return lua_pushstring(L, pto_dtype_name(t->t.dtype)), 1;
+    case F_NDIMS: return lua_pushinteger(L, t->t.ndims), 1;
+    case F_NUMEL: return lua_pushinteger(L, (lua_Integer)numel_of(t)), 1;
+    case F_NBYTES: return lua_pushinteger(L, (lua_Integer)pto_tensor_nbytes(&t->t)), 1;
+    case F_OFFSET:   /* in elements, from the start of the storage */
         return lua_pushinteger(L, (lua_Integer)(t->t.offset / pto_dtype_size(t->t.dtype))), 1;
-    if (strcmp(k, "is_set") == 0) return lua_pushboolean(L, t->st != NULL), 1;
-    if (strcmp(k, "address") == 0) return lua_pushinteger(L, (lua_Integer)(t->t.base + t->t.offset)), 1;
-    luaL_getmetafield(L, 1, "methods");
-    lua_getfield(L, -1, k);
-    return 1;
+    case F_IS_SET: return lua_pushboolean(L, t->st != NULL && (!t->st->temp || t->st->base)), 1;
+    default: return lua_pushinteger(L, (lua_Integer)(t->t.base + t->t.offset)), 1;
+    }
 }
 
 static int t_newindex(lua_State *L)
@@ -329,7 +382,7 @@ static int t_tostring(lua_State *L)
         luaL_addstring(&b, d);
     }
     luaL_addstring(&b, "}");
-    if (!t->st) luaL_addstring(&b, ", unset)");
+    if (!t->st || (t->st->temp && !t->st->base)) luaL_addstring(&b, ", unset)");
     else if (!t->st->valid) luaL_addstring(&b, ", released)");
     else {
         luaL_addstring(&b, ") [");
@@ -421,31 +474,67 @@ static int t_copy_from(lua_State *L)
     return 1;
 }
 
-/* t:view{offset = k, shape = {...}}: k in elements from the start of t. */
+/* The positional form t:view(offset, d1, d2, ...) reads its numbers off the
+ * stack: no table to build or parse, for views made in loops. */
+static void view_positional(lua_State *L, pto_tensor *v, const char *who)
+{
+    int n = lua_gettop(L) - 2;
+    if (n < 1 || n > PTO_MAX_DIMS)
+        lpto_error(L, who, "shape must have 1 to %d dimensions (got %d)", PTO_MAX_DIMS, n < 0 ? 0 : n);
+    uint64_t numel = 1;
+    memset(v->shape, 0, sizeof v->shape);
+    for (int i = 0; i < n; i++) {
+        int isint;
+        lua_Integer d = lua_tointegerx(L, 3 + i, &isint);
+        if (!isint) lpto_error(L, who, "shape[%d] must be an integer (got %s)", i + 1, luaL_typename(L, 3 + i));
+        if (d < 0 || d > UINT32_MAX)
+            lpto_error(L, who, "shape[%d] must be between 0 and %u (got %lld)", i + 1, UINT32_MAX, (long long)d);
+        v->shape[i] = (uint32_t)d;
+        numel *= (uint64_t)d;
+        if (numel > (1ull << 46)) lpto_error(L, who, "shape is too large (more than 2^46 elements)");
+    }
+    v->ndims = (uint8_t)n;
+}
+
+/* t:view{offset = k, shape = {...}} or t:view(k, d1, d2, ...): k in elements from the start of t. */
 static int t_view(lua_State *L)
 {
     const char *who = "Tensor:view";
-    lpto_tensor *t = lpto_checktensor(L, 1, who);
+    lpto_tensor *t = lpto_testudata_up(L, 1, LPTO_UP_TENSOR);
+    if (!t) t = lpto_checktensor(L, 1, who);
     if (!t->st) return lpto_error(L, who, "an unset pto.tensor_spec has no storage to view; submit it as an OUTPUT first");
-    if (!lua_istable(L, 2))
-        return lpto_error(L, who, "expected a table like {offset = k, shape = {...}} (got %s)", luaL_typename(L, 2));
-    static const lpto_field fields[] = {{"offset", 1, 0}, {"shape", 1, 0}, {NULL, 0, 0}};
-    lpto_check_fields(L, 2, fields, who);
-    lua_getfield(L, 2, "offset");
-    int isint = 1;
-    lua_Integer off = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &isint);
-    if (!isint) return lpto_error(L, who, "offset must be an integer count of elements (got %s)", luaL_typename(L, -1));
-    lua_getfield(L, 2, "shape");
+    if (t->st->temp)
+        return lpto_error(L, who, "a pto.temp cannot be viewed: every submit that writes it moves it to new memory; "
+                                  "view a tensor from orch:alloc instead");
     pto_tensor v = t->t;
-    if (lua_isnil(L, -1)) {
-        if (off < 0 || (uint64_t)off > numel_of(t))
-            return lpto_error(L, who, "offset %lld is outside the tensor's %llu elements", (long long)off,
-                              (unsigned long long)numel_of(t));
-        v.ndims = 1;
-        memset(v.shape, 0, sizeof v.shape);
-        v.shape[0] = (uint32_t)(numel_of(t) - (uint64_t)off);
+    lua_Integer off;
+    int isint = 1;
+    if (lua_type(L, 2) == LUA_TNUMBER) {
+        off = lua_tointegerx(L, 2, &isint);
+        if (!isint) return lpto_error(L, who, "offset must be an integer count of elements (got %s)", luaL_typename(L, 2));
+        if (lua_gettop(L) == 2)
+            return lpto_error(L, who, "expected a table like {offset = k, shape = {...}}, or the offset followed by "
+                                      "the shape as t:view(k, rows, cols) (got an offset and no shape)");
+        view_positional(L, &v, who);
     } else {
-        v.ndims = (uint8_t)lpto_parse_shape(L, lua_gettop(L), v.shape, who);
+        if (!lua_istable(L, 2))
+            return lpto_error(L, who, "expected a table like {offset = k, shape = {...}} (got %s)", luaL_typename(L, 2));
+        static const lpto_field fields[] = {{"offset", 1, 0}, {"shape", 1, 0}, {NULL, 0, 0}};
+        lpto_check_fields(L, 2, fields, who);
+        lua_getfield(L, 2, "offset");
+        off = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &isint);
+        if (!isint) return lpto_error(L, who, "offset must be an integer count of elements (got %s)", luaL_typename(L, -1));
+        lua_getfield(L, 2, "shape");
+        if (lua_isnil(L, -1)) {
+            if (off < 0 || (uint64_t)off > numel_of(t))
+                return lpto_error(L, who, "offset %lld is outside the tensor's %llu elements", (long long)off,
+                                  (unsigned long long)numel_of(t));
+            v.ndims = 1;
+            memset(v.shape, 0, sizeof v.shape);
+            v.shape[0] = (uint32_t)(numel_of(t) - (uint64_t)off);
+        } else {
+            v.ndims = (uint8_t)lpto_parse_shape(L, lua_gettop(L), v.shape, who);
+        }
     }
     uint64_t es = pto_dtype_size(t->t.dtype), n = pto_tensor_numel(&v);
     if (off < 0 || (uint64_t)off + n > numel_of(t))
@@ -454,7 +543,7 @@ static int t_view(lua_State *L)
                           (long long)off + 1, (unsigned long long)((uint64_t)off + n), (unsigned long long)numel_of(t));
     v.offset = t->t.offset + (uint64_t)off * es;
     lua_getiuservalue(L, 1, 1);
-    lpto_push_tensor(L, &v, -1);
+    lpto_push_tensor_mt(L, &v, -1, lua_upvalueindex(LPTO_UP_TENSOR));
     return 1;
 }
 
@@ -489,11 +578,30 @@ static int new_tensor(lua_State *L, bool spec)
 }
 
 static int l_tensor(lua_State *L) { return new_tensor(L, false); }
+
+/* pto.temp(shape [, dtype]): a reusable temporary. Every submit that passes
+ * it tagged OUTPUT gives it new heap-ring memory, as an unset tensor_spec
+ * gets once; it then reads that memory until the scope of that submit ends.
+ * One temporary serves a whole loop of producer/consumer pairs without a
+ * new tensor per iteration. */
+static int l_temp(lua_State *L)
+{
+    const char *who = "pto.temp";
+    pto_tensor d = {0};
+    d.ndims = (uint8_t)lpto_parse_shape(L, 1, d.shape, who);
+    d.dtype = (uint8_t)lpto_parse_dtype(L, 2, who);
+    lpto_storage *st = lpto_push_storage(L, 0, pto_tensor_nbytes(&d), LPTO_ST_RING);
+    st->temp = true;
+    st->valid = false;
+    st->why_invalid = "it is a pto.temp that no submit has written yet; pass it tagged 'out' to a submit first";
+    lpto_push_tensor(L, &d, -1);
+    return 1;
+}
 static int l_tensor_spec(lua_State *L) { return new_tensor(L, true); }
 
 static int l_is_tensor(lua_State *L)
 {
-    lua_pushboolean(L, lpto_totensor(L, 1) != NULL);
+    lua_pushboolean(L, lpto_testudata_up(L, 1, LPTO_UP_TENSOR) != NULL);
     return 1;
 }
 
@@ -539,17 +647,29 @@ void lpto_open_tensor(lua_State *L)
     lua_pop(L, 1);
 
     luaL_newmetatable(L, LPTO_TENSOR);
-    static const luaL_Reg meta[] = {
-        {"__index", t_index}, {"__newindex", t_newindex}, {"__len", t_len}, {"__tostring", t_tostring}, {NULL, NULL}};
+    static const luaL_Reg meta[] = {{"__newindex", t_newindex}, {"__len", t_len}, {"__tostring", t_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, meta, 0);
     static const luaL_Reg methods[] = {
         {"fill", t_fill}, {"totable", t_totable}, {"copy_from", t_copy_from}, {"view", t_view}, {NULL, NULL}};
-    luaL_newlib(L, methods);
-    lua_setfield(L, -2, "methods");
+    lua_newtable(L);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, methods, LPTO_UP_COUNT);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, "methods");   /* for the REPL's completion */
+    lua_newtable(L);   /* the key table: method name -> function, field name -> field id */
+    for (int i = 0; methods[i].name; i++) {
+        lua_getfield(L, -2, methods[i].name);
+        lua_setfield(L, -2, methods[i].name);
+    }
+    for (int f = F_SHAPE; FIELD_NAMES[f]; f++) lpto_set_int(L, FIELD_NAMES[f], f);
+    lua_remove(L, -2);
+    lua_pushcclosure(L, t_index, 1);
+    lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 
     static const luaL_Reg fns[] = {
-        {"tensor", l_tensor}, {"tensor_spec", l_tensor_spec}, {"is_tensor", l_is_tensor},
+        {"tensor", l_tensor}, {"tensor_spec", l_tensor_spec}, {"temp", l_temp}, {"is_tensor", l_is_tensor},
         {"shm_stats", l_shm_stats}, {NULL, NULL}};
-    luaL_setfuncs(L, fns, 0);
+    lpto_push_mt_upvalues(L);
+    luaL_setfuncs(L, fns, LPTO_UP_COUNT);
 }

@@ -304,7 +304,7 @@ static void ship_kernel(lua_State *L, lworker *W, const lkernel *k, int64_t id, 
 static void push_handle(lua_State *L, int kind, uint64_t callable)
 {
     lhandle *h = lua_newuserdatauv(L, sizeof *h, 1);
-    *h = (lhandle){kind, callable};
+    *h = (lhandle){kind, callable, lua_touserdata(L, 1)};
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
     luaL_setmetatable(L, LPTO_HANDLE);

@@ -1,0 +1,290 @@
+/* pto_bench_lua_c - the C-API rows of scripts/bench_lua.sh: the four DAG
+ * shapes of pto_bench submitted straight through pto.h, on the same leaves
+ * the Lua rows use (two chips running the simulated "noop" kernel, through
+ * pto_chip_leaf), in THREAD or PROCESS mode. The Lua rows are then compared
+ * with what the engine does with no binding in between: the ratio is the
+ * binding's cost, not the engine's.
+ *   pto_bench_lua_c thread|process [reps]
+ * Prints one line per shape: "<shape> <best us/task> <median us/task>",
+ * over reps timed repetitions (default 5) after one warm-up.
+ *   pto_bench_lua_c peak [tile] [threads]
+ * The machine's GEMM peak the main job is measured against: the gemm_tile
+ * kernel (tile x tile f32, default 64) called in a C loop on every core at
+ * once (threads default: the online cores), for one second; prints
+ * "peak <GFLOP/s total> <threads> <GFLOP/s per thread...>". A benchmark,
+ * not a test. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pto.h"
+
+#define SLOT_ELEMS 16
+#define FAN 8
+
+static pto_worker *g_w;
+static uint64_t g_noop;
+static float *g_slots;   /* in the shared arena, as pto.tensor's memory is */
+
+static void die(const char *what)
+{
+    fprintf(stderr, "pto_bench_lua_c: %s: %s\n", what, pto_errmsg());
+    exit(2);
+}
+
+/* Slot i is a tensor of its own (its own base, as pto_bench's slots and the
+ * Lua rows' pto.tensor per slot): the engine's TensorMap keeps the writers
+ * of one base in one list, so slots that were views of one base would time
+ * that list's scans instead of the submit path. */
+static pto_tensor slot(size_t i)
+{
+    pto_tensor t;
+    memset(&t, 0, sizeof t);
+    t.base = (uint64_t)(uintptr_t)(g_slots + i * SLOT_ELEMS);
+    t.offset = 0;
+    t.shape[0] = SLOT_ELEMS;
+    t.dtype = PTO_F32;
+    t.ndims = 1;
+    return t;
+}
+
+static pto_tensor unset(void)
+{
+    pto_tensor t = slot(0);
+    t.base = 0;
+    t.offset = 0;
+    return t;
+}
+
+static void submit(pto_orch *o, pto_tensor *ts, const uint8_t *tags, int n)
+{
+    pto_task_args a = {n, 0, ts, tags, NULL};
+    if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
+}
+
+static pto_orch *begin(void)
+{
+    pto_orch *o = pto_run_begin(g_w);
+    if (!o) die("pto_run_begin");
+    return o;
+}
+
+static void end(void)
+{
+    if (pto_run_end(g_w) != 0) die("pto_run_end");
+}
+
+/* Each shape: one timed repetition; returns the task count. */
+static long w1(int n)
+{
+    static const uint8_t tags[1] = {PTO_OUTPUT};
+    pto_orch *o = begin();
+    for (int i = 0; i < n; i++) {
+        pto_tensor t = slot((size_t)i);
+        submit(o, &t, tags, 1);
+    }
+    end();
+    return n;
+}
+
+static long w2(int n)
+{
+    static const uint8_t tags[1] = {PTO_INOUT};
+    pto_orch *o = begin();
+    for (int i = 0; i < n; i++) {
+        pto_tensor t = slot(0);
+        submit(o, &t, tags, 1);
+    }
+    end();
+    return n;
+}
+
+static long w3(int n)
+{
+    int groups = n / (FAN + 2);
+    static const uint8_t out[1] = {PTO_OUTPUT}, rd[2] = {PTO_INPUT, PTO_OUTPUT};
+    uint8_t join[FAN + 1];
+    for (int j = 0; j < FAN; j++) join[j] = PTO_INPUT;
+    join[FAN] = PTO_OUTPUT;
+    pto_orch *o = begin();
+    for (int g = 0; g < groups; g++) {
+        size_t x = (size_t)g * (FAN + 2);
+        pto_tensor t[FAN + 1];
+        t[0] = slot(x);
+        submit(o, t, out, 1);
+        for (int j = 0; j < FAN; j++) {
+            t[0] = slot(x);
+            t[1] = slot(x + 1 + (size_t)j);
+            submit(o, t, rd, 2);
+        }
+        for (int j = 0; j < FAN; j++) t[j] = slot(x + 1 + (size_t)j);
+        t[FAN] = slot(x + 1 + FAN);
+        submit(o, t, join, FAN + 1);
+    }
+    end();
+    return (long)groups * (FAN + 2);
+}
+
+/* BGEMM d^4: A, B, C tiles are distinct slots; P is an automatic OUTPUT. */
+static long w4(int d, int runs)
+{
+    static const uint8_t tg[3] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT}, ta[2] = {PTO_INPUT, PTO_INOUT};
+    size_t dd = (size_t)d, n3 = dd * dd * dd;
+    for (int r = 0; r < runs; r++) {
+        pto_orch *o = begin();
+        for (size_t b = 0; b < dd; b++)
+            for (size_t m = 0; m < dd; m++)
+                for (size_t n = 0; n < dd; n++) {
+                    if (pto_scope_begin(o) != 0) die("pto_scope_begin");
+                    for (size_t k = 0; k < dd; k++) {
+                        pto_tensor g[3] = {slot((b * dd + m) * dd + k), slot(n3 + (b * dd + k) * dd + n), unset()};
+                        submit(o, g, tg, 3);
+                        pto_tensor a[2] = {g[2], slot(2 * n3 + (b * dd + m) * dd + n)};
+                        submit(o, a, ta, 2);
+                    }
+                    if (pto_scope_end(o) != 0) die("pto_scope_end");
+                }
+        end();
+    }
+    return 2L * d * d * d * d * runs;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define N_TASKS 20000
+
+static long run_shape(int s)
+{
+    switch (s) {
+    case 0: return w1(N_TASKS);
+    case 1: return w2(N_TASKS);
+    case 2: return w3(N_TASKS);
+    case 3: return w4(4, 200);
+    default: return w4(16, 1);
+    }
+}
+
+/* ---- peak ---- */
+
+typedef struct gemm_loop {
+    pto_kernel_fn fn;
+    uint32_t n;
+    double gflops;
+} gemm_loop;
+
+static void *gemm_body(void *arg)
+{
+    gemm_loop *g = arg;
+    size_t bytes = ((size_t)g->n * g->n * sizeof(float) + 63) / 64 * 64;
+    float *m[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = aligned_alloc(64, bytes);
+        if (!m[i]) die("out of memory");
+        for (size_t e = 0; e < (size_t)g->n * g->n; e++) m[i][e] = (float)(e % 17) / 16.0f - 0.5f;
+    }
+    pto_tensor t[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].base = (uint64_t)(uintptr_t)m[i];
+        t[i].dtype = PTO_F32;
+        t[i].ndims = 2;
+        t[i].shape[0] = t[i].shape[1] = g->n;
+    }
+    pto_args_view v = {3, 0, t, NULL};
+    char err[256];
+    uint64_t calls = 0;
+    double t0 = now_us(), dt;
+    do {
+        if (g->fn(&v, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "pto_bench_lua_c: gemm_tile: %s\n", err);
+            exit(2);
+        }
+        calls++;
+    } while ((dt = now_us() - t0) < 1e6);
+    g->gflops = 2.0 * g->n * g->n * g->n * (double)calls / dt / 1e3;
+    for (int i = 0; i < 3; i++) free(m[i]);
+    return NULL;
+}
+
+static int peak(int argc, char **argv)
+{
+    uint32_t n = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
+    long threads = argc > 3 ? atol(argv[3]) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || n > 1024 || threads < 1 || threads > 256) {
+        fprintf(stderr, "usage: pto_bench_lua_c peak [tile] [threads]\n");
+        return 2;
+    }
+    int64_t id = pto_kernel_register(NULL, "gemm_tile");
+    if (id < 0) die("pto_kernel_register gemm_tile");
+    gemm_loop g[256];
+    pthread_t th[256];
+    for (long i = 0; i < threads; i++) {
+        g[i] = (gemm_loop){pto_kernel_lookup((uint64_t)id), n, 0};
+        if (pthread_create(&th[i], NULL, gemm_body, &g[i]) != 0) die("pthread_create");
+    }
+    double total = 0;
+    for (long i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        total += g[i].gflops;
+    }
+    printf("peak %.2f %ld", total, threads);
+    for (long i = 0; i < threads; i++) printf(" %.2f", g[i].gflops);
+    printf("\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "peak") == 0) return peak(argc, argv);
+    if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads]\n");
+        return 2;
+    }
+    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    if (reps < 1 || reps > 100) reps = 5;
+    pto_worker_config wc = {.level = 3, .heap_ring_size = 16u << 20};
+    wc.mode = strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS;
+    size_t nslots = 3 * 16 * 16 * 16 > N_TASKS ? 3 * 16 * 16 * 16 : N_TASKS;
+    g_slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
+    if (!g_slots) die("pto_shm_alloc");
+    int64_t id = pto_kernel_register(NULL, "noop");
+    if (id < 0) die("pto_kernel_register");
+    g_noop = (uint64_t)id;
+    if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
+    for (int i = 0; i < 2; i++) {
+        pto_leaf leaf = pto_chip_leaf();
+        leaf.name = i ? "chip 2" : "chip 1";
+        if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
+    }
+    if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+    static const char *const names[] = {"W1", "W2", "W3", "W4s", "W4l"};
+    for (int s = 0; s < 5; s++) {
+        double xs[100];
+        run_shape(s);   /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_us();
+            long n = run_shape(s);
+            xs[r] = (now_us() - t0) / (double)n;
+        }
+        qsort(xs, (size_t)reps, sizeof *xs, cmp_d);
+        printf("%s %.4f %.4f\n", names[s], xs[0], xs[reps / 2]);
+        fflush(stdout);
+    }
+    pto_worker_close(g_w);
+    pto_shm_free(g_slots);
+    return 0;
+}

@@ -1,0 +1,205 @@
+-- The Lua binding's cost per task, measured in the same run as the engine's
+-- C API: pto_bench's four DAG shapes on two chips running the no-op "noop"
+-- kernel, written the idiomatic way (views, pto.args, orch:alloc, nested
+-- scopes, as examples/bgemm.lua writes them) and in the fast form
+-- (orch:prepare_next_level, pto.temp, views built once), in THREAD and
+-- PROCESS mode. A benchmark, not a test: run it through scripts/bench_lua.sh,
+-- which adds the C rows (pto_bench_lua_c) and the ratios.
+--   ptolua scripts/bench_lua.lua thread|process [reps] [form]
+-- Prints "<form> <shape> <best us/task> <median us/task>" per row (the two
+-- forms alternate, one warm-up each), and "heap <form> <KiB before> <KiB
+-- after> <KiB allocated>": the Lua heap over 100 W4 4^4 runs with the
+-- collector stopped, so allocated is every byte those runs allocated.
+local pto = require "pto"
+local mode = arg[1] or "thread"
+local reps = tonumber(arg[2]) or 5
+local only = arg[3]
+
+local N = 20000
+local SLOT = 16
+local FAN = 8
+
+local w <close> = pto.Worker{mode = mode, chips = 2, heap_ring_size = 16 << 20}
+local noop = w:register(pto.chip_kernel("noop"))
+w:init()
+
+-- Each slot is a tensor of its own, as in pto_bench and the C rows: the
+-- engine keeps the writers of one storage in one list, so views of one big
+-- tensor would time that list's scans, not the binding. The idiomatic rows
+-- still make a view per use, as examples written with views do.
+local nslots = math.max(N, 3 * 16 * 16 * 16)
+local S = {}
+for i = 0, nslots - 1 do S[i] = pto.tensor({SLOT}, "f32") end
+local function slot(i) return S[i]:view{offset = 0, shape = {SLOT}} end
+
+-- ---- idiomatic: a TaskArgs table per submit, views per tile, allocs, scopes
+local idiomatic = {}
+
+function idiomatic.W1(orch)
+  for i = 0, N - 1 do orch:submit_next_level(noop, pto.args{{slot(i), "out"}}) end
+  return N
+end
+
+function idiomatic.W2(orch)
+  local t = slot(0)
+  for _ = 1, N do orch:submit_next_level(noop, pto.args{{t, "inout"}}) end
+  return N
+end
+
+function idiomatic.W3(orch)
+  local groups = N // (FAN + 2)
+  for g = 0, groups - 1 do
+    local x = g * (FAN + 2)
+    local head = slot(x)
+    orch:submit_next_level(noop, pto.args{{head, "out"}})
+    local join = {}
+    for j = 1, FAN do
+      local y = slot(x + j)
+      orch:submit_next_level(noop, pto.args{{head, "in"}, {y, "out"}})
+      join[j] = {y, "in"}
+    end
+    join[FAN + 1] = {slot(x + FAN + 1), "out"}
+    orch:submit_next_level(noop, pto.args(join))
+  end
+  return groups * (FAN + 2)
+end
+
+local function bgemm_idiomatic(d, runs)
+  local n3 = d * d * d
+  local function tile(base, i) return slot(base + i) end
+  return function(orch)
+    for b = 0, d - 1 do
+      orch:scope(function()
+        for m = 0, d - 1 do
+          for n = 0, d - 1 do
+            local s <close> = orch:scope()
+            local c = tile(2 * n3, (b * d + m) * d + n)
+            for k = 0, d - 1 do
+              local p = orch:alloc({SLOT}, "f32")
+              orch:submit_next_level(noop, pto.args{{tile(0, (b * d + m) * d + k), "in"},
+                                                    {tile(n3, (b * d + k) * d + n), "in"}, {p, "out"}})
+              orch:submit_next_level(noop, pto.args{{p, "in"}, {c, "inout"}})
+            end
+          end
+        end
+      end)
+    end
+    return 2 * d * d * d * d
+  end, runs
+end
+
+-- ---- fast: prepared submits, views built once outside the runs, a reusable
+-- temporary, scope_begin/scope_end
+local fast = {}
+local have_fast = pto.temp ~= nil
+local views = {}
+if have_fast then
+  for i = 0, nslots - 1 do views[i] = S[i] end
+end
+
+function fast.W1(orch)
+  local out = orch:prepare_next_level(noop, {"out"})
+  for i = 0, N - 1 do out(views[i]) end
+  return N
+end
+
+function fast.W2(orch)
+  local inout = orch:prepare_next_level(noop, {"inout"})
+  local t = views[0]
+  for _ = 1, N do inout(t) end
+  return N
+end
+
+function fast.W3(orch)
+  local groups = N // (FAN + 2)
+  local out = orch:prepare_next_level(noop, {"out"})
+  local rd = orch:prepare_next_level(noop, {"in", "out"})
+  local join = orch:prepare_next_level(noop, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
+  for g = 0, groups - 1 do
+    local x = g * (FAN + 2)
+    local head = views[x]
+    out(head)
+    for j = 1, FAN do rd(head, views[x + j]) end
+    join(views[x + 1], views[x + 2], views[x + 3], views[x + 4], views[x + 5], views[x + 6], views[x + 7],
+         views[x + 8], views[x + 9])
+  end
+  return groups * (FAN + 2)
+end
+
+local function bgemm_fast(d, runs)
+  local n3 = d * d * d
+  local p = have_fast and pto.temp({SLOT}, "f32")
+  return function(orch)
+    local gemm = orch:prepare_next_level(noop, {"in", "in", "out"})
+    local add = orch:prepare_next_level(noop, {"in", "inout"})
+    for b = 0, d - 1 do
+      for m = 0, d - 1 do
+        for n = 0, d - 1 do
+          orch:scope_begin()
+          local c = views[2 * n3 + (b * d + m) * d + n]
+          for k = 0, d - 1 do
+            gemm(views[(b * d + m) * d + k], views[n3 + (b * d + k) * d + n], p)
+            add(p, c)
+          end
+          orch:scope_end()
+        end
+      end
+    end
+    return 2 * d * d * d * d
+  end, runs
+end
+
+local function once(fn) return fn, 1 end
+local SHAPES = {
+  {"W1", function(f) return once(f.W1) end},
+  {"W2", function(f) return once(f.W2) end},
+  {"W3", function(f) return once(f.W3) end},
+  {"W4s", function(f) return (f == fast and bgemm_fast or bgemm_idiomatic)(4, 200) end},
+  {"W4l", function(f) return (f == fast and bgemm_fast or bgemm_idiomatic)(16, 1) end},
+}
+
+local function time_shape(fn, runs)
+  local count = 0
+  local t0 = pto.now()
+  for _ = 1, runs do count = count + w:run(fn) end
+  return (pto.now() - t0) * 1e6 / count
+end
+
+local forms = {{"idiomatic", idiomatic}, {"fast", fast}}
+local function wanted(form) return (form[1] ~= "fast" or have_fast) and (not only or only == form[1]) end
+for _, shape in ipairs(SHAPES) do
+  local xs, fns = {}, {}
+  for i, form in ipairs(forms) do
+    if wanted(form) then
+      xs[i], fns[i] = {}, {shape[2](form[2])}
+      time_shape(fns[i][1], fns[i][2])   -- warm-up
+    end
+  end
+  for r = 1, reps do   -- alternate the forms: noise from elsewhere falls on both
+    for i in pairs(fns) do xs[i][r] = time_shape(fns[i][1], fns[i][2]) end
+  end
+  for i, form in ipairs(forms) do
+    if xs[i] then
+      table.sort(xs[i])
+      print(("%s %s %.4f %.4f"):format(form[1], shape[1], xs[i][1], xs[i][(reps + 1) // 2]))
+      io.stdout:flush()
+    end
+  end
+end
+
+-- The Lua heap across 100 runs of the W4 4^4 DAG: the fast form makes no
+-- garbage per task, so the count after a full collection stays where it was.
+for _, form in ipairs(forms) do
+  if wanted(form) then
+    local fn = (form[1] == "fast" and bgemm_fast or bgemm_idiomatic)(4, 1)
+    w:run(fn)
+    collectgarbage("collect")
+    local before = collectgarbage("count")
+    collectgarbage("stop")
+    for _ = 1, 100 do w:run(fn) end
+    local grown = collectgarbage("count") - before
+    collectgarbage("restart")
+    collectgarbage("collect")
+    print(("heap %s %.1f %.1f %.1f"):format(form[1], before, collectgarbage("count"), grown))
+  end
+end

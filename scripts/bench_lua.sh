@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The Lua binding against the C API, in one invocation: pto_bench's shapes
+# (W1 independent, W2 chain, W3 fan 1->8->1, W4 bgemm 4^4 x200 and 16^4) on
+# two chips running the no-op "noop" kernel, through the C API
+# (pto_bench_lua_c), idiomatic Lua and the fast form (scripts/bench_lua.lua),
+# in THREAD and PROCESS mode. Then the main job (examples/bgemm.lua at its
+# default size) in both modes beside the machine's GEMM peak (gemm_tile in a
+# C loop on every core: pto_bench_lua_c peak), measured right before and
+# after it.
+#
+# The rows are interleaved: every round runs each system once per mode (and
+# the peak around the main job), so load from elsewhere on a shared machine
+# falls on all of them alike. Printed: the best and the median over the
+# rounds in us/task, tasks/ms, and each Lua row's ratio to the C row of its
+# mode (best to best, median to median).
+# A benchmark, not a test (Release build in build-bench/).
+#   scripts/bench_lua.sh [rounds]        (default 5)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build-bench}"
+rounds="${1:-5}"
+"$root/scripts/setup.sh" >/dev/null
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --target pto_bench_lua_c ptolua pto_chipsim -j "$(nproc)" >/dev/null
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+cbench="$build/scripts/bench/pto_bench_lua_c"
+for ((r = 1; r <= rounds; r++)); do
+  for mode in thread process; do
+    "$cbench" "$mode" 1 | sed "s/^/$mode C /" >>"$out/rows"
+    "$build/ptolua" "$root/scripts/bench_lua.lua" "$mode" 1 | sed "s/^/$mode /" >>"$out/rows"
+  done
+  p1="$("$cbench" peak 64 | cut -d' ' -f2)"
+  for mode in process thread; do
+    PTO_MODE=$mode "$build/ptolua" "$root/examples/bgemm.lua" 4 8 8 8 64 2 5 |
+      awk -v m="$mode" '/ first run / { f = $(NF - 1) } / best of / { b = $(NF - 1) } END { print m, f, b }' >>"$out/job.$r"
+  done
+  p2="$("$cbench" peak 64 | cut -d' ' -f2)"
+  awk -v p1="$p1" -v p2="$p2" '{ print $0, (p1 + p2) / 2 }' "$out/job.$r" >>"$out/job"
+done
+
+awk '
+  function sort(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t } }
+  function stats(key,   a, i, n) {   # sets best[key], med[key]
+    n = cnt[key]
+    for (i = 1; i <= n; i++) a[i] = val[key, i]
+    sort(a, n)
+    best[key] = a[1]; med[key] = a[int((n + 1) / 2)]
+  }
+  $2 == "heap" { heap[$1 " " $3] = $6; next }
+  { key = $1 SUBSEP $2 SUBSEP $3; val[key, ++cnt[key]] = $4; if (!($3 in seen)) { shapes[++ns] = $3; seen[$3] = 1 } }
+  END {
+    for (k in cnt) stats(k)
+    split("C idiomatic fast", forms, " ")
+    split("1.00 2.00 1.25", goal, " ")
+    printf "%-7s %-5s %-10s %9s %9s %9s %8s %8s %6s\n", "mode", "shape", "form", "best us", "median us", "tasks/ms", "best/C", "med/C", "goal"
+    for (m = 1; m <= 2; m++) {
+      mode = m == 1 ? "thread" : "process"
+      for (s = 1; s <= ns; s++) {
+        sh = shapes[s]
+        c = mode SUBSEP "C" SUBSEP sh
+        for (f = 1; f <= 3; f++) {
+          k = mode SUBSEP forms[f] SUBSEP sh
+          if (!(k in cnt)) continue
+          rb = best[k] / best[c]; rm = med[k] / med[c]
+          printf "%-7s %-5s %-10s %9.3f %9.3f %9.0f %7.2fx %7.2fx %5s%s\n", mode, sh, forms[f], best[k], med[k], 1000 / med[k], rb, rm,
+                 f == 1 ? "" : goal[f] "x", f == 1 || rm <= goal[f] ? "" : " missed"
+        }
+      }
+    }
+    for (k in heap) printf "Lua heap allocated over 100 W4 4^4 runs (51,200 tasks), collector stopped, last round (%s): %s KiB\n", k, heap[k]
+  }' "$out/rows"
+
+echo
+echo "main job: examples/bgemm.lua 4 8 8 8 64 2 (GFLOP/s; best of its 5 runs), against the GEMM peak"
+echo "(gemm_tile 64x64 f32 in a C loop on every core, the mean of one second before and one after)"
+awk '
+  { n[$1]++; first[$1] = first[$1] " " sprintf("%.1f", $2); bestv[$1] = bestv[$1] " " sprintf("%.1f", $3)
+    r = $3 / $4; ratio[$1] = ratio[$1] " " sprintf("%.0f%%", 100 * r); if ($1 == "thread") peaks = peaks " " sprintf("%.0f", $4)
+    if (r > top[$1]) top[$1] = r; rs[$1, n[$1]] = r }
+  END {
+    for (m in n) {
+      k = n[m]
+      for (i = 1; i <= k; i++) a[i] = rs[m, i]
+      for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+      printf "%-7s first run:%s\n        best run:%s\n        of peak: %s  (median %.0f%%, goal 70%%)\n", m, first[m], bestv[m], ratio[m], 100 * a[int((k + 1) / 2)]
+    }
+    print "peak per round (GFLOP/s):" peaks
+  }' "$out/job"

@@ -206,13 +206,14 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
     return rc;
 }
 
-void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns)
+void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns)
 {
     pto_mb_spin spin;
     pto_mb_spin_init(&spin, spin_max_ns);
     for (;;) {
         uint64_t t0 = pto_now_ns();
-        if (!spin_for(child_has_work, mb, pto_mb_spin_budget(&spin)))
+        int64_t b = pto_mb_spin_budget(&spin);
+        if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
             pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
         uint32_t st = pto_mb_state(mb);
         if (st == PTO_MB_SHUTDOWN) return;

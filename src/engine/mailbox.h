@@ -67,6 +67,9 @@ typedef struct pto_mailbox {
      * starts children of its own (a nested Worker) waits for them no longer
      * than this, so the whole tree shares one deadline. */
     uint64_t start_deadline_ns;
+    /* The parent's hot window (pto_hot_spin): until then the child spins
+     * for its next task instead of sleeping. */
+    _Atomic uint64_t hot_until_ns;
     _Alignas(64) pto_event to_child;    /* the child sleeps here */
     _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
     /* The task: written by the parent before TASK_READY. */
@@ -130,9 +133,10 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
  * caller exits). 0 or the start hook's result. */
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf);
 
-/* Serve tasks until SHUTDOWN: decode (the mailbox is untrusted bytes: bad
+/* Serve tasks until SHUTDOWN (waiting for each with an adaptive spin of
+ * at most spin_max_ns, or cold_spin_ns outside the hot window): decode (the mailbox is untrusted bytes: bad
  * lengths fail the task), install a shipped callable, run the leaf, post the
  * result. Returns when told to shut down. */
-void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns);
+void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns);
 
 #endif

@@ -16,6 +16,7 @@
 
 #define PARENT_SPIN_MAX_NS 20000u   /* a WorkerThread waiting for a result */
 #define CHILD_SPIN_MAX_NS 20000u    /* a child waiting for its next task */
+#define COLD_SPIN_NS 2000           /* either of them while the orchestrator submits (pto_hot_spin) */
 /* While blocked on a mailbox the parent looks at the zygote this often:
  * nothing else tells it the zygote died (its children die with it and
  * cannot mark their mailboxes DEAD). A timed futex wait, not a sleep. */
@@ -214,7 +215,7 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
     const pto_leaf *leaf = p->leaves[slot];
     if (pto_mb_child_start(mb, leaf) != 0) _exit(1);   /* the zygote's DEAD tells the parent */
     inherited_deadline_ns = 0;   /* replacements later get their own full timeout */
-    pto_mb_child_loop(mb, leaf, CHILD_SPIN_MAX_NS);
+    pto_mb_child_loop(mb, leaf, CHILD_SPIN_MAX_NS, COLD_SPIN_NS);
     if (leaf->stop) leaf->stop(leaf->ctx);
     _exit(0);
 }
@@ -503,7 +504,9 @@ int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const 
         }
     }
     uint64_t t0 = pto_now_ns();
-    uint32_t st = await(c, 1u << PTO_MB_TASK_READY, 0, pto_mb_spin_budget(&c->spin), true);
+    int64_t spin = pto_mb_spin_budget(&c->spin);
+    spin = pto_hot_spin(spin, spin < COLD_SPIN_NS ? spin : COLD_SPIN_NS, &mb->hot_until_ns);
+    uint32_t st = await(c, 1u << PTO_MB_TASK_READY, 0, spin, true);
     char who[96], how[256];
     label(who, sizeof who, c);
     if (st == PTO_MB_TASK_DONE) {
@@ -559,6 +562,14 @@ static bool settled(void *arg)
 void pto_proc_settle(pto_proc *p)
 {
     while (!settled(p)) pto_event_wait(&p->settle_ev, settled, p, 0, TICK_NS);
+}
+
+void pto_proc_hot(pto_proc *p, uint64_t until_ns, bool wake)
+{
+    for (int32_t i = 0; i < p->n; i++) {
+        atomic_store_explicit(&p->mbs[i]->hot_until_ns, until_ns, memory_order_relaxed);
+        if (wake) pto_event_notify(&p->mbs[i]->to_child);
+    }
 }
 
 void pto_proc_wake(pto_proc *p)

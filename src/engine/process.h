@@ -98,6 +98,9 @@ int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const 
 void pto_proc_after_task(pto_child *c);
 /* Wait until no replacement is under way (the end of a run). */
 void pto_proc_settle(pto_proc *p);
+/* Set every child's hot window (pto_hot_spin); with wake, wake the
+ * sleeping ones so that they spin for their next task. */
+void pto_proc_hot(pto_proc *p, uint64_t until_ns, bool wake);
 /* Wake every WorkerThread waiting on a mailbox (the Worker is stopping). */
 void pto_proc_wake(pto_proc *p);
 /* Async-signal-safe: have the zygote SIGKILL every child running a task. */

@@ -135,6 +135,10 @@ pto_orch *pto_run_begin(pto_worker *w)
         return NULL;
     }
     pto_orch_begin(&w->orch);
+    /* Wake whoever sleeps now, while the first submits are made, rather
+     * than one after another as the first task reaches each of them. */
+    pto_wm_hot(&w->wm, pto_now_ns() + PTO_HOT_NS, true);
+    pto_event_notify(&w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
     return &w->orch;

@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How long an idle worker thread spins before it sleeps. Long enough to
- * bridge the scheduler's turnaround on a busy DAG, short enough not to steal
- * a core from the orchestrator on a 2-core machine. */
+/* How long an idle worker thread spins before it sleeps (pto_hot_spin):
+ * while the orchestrator waits, long enough to bridge the scheduler's
+ * turnaround on a busy DAG; while it submits, only long enough to catch a
+ * task the scheduler is about to stage. */
 #define WT_SPIN_NS 20000
+#define WT_COLD_SPIN_NS 2000
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms)
 {
@@ -41,6 +43,14 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
     return wt->index;
 }
 
+/* A thief takes only from a thread that is running a task: an owner that
+ * is idle or waking up takes its own head at once, and a thief that took it
+ * instead would leave the owner idle and make the next task wait behind it. */
+static bool owner_busy(const pto_worker_thread *q)
+{
+    return atomic_load_explicit(&q->current_task, memory_order_relaxed) != -1;
+}
+
 /* Claim the head entry of q's queue for the calling worker thread: q's own
  * thread takes any entry, a thief (another thread of q's kind) only a
  * stealable one. */
@@ -50,7 +60,7 @@ static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *me
     for (;;) {
         if (h == atomic_load_explicit(&q->dq_tail, memory_order_acquire)) return false;
         pto_dispatch *e = &q->dq[h & (PTO_WT_QCAP - 1)];
-        if (thief && !atomic_load_explicit(&e->stealable, memory_order_relaxed)) return false;
+        if (thief && (!atomic_load_explicit(&e->stealable, memory_order_relaxed) || !owner_busy(q))) return false;
         pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
         pto_slot *af = atomic_load_explicit(&e->after, memory_order_relaxed);
         int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
@@ -72,7 +82,7 @@ static bool can_steal_from(const pto_worker_thread *q)
 {
     uint32_t h = atomic_load_explicit(&q->dq_head, memory_order_acquire);
     return h != atomic_load_explicit(&q->dq_tail, memory_order_acquire) &&
-           atomic_load_explicit(&q->dq[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed);
+           atomic_load_explicit(&q->dq[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed) && owner_busy(q);
 }
 
 /* An idle worker thread takes a task staged on a busy one of its kind, so a
@@ -150,7 +160,7 @@ static void *wt_main(void *arg)
     pto_worker_thread *wt = arg;
     atomic_fetch_add_explicit(&wt->wm->up, 1, memory_order_release);
     for (;;) {
-        pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
+        pto_event_wait(&wt->ev, wt_has_work, wt, pto_hot_spin(WT_SPIN_NS, WT_COLD_SPIN_NS, &wt->wm->hot_until_ns), -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
         pto_slot *slot, *after;
         int32_t member;
@@ -244,6 +254,16 @@ void pto_wm_stop(pto_worker_manager *wm)
     }
 }
 
+void pto_wm_hot(pto_worker_manager *wm, uint64_t until_ns, bool wake)
+{
+    atomic_store_explicit(&wm->hot_until_ns, until_ns, memory_order_relaxed);
+    pto_proc *p = atomic_load_explicit(&wm->proc, memory_order_acquire);
+    if (p) pto_proc_hot(p, until_ns, wake);
+    if (!wake) return;
+    for (int k = 0; k < PTO_KINDS; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++) pto_event_notify(&wm->threads[k][i]->ev);
+}
+
 void pto_wm_settle(pto_worker_manager *wm)
 {
     pto_proc *p = atomic_load(&wm->proc);
@@ -279,6 +299,15 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
     atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
     wt->inflight++;
     pto_event_notify(&wt->ev);
+    /* Staged behind a running task: an idle thread of the kind may have gone
+     * to sleep already, and only this wakes it to steal. (The scheduler's
+     * inflight counts tasks by the queue they were staged on, so a thread
+     * running a stolen task looks idle to pick.) */
+    if (stealable && owner_busy(wt)) {
+        pto_worker_manager *wm = wt->wm;
+        for (int32_t k = 0; k < wm->count[wt->kind]; k++)
+            if (wm->threads[wt->kind][k] != wt) pto_event_notify(&wm->threads[wt->kind][k]->ev);
+    }
 }
 
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out)

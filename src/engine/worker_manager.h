@@ -94,6 +94,7 @@ typedef struct pto_worker_manager {
     pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */
     pto_ship_table ships;         /* callables shipped after the fork */
     struct pto_trace *_Atomic trace;   /* trace.c: NULL until the first pto_trace_start */
+    _Atomic uint64_t hot_until_ns;     /* pto_hot_spin, written by the orchestrator */
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);
@@ -105,6 +106,15 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
 /* Stop and join every worker thread (tasks still queued are abandoned), then
  * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);
+/* How long the hot window (pto_hot_spin) stays open after a run opens and
+ * after each wait of the orchestrator: back-to-back runs and a run's first
+ * tasks then find every party awake instead of paying a futex wake-up per
+ * hop. */
+#define PTO_HOT_NS 100000
+
+/* Orchestrator side: set the hot window (pto_hot_spin) of every worker
+ * thread and child; with wake, wake the sleeping ones so that they spin. */
+void pto_wm_hot(pto_worker_manager *wm, uint64_t until_ns, bool wake);
 /* PROCESS mode: wait until children that died in the run are replaced. */
 void pto_wm_settle(pto_worker_manager *wm);
 void pto_wm_destroy(pto_worker_manager *wm);

@@ -138,6 +138,12 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
 
 /* ---- child side ---- */
 
+void pto_mb_wake_parent(pto_mailbox *mb)
+{
+    pto_event_notify(&mb->to_parent);
+    if (mb->bell) pto_event_notify(mb->bell);
+}
+
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
 {
     mb->err[0] = 0;
@@ -149,7 +155,7 @@ int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
         return rc;
     }
     mb->rc = 0;
-    if (pto_mb_cas(mb, PTO_MB_STARTING, PTO_MB_IDLE, NULL)) pto_event_notify(&mb->to_parent);
+    if (pto_mb_cas(mb, PTO_MB_STARTING, PTO_MB_IDLE, NULL)) pto_mb_wake_parent(mb);
     return 0;
 }
 
@@ -224,6 +230,6 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
         /* Only this child leaves TASK_READY (the zygote writes DEAD only
          * after reaping it), so a plain release store is enough. */
         atomic_store_explicit(&mb->state, PTO_MB_TASK_DONE, memory_order_release);
-        pto_event_notify(&mb->to_parent);
+        pto_mb_wake_parent(mb);
     }
 }

@@ -70,6 +70,10 @@ typedef struct pto_mailbox {
     /* The parent's hot window (pto_hot_spin): until then the child spins
      * for its next task instead of sleeping. */
     _Atomic uint64_t hot_until_ns;
+    /* The parent's dispatcher (its scheduler thread) sleeps here, on an
+     * event in another shared mapping, set before the fork; NULL if none.
+     * The child and the zygote ring it with to_parent. */
+    pto_event *bell;
     _Alignas(64) pto_event to_child;    /* the child sleeps here */
     _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
     /* The task: written by the parent before TASK_READY. */
@@ -128,6 +132,9 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
                      int64_t timeout_ns);
 
 /* ---- child side ---- */
+
+/* Wake whoever waits on the parent side (to_parent and the bell). */
+void pto_mb_wake_parent(pto_mailbox *mb);
 
 /* Run leaf->start, then IDLE; on failure write rc and the message (the
  * caller exits). 0 or the start hook's result. */

@@ -11,6 +11,13 @@
  * runs of about 40 ms of work. Every system gets BENCH_THREADS workers, the
  * whole machine here, so an orchestrator or scheduler thread competes with
  * the workers for cores, as it would in a real run.
+ *
+ * Efficiency is measured against the ideal run timed at the same point:
+ * BENCH_THREADS plain threads spinning the same work split evenly, no
+ * runtime at all. On a quiet machine that is Task Bench's definition
+ * (work / (cores x wall time)); on a shared one (other processes taking a
+ * core) it still compares the runtime with what the machine could give at
+ * that moment, instead of capping every system below 50%.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -19,6 +26,7 @@
 #include "pto.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,6 +58,23 @@ static double run_sys(int sys, int shape, int n, uint64_t iters)
     }
 }
 
+static void *ref_body(void *arg)
+{
+    bench_spin(*(const uint64_t *)arg);
+    return NULL;
+}
+
+/* The ideal: the same work on BENCH_THREADS threads, split evenly. */
+static double ref_run(long n, uint64_t iters)
+{
+    uint64_t share = (uint64_t)(n / BENCH_THREADS) * iters;
+    pthread_t th[BENCH_THREADS];
+    double t0 = bench_now();
+    for (int i = 0; i < BENCH_THREADS; i++) pthread_create(&th[i], NULL, ref_body, &share);
+    for (int i = 0; i < BENCH_THREADS; i++) pthread_join(th[i], NULL);
+    return bench_now() - t0;
+}
+
 static int sweep(int sys, int shape, double ns_per_iter, double work_ms, metg_row *row)
 {
     row->ran = 1;
@@ -63,17 +88,19 @@ static int sweep(int sys, int shape, double ns_per_iter, double work_ms, metg_ro
         if (n < 16 * BENCH_STENCIL_W) n = 16 * BENCH_STENCIL_W;
         if (n > 100000) n = 100000;
         n -= n % BENCH_STENCIL_W;
-        double best = -1.0;
+        double best = -1.0, ref = -1.0;
         for (int r = 0; r < 2; r++) {
             double t = run_sys(sys, shape, (int)n, iters);
             if (t < 0) return -1;
             if (best < 0 || t < best) best = t;
+            t = ref_run(n, iters);
+            if (ref < 0 || t < ref) ref = t;
         }
-        double e = (double)n * real_us * 1e-6 / (BENCH_THREADS * best);
+        double e = ref / best;
         row->eff[p] = e;
         row->npoints = p + 1;
-        fprintf(stderr, "  %-15s %-20s %7.1f us  %6ld tasks  %5.1f%%\n", m_name[sys], shape_name[shape],
-                real_us, n, 100.0 * e);
+        fprintf(stderr, "  %-15s %-20s %7.1f us  %6ld tasks  %5.1f%% (of the machine: %.1f%%)\n", m_name[sys],
+                shape_name[shape], real_us, n, 100.0 * e, 100.0 * (double)n * real_us * 1e-6 / (BENCH_THREADS * best));
         if (e >= 0.5) {
             if (p == 0) {
                 row->metg_us = 0.0;
@@ -134,9 +161,10 @@ int bench_metg_main(int quick)
         if (sys == M_STARPU) starpu_bench_teardown();
 #endif
     }
-    printf("\nMETG(50%%): smallest task duration (us) at which %d workers stay 50%% busy; lower is better\n"
-           "(calibrated spin kernel, %.3f ns per iteration; stencil: width %d, periodic, 3 deps per task)\n",
-           BENCH_THREADS, ns, BENCH_STENCIL_W);
+    printf("\nMETG(50%%): smallest task duration (us) at which %d workers stay 50%% efficient; lower is better\n"
+           "(efficiency against %d plain threads running the same work in the same moment; calibrated spin\n"
+           "kernel, %.3f ns per iteration; stencil: width %d, periodic, 3 deps per task)\n",
+           BENCH_THREADS, BENCH_THREADS, ns, BENCH_STENCIL_W);
     printf("%-22s %14s %15s %10s %10s %12s %12s %12s\n", "shape", "ptolua thread", "ptolua process", "openmp",
            "starpu", "process/omp", "process/spu", "thread/omp");
     for (int sh = 0; sh < METG_NSHAPES; sh++) {

@@ -675,10 +675,18 @@ int pto_scope_depth(pto_orch *o) { return o && o->open ? pto_scope_nested(&o->sc
  * machine. */
 #define DRAIN_SPIN_NS 20000
 
+/* While it waits for every task to finish, retired slots do not wake the
+ * orchestrator: they are reclaimed once, at the end. Waking for each would
+ * make it one more spinner beside the scheduler and the workers for the
+ * whole drain. */
 static bool all_finished(void *arg)
 {
     pto_orch *o = arg;
-    return orch_has_work(o) || atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
+    if (atomic_load_explicit(&o->waiting_for, memory_order_relaxed) != ORCH_WAIT_FINISH && orch_has_work(o))
+        return true;
+    return atomic_load_explicit(o->shutdown, memory_order_relaxed) ||
+           atomic_load_explicit(&o->sched->cancel, memory_order_relaxed) ||
+           atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
 }
 
 /* A drain runs everything submitted, held dispatch included: the gate stays

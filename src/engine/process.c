@@ -584,12 +584,12 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
         return 1;
     }
     char who[96], how[256];
-    label(who, sizeof who, c);
     if (st == PTO_MB_TASK_DONE) {
         int32_t e = c->posted_ship;
         *rc = mb->rc;
         if (e >= 0 && mb->loaded) c->loaded[e / 8] |= (uint8_t)(1u << (e % 8));
         if (*rc != 0) {
+            label(who, sizeof who, c);
             /* Name the process too: its logs, core or debugger need the pid. */
             if (mb->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
             else snprintf(err, errlen, "%s: the leaf returned %d", who, *rc);
@@ -599,6 +599,7 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
         return 1;
     }
     *rc = 1;
+    label(who, sizeof who, c);
     if (st == PTO_MB_DEAD) {
         describe_end(how, sizeof how, mb);
         snprintf(err, errlen, "%s %s while running the task", who, how);

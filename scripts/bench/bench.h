@@ -66,6 +66,9 @@ double omp_metg(int shape, int n, uint64_t iters);
 #ifdef PTO_BENCH_HAVE_STARPU
 double starpu_metg(int shape, int n, uint64_t iters);
 #endif
+/* One no-op sub child through the C API: marginal cost per task and fixed
+ * cost per run (back-to-back runs), in microseconds. 0 or -1. */
+int ptolua_onesub(int32_t mode, double *marginal_us, double *fixed_us);
 /* The METG table (metg.c); returns the number of errors. */
 int bench_metg_main(int quick);
 

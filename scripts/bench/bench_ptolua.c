@@ -382,3 +382,62 @@ double ptolua_metg(int32_t mode, int shape, int n, uint64_t iters)
     free(buf);
     return rc == 0 ? t1 - t0 : -1.0;
 }
+
+/* ---- one no-op sub child through the C API: T(n) = fixed + n * marginal ----
+ * Back-to-back runs of 1 and 2000 tasks on a Worker with one sub worker,
+ * the medians after a warm-up; the engine's share of bench_process.lua's
+ * one-sub figures, without Lua. */
+
+static int noop_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
+                     const pto_call_config *cfg, char *err, size_t errlen)
+{
+    (void)ctx; (void)callable; (void)args; (void)cfg; (void)err; (void)errlen;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double onesub_median(pto_worker *w, int n, int runs)
+{
+    double xs[256];
+    if (runs > 256) runs = 256;
+    for (int r = 0; r < runs; r++) {
+        double t0 = bench_now();
+        pto_orch *o = pto_run_begin(w);
+        for (int k = 0; k < n && o; k++) {
+            pto_task_args a = { 0 };
+            pto_submit_sub(o, 0, &a, -1);
+        }
+        if (o) pto_run_end(w);
+        xs[r] = bench_now() - t0;
+    }
+    qsort(xs, (size_t)runs, sizeof xs[0], cmp_double);
+    return xs[runs / 2];
+}
+
+int ptolua_onesub(int32_t mode, double *marginal_us, double *fixed_us)
+{
+    pto_worker_config wc;
+    memset(&wc, 0, sizeof wc);
+    wc.level = 3;
+    wc.mode = mode;
+    wc.heap_ring_size = 16ULL << 20;
+    pto_worker *w = pto_worker_new(&wc);
+    pto_leaf leaf = {.run = noop_leaf, .name = "sub"};
+    if (!w || pto_worker_add_sub(w, &leaf) < 0 || pto_worker_init(w) != 0) {
+        fprintf(stderr, "ptolua: one-sub Worker: %s\n", pto_errmsg());
+        pto_worker_close(w);
+        return -1;
+    }
+    onesub_median(w, 1, 100);
+    double t1 = onesub_median(w, 1, 201), tm = onesub_median(w, 2000, 21);
+    double m = (tm - t1) / 1999.0;
+    *marginal_us = m * 1e6;
+    *fixed_us = (t1 - m) * 1e6;
+    pto_worker_close(w);
+    return 0;
+}

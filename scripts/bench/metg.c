@@ -133,6 +133,9 @@ int bench_metg_main(int quick)
     int errors = 0;
     /* PROCESS mode first: its forkserver is forked before OpenMP or StarPU
      * start threads of their own. */
+    double om[2] = { 0, 0 }, of[2] = { 0, 0 };
+    for (int m = 1; m >= 0; m--)
+        if (ptolua_onesub(m ? PTO_MODE_PROCESS : PTO_MODE_THREAD, &om[m], &of[m]) != 0) errors++;
     int order[M_NSYS] = { M_PROCESS, M_THREAD, M_OMP, M_STARPU };
     for (int k = 0; k < M_NSYS; k++) {
         int sys = order[k];
@@ -179,5 +182,10 @@ int bench_metg_main(int quick)
                c[M_STARPU], r1, r2, r3);
     }
     printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
+    printf("\none no-op sub child, C API (the engine without Lua)   thread    process  proc/thr\n");
+    printf("marginal cost per task (us)                       %9.2f %10.2f %8.2fx\n", om[0], om[1],
+           om[0] > 0 ? om[1] / om[0] : 0.0);
+    printf("fixed cost per run, back-to-back (us)             %9.2f %10.2f %8.2fx\n", of[0], of[1],
+           of[0] > 0 ? of[1] / of[0] : 0.0);
     return errors;
 }

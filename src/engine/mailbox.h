@@ -1,7 +1,8 @@
-/* The shared-memory mailbox between one WorkerThread (the parent side) and
- * the child process that runs its leaf in PROCESS mode.
+/* The shared-memory mailbox between the parent (its scheduler thread
+ * drives every mailbox, process.h) and the child process that runs one
+ * worker's leaf in PROCESS mode.
  *
- * One mailbox per WorkerThread, each its own MAP_SHARED|MAP_ANONYMOUS
+ * One mailbox per worker, each its own MAP_SHARED|MAP_ANONYMOUS
  * mapping taken before any fork, so the zygote and every child it forks see
  * it at the same address. Three processes write to it, each only in the
  * states that give it ownership:
@@ -21,11 +22,12 @@
  * fails writes rc != 0 and the message, then exits: the zygote's DEAD
  * (died_in = STARTING) is the one signal the parent waits for.
  *
- * Waiting: each side spins briefly (an adaptive budget, see pto_mb_spin)
+ * Waiting: the child spins briefly (an adaptive budget, see pto_mb_spin)
  * and then sleeps on a futex in the mailbox (pto_event, shared futexes, no
- * PRIVATE flag); the other side issues FUTEX_WAKE only when the sleeper
- * announced itself (Dekker, seq_cst), so a hand-off to a spinning peer
- * costs no system call. */
+ * PRIVATE flag); the parent side waits on to_parent (init, blocking
+ * starts) or on the bell, the scheduler's own event; a waker issues
+ * FUTEX_WAKE only when the sleeper announced itself (Dekker, seq_cst), so
+ * a hand-off to a spinning peer costs no system call. */
 #ifndef PTO_MAILBOX_H
 #define PTO_MAILBOX_H
 

@@ -29,7 +29,7 @@
 #include "pto.h"
 
 /* ---- callables shipped after the fork (pto_worker_ship_callable) ----
- * An append-only table: readers (WorkerThreads) take no lock; a callable
+ * An append-only table: readers (the scheduler) take no lock; a callable
  * shipped again gets a new entry, the newest one wins. Blobs live in the
  * shared arena, so every child can read them. */
 #define PTO_MAX_SHIPPED 4096
@@ -72,7 +72,7 @@ typedef struct pto_child {
 } pto_child;
 
 typedef struct pto_proc_config {
-    int32_t n;                               /* children (one per WorkerThread) */
+    int32_t n;                               /* children (one per worker) */
     const pto_leaf *const *leaves;           /* what child i runs: memory that outlives the Worker */
     const char *const *names;                /* labels for messages */
     const int32_t *kinds;
@@ -88,7 +88,7 @@ typedef struct pto_proc_config {
  * before the Worker starts any thread. */
 pto_proc *pto_proc_start(const pto_proc_config *cfg);
 /* Shut every child and the zygote down (SIGKILL for any still running a
- * task), reap the zygote, unmap, free. Call after the WorkerThreads stopped. */
+ * task), reap the zygote, unmap, free. Call after the scheduler stopped. */
 void pto_proc_stop(pto_proc *p);
 
 pto_child *pto_proc_child(pto_proc *p, int32_t slot);

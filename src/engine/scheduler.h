@@ -1,5 +1,6 @@
 /* Scheduler: one thread that wires fan-out edges of newly
- * submitted tasks, dispatches ready tasks to worker threads, and handles
+ * submitted tasks, dispatches ready tasks to workers (in PROCESS mode also
+ * into their children's mailboxes, pto_wm_pump), and handles
  * completions (fan-out release, poisoning, reclamation hand-off).
  * Phase order per turn: wiring, dispatch, completion. */
 #ifndef PTO_SCHEDULER_H

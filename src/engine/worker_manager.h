@@ -59,7 +59,7 @@ typedef struct pto_completion {
 typedef struct pto_worker_thread {
     int32_t kind, index;
     pto_leaf leaf;                /* the user's: runs here (THREAD) or in the child (PROCESS) */
-    pto_leaf_fn call;             /* what this thread calls per task: leaf.run or pto_proc_run */
+    pto_leaf_fn call;             /* THREAD mode: what this thread calls per task (leaf.run) */
     void *call_ctx;
     pto_child *child;             /* PROCESS mode: its child's parent-side state */
     char name[32];

@@ -37,6 +37,41 @@ double bench_now(void);
 #define BENCH_W3_TASKS_PER_GROUP (1 + BENCH_FAN + 1)
 #define BENCH_W4_TASKS(d) (2LL * (d) * (d) * (d) * (d))
 
+/* METG (metg.c): tasks that spin a calibrated number of iterations.
+ * Shapes: METG_W1, n independent tasks; METG_STENCIL, a periodic 1-D
+ * stencil of width BENCH_STENCIL_W, each task reading its own column and
+ * both neighbours of the previous step (3 dependencies) and writing its
+ * own slot (one slot per task, so no slot is written twice). */
+enum { METG_W1 = 0, METG_STENCIL = 1, METG_NSHAPES };
+#define BENCH_STENCIL_W (2 * BENCH_THREADS)
+/* Spin iters iterations of a loop the compiler cannot remove. */
+void bench_spin(uint64_t iters);
+/* Nanoseconds per bench_spin iteration, measured on this thread. */
+double bench_spin_calibrate(void);
+/* The three producer slots of stencil task (t, i) (t >= 1). */
+static inline void bench_stencil_deps(int t, int i, int deps[3])
+{
+    deps[0] = (t - 1) * BENCH_STENCIL_W + (i + BENCH_STENCIL_W - 1) % BENCH_STENCIL_W;
+    deps[1] = (t - 1) * BENCH_STENCIL_W + i;
+    deps[2] = (t - 1) * BENCH_STENCIL_W + (i + 1) % BENCH_STENCIL_W;
+}
+/* Per system: seconds to run shape with n tasks of iters iterations each
+ * (n a multiple of BENCH_STENCIL_W), or < 0 on error. */
+int ptolua_metg_setup(int32_t mode);
+void ptolua_metg_teardown(void);
+double ptolua_metg(int32_t mode, int shape, int n, uint64_t iters);
+#ifdef PTO_BENCH_HAVE_OPENMP
+double omp_metg(int shape, int n, uint64_t iters);
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+double starpu_metg(int shape, int n, uint64_t iters);
+#endif
+/* One no-op sub child through the C API: marginal cost per task and fixed
+ * cost per run (back-to-back runs), in microseconds. 0 or -1. */
+int ptolua_onesub(int32_t mode, double *marginal_us, double *fixed_us);
+/* The METG table (metg.c); returns the number of errors. */
+int bench_metg_main(int quick);
+
 /* ptolua (bench_ptolua.c) */
 int ptolua_setup(void);
 void ptolua_teardown(void);

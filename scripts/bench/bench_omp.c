@@ -147,3 +147,27 @@ double omp_w4(int d, int reps)
     free(A); free(B); free(C); free(P);
     return t1 - t0;
 }
+
+double omp_metg(int shape, int n, uint64_t iters)
+{
+    slot *s = bench_slots((size_t)n);
+    double t0 = bench_now();
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        for (int k = 0; k < n; k++) {
+            if (shape == METG_W1 || k < BENCH_STENCIL_W) {
+#pragma omp task depend(out: s[k])
+                bench_spin(iters);
+            } else {
+                int d[3];
+                bench_stencil_deps(k / BENCH_STENCIL_W, k % BENCH_STENCIL_W, d);
+#pragma omp task depend(in: s[d[0]], s[d[1]], s[d[2]]) depend(out: s[k])
+                bench_spin(iters);
+            }
+        }
+    }
+    double t1 = bench_now();
+    free(s);
+    return t1 - t0;
+}

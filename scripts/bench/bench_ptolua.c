@@ -293,3 +293,151 @@ double ptolua_w4(int d, int reps)
         rc = check_done("W4", done0, BENCH_W4_TASKS(d) * reps);
     return rc == 0 ? t1 - t0 : -1.0;
 }
+
+/* ---- METG: spinning tasks on a Worker of either mode ----------------------
+ * The leaf spins the task's one scalar (iterations). In PROCESS mode it runs
+ * in the two forked children; the tensors are only tags there, never read. */
+
+static pto_worker *g_metg[2];
+
+static int spin_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
+                     const pto_call_config *cfg, char *err, size_t errlen)
+{
+    (void)ctx; (void)callable; (void)cfg; (void)err; (void)errlen;
+    bench_spin(args->scalar_count > 0 ? args->scalars[0] : 0);
+    return 0;
+}
+
+int ptolua_metg_setup(int32_t mode)
+{
+    pto_worker_config wc;
+    memset(&wc, 0, sizeof wc);
+    wc.level = 3;
+    wc.mode = mode;
+    wc.heap_ring_size = 16ULL << 20;
+    pto_worker *w = pto_worker_new(&wc);
+    if (!w) {
+        fprintf(stderr, "ptolua: pto_worker_new failed: %s\n", pto_errmsg());
+        return -1;
+    }
+    pto_leaf leaf = {.run = spin_leaf, .name = "spin"};
+    for (int i = 0; i < BENCH_THREADS; i++)
+        pto_worker_add_next_level(w, &leaf);
+    if (pto_worker_init(w) != 0) {
+        fprintf(stderr, "ptolua: pto_worker_init (%s mode) failed: %s\n",
+                mode == PTO_MODE_PROCESS ? "process" : "thread", pto_errmsg());
+        pto_worker_close(w);
+        return -1;
+    }
+    g_metg[mode == PTO_MODE_PROCESS] = w;
+    return 0;
+}
+
+void ptolua_metg_teardown(void)
+{
+    for (int i = 0; i < 2; i++) {
+        pto_worker_close(g_metg[i]);
+        g_metg[i] = NULL;
+    }
+}
+
+double ptolua_metg(int32_t mode, int shape, int n, uint64_t iters)
+{
+    pto_worker *w = g_metg[mode == PTO_MODE_PROCESS];
+    if (!w)
+        return -1.0;
+    char *buf = bench_slots((size_t)n);
+    static const uint8_t tag_out[1] = { PTO_OUTPUT };
+    static const uint8_t tag_st[4] = { PTO_INPUT, PTO_INPUT, PTO_INPUT, PTO_OUTPUT };
+    uint64_t sc[1] = { iters };
+    double t0 = bench_now();
+    pto_orch *o = pto_run_begin(w);
+    int rc = o ? 0 : -1;
+    for (int k = 0; k < n && rc == 0; k++) {
+        pto_tensor t[4];
+        pto_task_args a = { .scalar_count = 1, .scalars = sc, .tensors = t };
+        if (shape == METG_W1 || k < BENCH_STENCIL_W) {
+            t[0] = tensor_at(slot(buf, (size_t)k));
+            a.tensor_count = 1;
+            a.tags = tag_out;
+        } else {
+            int deps[3];
+            bench_stencil_deps(k / BENCH_STENCIL_W, k % BENCH_STENCIL_W, deps);
+            for (int d = 0; d < 3; d++)
+                t[d] = tensor_at(slot(buf, (size_t)deps[d]));
+            t[3] = tensor_at(slot(buf, (size_t)k));
+            a.tensor_count = 4;
+            a.tags = tag_st;
+        }
+        if (pto_submit_next_level(o, 0, &a, NULL, -1) < 0) {
+            fprintf(stderr, "ptolua: submit failed: %s\n", pto_errmsg());
+            rc = -1;
+        }
+    }
+    if (o && pto_run_end(w) != 0) {
+        fprintf(stderr, "ptolua: pto_run_end failed: %s\n", pto_errmsg());
+        rc = -1;
+    }
+    double t1 = bench_now();
+    free(buf);
+    return rc == 0 ? t1 - t0 : -1.0;
+}
+
+/* ---- one no-op sub child through the C API: T(n) = fixed + n * marginal ----
+ * Back-to-back runs of 1 and 2000 tasks on a Worker with one sub worker,
+ * the medians after a warm-up; the engine's share of bench_process.lua's
+ * one-sub figures, without Lua. */
+
+static int noop_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
+                     const pto_call_config *cfg, char *err, size_t errlen)
+{
+    (void)ctx; (void)callable; (void)args; (void)cfg; (void)err; (void)errlen;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double onesub_median(pto_worker *w, int n, int runs)
+{
+    double xs[256];
+    if (runs > 256) runs = 256;
+    for (int r = 0; r < runs; r++) {
+        double t0 = bench_now();
+        pto_orch *o = pto_run_begin(w);
+        for (int k = 0; k < n && o; k++) {
+            pto_task_args a = { 0 };
+            pto_submit_sub(o, 0, &a, -1);
+        }
+        if (o) pto_run_end(w);
+        xs[r] = bench_now() - t0;
+    }
+    qsort(xs, (size_t)runs, sizeof xs[0], cmp_double);
+    return xs[runs / 2];
+}
+
+int ptolua_onesub(int32_t mode, double *marginal_us, double *fixed_us)
+{
+    pto_worker_config wc;
+    memset(&wc, 0, sizeof wc);
+    wc.level = 3;
+    wc.mode = mode;
+    wc.heap_ring_size = 16ULL << 20;
+    pto_worker *w = pto_worker_new(&wc);
+    pto_leaf leaf = {.run = noop_leaf, .name = "sub"};
+    if (!w || pto_worker_add_sub(w, &leaf) < 0 || pto_worker_init(w) != 0) {
+        fprintf(stderr, "ptolua: one-sub Worker: %s\n", pto_errmsg());
+        pto_worker_close(w);
+        return -1;
+    }
+    onesub_median(w, 1, 100);
+    double t1 = onesub_median(w, 1, 201), tm = onesub_median(w, 2000, 21);
+    double m = (tm - t1) / 1999.0;
+    *marginal_us = m * 1e6;
+    *fixed_us = (t1 - m) * 1e6;
+    pto_worker_close(w);
+    return 0;
+}

@@ -233,3 +233,45 @@ double starpu_w4(int d, int reps)
     free(bA); free(bB); free(bC); free(bP);
     return rc == 0 ? t1 - t0 : -1.0;
 }
+
+static void spin_cpu(void *buffers[], void *arg)
+{
+    (void)buffers;
+    uint64_t iters;
+    starpu_codelet_unpack_args(arg, &iters);
+    bench_spin(iters);
+}
+
+static struct starpu_codelet cl_spin = {
+    .where = STARPU_CPU,
+    .cpu_funcs = { spin_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+    .name = "spin",
+};
+
+double starpu_metg(int shape, int n, uint64_t iters)
+{
+    char *buf = bench_slots((size_t)n);
+    starpu_data_handle_t *h = reg_slots(buf, (size_t)n);
+    int rc = 0;
+    double t0 = bench_now();
+    for (int k = 0; k < n && rc == 0; k++) {
+        int ret;
+        if (shape == METG_W1 || k < BENCH_STENCIL_W) {
+            ret = starpu_task_insert(&cl_spin, STARPU_VALUE, &iters, sizeof iters, STARPU_W, h[k], 0);
+        } else {
+            int d[3];
+            bench_stencil_deps(k / BENCH_STENCIL_W, k % BENCH_STENCIL_W, d);
+            ret = starpu_task_insert(&cl_spin, STARPU_VALUE, &iters, sizeof iters, STARPU_R, h[d[0]],
+                                     STARPU_R, h[d[1]], STARPU_R, h[d[2]], STARPU_W, h[k], 0);
+        }
+        if (ret != 0)
+            rc = insert_failed(ret);
+    }
+    if (rc == 0)
+        rc = wait_all();
+    double t1 = bench_now();
+    unreg_slots(h, (size_t)n);
+    free(buf);
+    return rc == 0 ? t1 - t0 : -1.0;
+}

@@ -88,7 +88,7 @@ typedef struct peer {
 static void *peer_body(void *arg)
 {
     peer *p = arg;
-    if (pto_mb_child_start(p->mb, &p->leaf) == 0) pto_mb_child_loop(p->mb, &p->leaf, p->spin_max);
+    if (pto_mb_child_start(p->mb, &p->leaf) == 0) pto_mb_child_loop(p->mb, &p->leaf, p->spin_max, p->spin_max);
     return NULL;
 }
 

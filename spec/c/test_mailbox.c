@@ -90,7 +90,7 @@ typedef struct peer {
 static void peer_body(peer *p)
 {
     if (pto_mb_child_start(p->mb, &p->leaf) != 0) return;
-    pto_mb_child_loop(p->mb, &p->leaf, p->spin_max);
+    pto_mb_child_loop(p->mb, &p->leaf, p->spin_max, p->spin_max);
 }
 
 static void *peer_thread(void *arg)

@@ -68,3 +68,10 @@ bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t s
     atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
     return work;
 }
+
+int64_t pto_hot_spin(int64_t hot_ns, int64_t cold_ns, const _Atomic uint64_t *hot_until_ns)
+{
+    uint64_t until = atomic_load_explicit(hot_until_ns, memory_order_relaxed);
+    if (hot_ns <= cold_ns || until == 0) return cold_ns;
+    return until == UINT64_MAX || pto_now_ns() < until ? hot_ns : cold_ns;
+}

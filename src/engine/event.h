@@ -21,4 +21,16 @@ void pto_event_notify(pto_event *e);
  * passes (< 0: no timeout). Spins for spin_ns first. Returns has_work(arg). */
 bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t spin_ns, int64_t timeout_ns);
 
+/* Spin budgets follow the orchestrator. While it submits it is usually
+ * the bottleneck, and on a machine with fewer cores than runnable threads
+ * a spinner's sched_yield calls take its core (measured: ~15% of a
+ * Lua-orchestrated run on 2 cores), so waiters spin only cold_ns and then
+ * sleep. While it waits (a drain, back-pressure: hot_until_ns is
+ * UINT64_MAX) and for a short window after a run opens and after each of
+ * its waits (hot_until_ns is then that deadline, pto_now_ns), a futex
+ * wake-up would cost more than spinning (tens of microseconds on a busy
+ * machine, several times a whole hand-off), so they spin up to hot_ns.
+ * Returns the budget that applies now. */
+int64_t pto_hot_spin(int64_t hot_ns, int64_t cold_ns, const _Atomic uint64_t *hot_until_ns);
+
 #endif

@@ -138,6 +138,12 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
 
 /* ---- child side ---- */
 
+void pto_mb_wake_parent(pto_mailbox *mb)
+{
+    pto_event_notify(&mb->to_parent);
+    if (mb->bell) pto_event_notify(mb->bell);
+}
+
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
 {
     mb->err[0] = 0;
@@ -149,7 +155,7 @@ int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
         return rc;
     }
     mb->rc = 0;
-    if (pto_mb_cas(mb, PTO_MB_STARTING, PTO_MB_IDLE, NULL)) pto_event_notify(&mb->to_parent);
+    if (pto_mb_cas(mb, PTO_MB_STARTING, PTO_MB_IDLE, NULL)) pto_mb_wake_parent(mb);
     return 0;
 }
 
@@ -206,13 +212,14 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
     return rc;
 }
 
-void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns)
+void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns)
 {
     pto_mb_spin spin;
     pto_mb_spin_init(&spin, spin_max_ns);
     for (;;) {
         uint64_t t0 = pto_now_ns();
-        if (!spin_for(child_has_work, mb, pto_mb_spin_budget(&spin)))
+        int64_t b = pto_mb_spin_budget(&spin);
+        if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
             pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
         uint32_t st = pto_mb_state(mb);
         if (st == PTO_MB_SHUTDOWN) return;
@@ -223,6 +230,6 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
         /* Only this child leaves TASK_READY (the zygote writes DEAD only
          * after reaping it), so a plain release store is enough. */
         atomic_store_explicit(&mb->state, PTO_MB_TASK_DONE, memory_order_release);
-        pto_event_notify(&mb->to_parent);
+        pto_mb_wake_parent(mb);
     }
 }

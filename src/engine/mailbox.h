@@ -1,7 +1,8 @@
-/* The shared-memory mailbox between one WorkerThread (the parent side) and
- * the child process that runs its leaf in PROCESS mode.
+/* The shared-memory mailbox between the parent (its scheduler thread
+ * drives every mailbox, process.h) and the child process that runs one
+ * worker's leaf in PROCESS mode.
  *
- * One mailbox per WorkerThread, each its own MAP_SHARED|MAP_ANONYMOUS
+ * One mailbox per worker, each its own MAP_SHARED|MAP_ANONYMOUS
  * mapping taken before any fork, so the zygote and every child it forks see
  * it at the same address. Three processes write to it, each only in the
  * states that give it ownership:
@@ -21,11 +22,12 @@
  * fails writes rc != 0 and the message, then exits: the zygote's DEAD
  * (died_in = STARTING) is the one signal the parent waits for.
  *
- * Waiting: each side spins briefly (an adaptive budget, see pto_mb_spin)
+ * Waiting: the child spins briefly (an adaptive budget, see pto_mb_spin)
  * and then sleeps on a futex in the mailbox (pto_event, shared futexes, no
- * PRIVATE flag); the other side issues FUTEX_WAKE only when the sleeper
- * announced itself (Dekker, seq_cst), so a hand-off to a spinning peer
- * costs no system call. */
+ * PRIVATE flag); the parent side waits on to_parent (init, blocking
+ * starts) or on the bell, the scheduler's own event; a waker issues
+ * FUTEX_WAKE only when the sleeper announced itself (Dekker, seq_cst), so
+ * a hand-off to a spinning peer costs no system call. */
 #ifndef PTO_MAILBOX_H
 #define PTO_MAILBOX_H
 
@@ -67,6 +69,13 @@ typedef struct pto_mailbox {
      * starts children of its own (a nested Worker) waits for them no longer
      * than this, so the whole tree shares one deadline. */
     uint64_t start_deadline_ns;
+    /* The parent's hot window (pto_hot_spin): until then the child spins
+     * for its next task instead of sleeping. */
+    _Atomic uint64_t hot_until_ns;
+    /* The parent's dispatcher (its scheduler thread) sleeps here, on an
+     * event in another shared mapping, set before the fork; NULL if none.
+     * The child and the zygote ring it with to_parent. */
+    pto_event *bell;
     _Alignas(64) pto_event to_child;    /* the child sleeps here */
     _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
     /* The task: written by the parent before TASK_READY. */
@@ -126,13 +135,17 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
 
 /* ---- child side ---- */
 
+/* Wake whoever waits on the parent side (to_parent and the bell). */
+void pto_mb_wake_parent(pto_mailbox *mb);
+
 /* Run leaf->start, then IDLE; on failure write rc and the message (the
  * caller exits). 0 or the start hook's result. */
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf);
 
-/* Serve tasks until SHUTDOWN: decode (the mailbox is untrusted bytes: bad
+/* Serve tasks until SHUTDOWN (waiting for each with an adaptive spin of
+ * at most spin_max_ns, or cold_spin_ns outside the hot window): decode (the mailbox is untrusted bytes: bad
  * lengths fail the task), install a shipped callable, run the leaf, post the
  * result. Returns when told to shut down. */
-void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns);
+void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns);
 
 #endif

@@ -249,9 +249,11 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
             break;
         }
         atomic_store_explicit(&o->waiting_for, ORCH_WAIT_RETIRE, memory_order_seq_cst);
+        pto_wm_hot(o->sched->wm, UINT64_MAX, false);
         pto_event_wait(&o->ev, orch_has_work, o, 0, (int64_t)(timeout - (now - last_progress)));
         atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
     }
+    pto_wm_hot(o->sched->wm, pto_now_ns() + PTO_HOT_NS, false);
     uint64_t t1 = pto_now_ns();
     ring->stall_ns += (int64_t)(t1 - t0);
     pto_trace *tr = orch_trace(o);
@@ -676,10 +678,23 @@ int pto_scope_end(pto_orch *o)
 
 int pto_scope_depth(pto_orch *o) { return o && o->open ? pto_scope_nested(&o->scope) : 0; }
 
+/* A drain spins this long before it sleeps: a small run's tasks finish
+ * within it, and a futex wake-up costs tens of microseconds on a busy
+ * machine. */
+#define DRAIN_SPIN_NS 20000
+
+/* While it waits for every task to finish, retired slots do not wake the
+ * orchestrator: they are reclaimed once, at the end. Waking for each would
+ * make it one more spinner beside the scheduler and the workers for the
+ * whole drain. */
 static bool all_finished(void *arg)
 {
     pto_orch *o = arg;
-    return orch_has_work(o) || atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
+    if (atomic_load_explicit(&o->waiting_for, memory_order_relaxed) != ORCH_WAIT_FINISH && orch_has_work(o))
+        return true;
+    return atomic_load_explicit(o->shutdown, memory_order_relaxed) ||
+           atomic_load_explicit(&o->sched->cancel, memory_order_relaxed) ||
+           atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
 }
 
 /* A drain runs everything submitted, held dispatch included: the gate stays
@@ -688,16 +703,18 @@ static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
 {
     bool ok = true;
     pto_sched_draining(o->sched, true);
+    pto_wm_hot(o->sched->wm, UINT64_MAX, false);
     atomic_store_explicit(&o->waiting_for, why, memory_order_seq_cst);
     while (!done(o)) {
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
             ok = false;
             break;
         }
-        pto_event_wait(&o->ev, all_finished, o, 2000, 100000000);
+        pto_event_wait(&o->ev, all_finished, o, DRAIN_SPIN_NS, 100000000);
         drain_retired(o);
     }
     atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
+    pto_wm_hot(o->sched->wm, pto_now_ns() + PTO_HOT_NS, false);
     pto_sched_draining(o->sched, false);
     return ok;
 }

@@ -14,12 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define PARENT_SPIN_MAX_NS 20000u   /* a WorkerThread waiting for a result */
 #define CHILD_SPIN_MAX_NS 20000u    /* a child waiting for its next task */
-/* While blocked on a mailbox the parent looks at the zygote this often:
- * nothing else tells it the zygote died (its children die with it and
- * cannot mark their mailboxes DEAD). A timed futex wait, not a sleep. */
-#define TICK_NS 50000000ll
+#define COLD_SPIN_NS 2000           /* while the orchestrator submits (pto_hot_spin) */
+#define TICK_NS PTO_PROC_TICK_NS   /* a blocked wait's look at the zygote: a timed futex wait */
 #define EXIT_GRACE_MS 1000          /* at close, idle children get this long to exit */
 /* Sent to the zygote when the thread that forked it exits (PR_SET_PDEATHSIG
  * counts threads): it then checks whether the whole parent is gone. */
@@ -130,7 +127,7 @@ static void zygote_mark_dead(pto_proc *p, int32_t slot, int status)
         atomic_store_explicit(&mb->died_in, prev, memory_order_relaxed);
     } while (!atomic_compare_exchange_weak_explicit(&mb->state, &prev, PTO_MB_DEAD, memory_order_release,
                                                     memory_order_relaxed));
-    pto_event_notify(&mb->to_parent);
+    pto_mb_wake_parent(mb);
 }
 
 static int32_t zygote_live(const pto_proc *p)
@@ -214,7 +211,7 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
     const pto_leaf *leaf = p->leaves[slot];
     if (pto_mb_child_start(mb, leaf) != 0) _exit(1);   /* the zygote's DEAD tells the parent */
     inherited_deadline_ns = 0;   /* replacements later get their own full timeout */
-    pto_mb_child_loop(mb, leaf, CHILD_SPIN_MAX_NS);
+    pto_mb_child_loop(mb, leaf, CHILD_SPIN_MAX_NS, COLD_SPIN_NS);
     if (leaf->stop) leaf->stop(leaf->ctx);
     _exit(0);
 }
@@ -417,20 +414,15 @@ static bool request_spawn(pto_child *c)
     return send_msg(c->proc, Z_SPAWN, c->slot, 0);
 }
 
-/* Wait for a requested child to report started; false with the reason in
- * why ("chip 1 (pid 42) failed to start: ..."). */
-static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
+/* Why a requested child did not start, from the state it ended in:
+ * "chip 1 (pid 42) failed to start: ...". timed_out: it was killed for
+ * missing its start deadline. */
+static void start_failure(pto_child *c, uint32_t st, bool timed_out, char *why, size_t cap)
 {
     pto_proc *p = c->proc;
-    uint64_t deadline = c->mb->start_deadline_ns;
-    uint32_t st = await(c, 1u << PTO_MB_STARTING, deadline, 0, abortable);
-    if (st == PTO_MB_IDLE) return true;
     char who[96], how[256];
     label(who, sizeof who, c);
-    if (st == W_TIMEOUT) {
-        send_msg(p, Z_KILL, c->slot, PTO_KILL_START_TIMEOUT);
-        /* Reaped within milliseconds; then the slot is free for a retry. */
-        await(c, ((1u << PTO_MB_NSTATES) - 1) & ~(1u << PTO_MB_DEAD), 0, 0, false);
+    if (timed_out) {
         if (c->deadline_cut)
             snprintf(why, cap, "%s did not report ready before the deadline this Worker's own parent set (start_timeout_ms "
                      "of the Worker at the top applies to the whole tree; raise it there) (it was killed)", who);
@@ -452,102 +444,177 @@ static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
     } else {
         snprintf(why, cap, "%s: unexpected mailbox state %u while starting", who, st);
     }
+}
+
+/* Wait for a requested child to report started; false with the reason in
+ * why ("chip 1 (pid 42) failed to start: ..."). */
+static bool await_start(pto_child *c, bool abortable, char *why, size_t cap)
+{
+    pto_proc *p = c->proc;
+    uint64_t deadline = c->mb->start_deadline_ns;
+    uint32_t st = await(c, 1u << PTO_MB_STARTING, deadline, 0, abortable);
+    if (st == PTO_MB_IDLE) return true;
+    if (st == W_TIMEOUT) {
+        send_msg(p, Z_KILL, c->slot, PTO_KILL_START_TIMEOUT);
+        /* Reaped within milliseconds; then the slot is free for a retry. */
+        await(c, ((1u << PTO_MB_NSTATES) - 1) & ~(1u << PTO_MB_DEAD), 0, 0, false);
+    }
+    start_failure(c, st, st == W_TIMEOUT, why, cap);
     return false;
 }
 
-/* Make sure c has a live, idle child before a task: replace one that died
- * while idle, finish a replacement under way. false with the reason in err. */
-static bool ensure_child(pto_child *c, char *err, size_t errlen)
+/* ---- the dispatcher's side: never blocks ----
+ * The scheduler thread drives every child itself: it posts a task when the
+ * child is idle, polls for the result, and moves a replacement along, all
+ * between its other work, so a task crosses no thread of its own. A child
+ * being (re)started keeps its claimed task until it is up or failed. */
+
+/* Move a requested start along: true once it ended (up, or failed with the
+ * reason in why when why is not NULL). Sends the start-timeout kill once. */
+static bool start_progress(pto_child *c, char *why, size_t cap, bool *up)
 {
     uint32_t st = pto_mb_state(c->mb);
+    *up = st == PTO_MB_IDLE;
     if (st == PTO_MB_IDLE) return true;
-    char why[PTO_MB_ERR_CAP];
-    bool ok;
-    if (!zygote_alive(c->proc)) {
-        zygote_gone_msg(why, sizeof why, c);
-        ok = false;
-    } else if (st == PTO_MB_STARTING) {
-        ok = await_start(c, true, why, sizeof why);
-    } else if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {
-        ok = request_spawn(c) && await_start(c, true, why, sizeof why);
-        if (!ok && atomic_load(&c->proc->zygote_gone)) zygote_gone_msg(why, sizeof why, c);
-    } else {
-        snprintf(why, sizeof why, "unexpected mailbox state %u", st);
-        ok = false;
+    if (st == PTO_MB_STARTING) {
+        if (atomic_load_explicit(&c->proc->zygote_gone, memory_order_relaxed)) {
+            if (why) start_failure(c, W_ZYGOTE_GONE, false, why, cap);
+            return true;
+        }
+        if (!c->kill_sent && pto_now_ns() >= c->mb->start_deadline_ns) {
+            c->kill_sent = true;
+            send_msg(c->proc, Z_KILL, c->slot, PTO_KILL_START_TIMEOUT);
+        }
+        return false;
     }
-    if (!ok) snprintf(err, errlen, "%s has no live child process to run the task: %s", c->name, why);
-    return ok;
+    if (why) start_failure(c, st, c->kill_sent, why, cap);
+    return true;
 }
 
-int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
-                 size_t errlen)
+static void replaced(pto_child *c)
 {
-    pto_child *c = ctx;
+    c->replacing = false;
+    pto_proc *p = c->proc;
+    if (atomic_fetch_sub(&p->replacing, 1) == 1) pto_event_notify(&p->settle_ev);
+}
+
+bool pto_proc_tick(pto_child *c)
+{
+    if (!c->replacing) return false;
+    bool up;
+    /* A failed replacement is retried, and reported, by the next task. */
+    if (!start_progress(c, NULL, 0, &up)) return false;
+    c->awaiting = false;
+    replaced(c);
+    return true;
+}
+
+bool pto_proc_actionable(const pto_child *c)
+{
+    return pto_mb_state(c->mb) != PTO_MB_STARTING || (!c->kill_sent && pto_now_ns() >= c->mb->start_deadline_ns);
+}
+
+int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                      char *err, size_t errlen)
+{
     pto_proc *p = c->proc;
     pto_mailbox *mb = c->mb;
-    int32_t e = -1;
-    for (int attempt = 0;; attempt++) {
-        if (pto_mb_state(mb) != PTO_MB_IDLE && !ensure_child(c, err, errlen)) return 1;
-        e = ship_find(p->ships, c->kind, callable);
+    char why[PTO_MB_ERR_CAP];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint32_t st = pto_mb_state(mb);
+        if (atomic_load_explicit(&p->zygote_gone, memory_order_relaxed) || (st != PTO_MB_IDLE && !zygote_alive(p))) {
+            zygote_gone_msg(why, sizeof why, c);
+            snprintf(err, errlen, "%s has no live child process to run the task: %s", c->name, why);
+            return -1;
+        }
+        if (c->replacing && !pto_proc_tick(c)) return 1;
+        st = pto_mb_state(mb);
+        if (st == PTO_MB_STARTING || (c->awaiting && st == PTO_MB_DEAD)) {
+            bool up;
+            if (!start_progress(c, why, sizeof why, &up)) return 1;
+            c->awaiting = false;
+            if (!up) {
+                snprintf(err, errlen, "%s has no live child process to run the task: %s", c->name, why);
+                return -1;
+            }
+            st = PTO_MB_IDLE;
+        }
+        if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {
+            /* Died while idle: the task waits for its replacement. */
+            if (request_spawn(c)) {
+                c->awaiting = true;
+                c->kill_sent = false;
+                return 1;
+            }
+            snprintf(err, errlen, "%s has no live child process to run the task: ", c->name);
+            size_t n = strlen(err);
+            zygote_gone_msg(err + n, errlen - n, c);
+            return -1;
+        }
+        if (st != PTO_MB_IDLE) {
+            snprintf(err, errlen, "%s has no live child process to run the task: unexpected mailbox state %u", c->name, st);
+            return -1;
+        }
+        int32_t e = ship_find(p->ships, c->kind, callable);
         const pto_shipped *sh = e >= 0 && !(c->loaded[e / 8] & (1u << (e % 8))) ? &p->ships->entries[e] : NULL;
         int r = pto_mb_post(mb, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0);
-        if (r == 0) break;
+        if (r == 0) {
+            c->posted_ship = e;
+            return 0;
+        }
         if (r < 0) {
             snprintf(err, errlen, "%s", pto_errmsg());
-            return 1;
+            return -1;
         }
-        /* r is the state found: the child died after ensure_child. Once more. */
-        if (attempt) {
-            snprintf(err, errlen, "%s has no live child process to run the task (mailbox state %d)", c->name, r);
-            return 1;
-        }
+        /* r is the state found: the child died since. Once more. */
     }
-    uint64_t t0 = pto_now_ns();
-    uint32_t st = await(c, 1u << PTO_MB_TASK_READY, 0, pto_mb_spin_budget(&c->spin), true);
+    snprintf(err, errlen, "%s has no live child process to run the task (mailbox state %u)", c->name, pto_mb_state(mb));
+    return -1;
+}
+
+int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen)
+{
+    pto_proc *p = c->proc;
+    pto_mailbox *mb = c->mb;
+    uint32_t st = pto_mb_state(mb);
+    if (st == PTO_MB_TASK_READY) {
+        if (!check_zygote || zygote_alive(p)) return 0;
+        zygote_gone_msg(err, errlen, c);
+        *rc = 1;
+        return 1;
+    }
     char who[96], how[256];
-    label(who, sizeof who, c);
     if (st == PTO_MB_TASK_DONE) {
-        uint64_t done = mb->done_ns;
-        pto_mb_spin_observe(&c->spin, done > t0 ? done - t0 : 0);
-        int rc = mb->rc;
+        int32_t e = c->posted_ship;
+        *rc = mb->rc;
         if (e >= 0 && mb->loaded) c->loaded[e / 8] |= (uint8_t)(1u << (e % 8));
-        if (rc != 0) {
+        if (*rc != 0) {
+            label(who, sizeof who, c);
             /* Name the process too: its logs, core or debugger need the pid. */
             if (mb->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
-            else snprintf(err, errlen, "%s: the leaf returned %d", who, rc);
+            else snprintf(err, errlen, "%s: the leaf returned %d", who, *rc);
         }
         /* Fails only if the child died since: the next task replaces it. */
         pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL);
-        return rc;
+        return 1;
     }
+    *rc = 1;
+    label(who, sizeof who, c);
     if (st == PTO_MB_DEAD) {
         describe_end(how, sizeof how, mb);
         snprintf(err, errlen, "%s %s while running the task", who, how);
-        /* Start the replacement now; pto_proc_after_task waits for it once
-         * the failure is reported. Not when the Worker is going away. */
+        /* Start the replacement now; the next task on this child waits
+         * for it, and so does the end of the run. Not when the Worker is
+         * going away. */
         if (atomic_load(&mb->kill_reason) != PTO_KILL_SHUTDOWN && request_spawn(c)) {
             c->replacing = true;
+            c->kill_sent = false;
             atomic_fetch_add(&p->replacing, 1);
         }
-    } else if (st == W_ZYGOTE_GONE) {
-        zygote_gone_msg(err, errlen, c);
-    } else if (st == W_ABORTED) {
-        snprintf(err, errlen, "the Worker shut down while %s was running the task (the child is killed)", who);
     } else {
         snprintf(err, errlen, "%s: unexpected mailbox state %u after a task", who, st);
     }
     return 1;
-}
-
-void pto_proc_after_task(pto_child *c)
-{
-    if (!c->replacing) return;
-    char why[PTO_MB_ERR_CAP];
-    /* A failed replacement is retried, and reported, by the next task. */
-    (void)await_start(c, true, why, sizeof why);
-    c->replacing = false;
-    pto_proc *p = c->proc;
-    if (atomic_fetch_sub(&p->replacing, 1) == 1) pto_event_notify(&p->settle_ev);
 }
 
 static bool settled(void *arg)
@@ -561,9 +628,17 @@ void pto_proc_settle(pto_proc *p)
     while (!settled(p)) pto_event_wait(&p->settle_ev, settled, p, 0, TICK_NS);
 }
 
+void pto_proc_hot(pto_proc *p, uint64_t until_ns, bool wake)
+{
+    for (int32_t i = 0; i < p->n; i++) {
+        atomic_store_explicit(&p->mbs[i]->hot_until_ns, until_ns, memory_order_relaxed);
+        if (wake) pto_event_notify(&p->mbs[i]->to_child);
+    }
+}
+
 void pto_proc_wake(pto_proc *p)
 {
-    for (int32_t i = 0; i < p->n; i++) pto_event_notify(&p->mbs[i]->to_parent);
+    for (int32_t i = 0; i < p->n; i++) pto_mb_wake_parent(p->mbs[i]);
     pto_event_notify(&p->settle_ev);
 }
 
@@ -671,9 +746,10 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
             return NULL;
         }
         p->leaves[i] = cfg->leaves[i];
+        p->mbs[i]->bell = cfg->bell;
         pto_child *c = &p->children[i];
-        *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i]};
-        pto_mb_spin_init(&c->spin, PARENT_SPIN_MAX_NS);
+        *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i],
+                         .posted_ship = -1};
     }
     pthread_sigmask(SIG_SETMASK, NULL, &p->child_mask);
     p->zygote_pid = fork_zygote(p);

@@ -1,6 +1,7 @@
-/* PROCESS mode: every WorkerThread drives one child process
- * through a shared-memory mailbox (mailbox.h). The WorkerThread's leaf is
- * pto_proc_run, a mailbox client; the user's pto_leaf runs in the child.
+/* PROCESS mode: every worker is one child process driven through a
+ * shared-memory mailbox (mailbox.h) by the scheduler thread itself
+ * (pto_proc_try_post, pto_proc_poll: they never block); the user's
+ * pto_leaf runs in the child.
  *
  * Children are forked by a forkserver (the "zygote"): one single-threaded
  * process forked at init before any engine thread of the Worker exists.
@@ -8,7 +9,7 @@
  * SOCK_SEQPACKET socketpair), so a replacement is a clean copy of the
  * process as it was at init even though the parent has threads by then.
  * The zygote reaps its children (signalfd) and marks their mailbox DEAD with
- * the wait status, which wakes the WorkerThread waiting on that mailbox.
+ * the wait status, which wakes the scheduler (the mailbox's bell).
  *
  * Process tree and lifetimes:
  *   parent (threads) ── zygote ── child × N
@@ -28,7 +29,7 @@
 #include "pto.h"
 
 /* ---- callables shipped after the fork (pto_worker_ship_callable) ----
- * An append-only table: readers (WorkerThreads) take no lock; a callable
+ * An append-only table: readers (the scheduler) take no lock; a callable
  * shipped again gets a new entry, the newest one wins. Blobs live in the
  * shared arena, so every child can read them. */
 #define PTO_MAX_SHIPPED 4096
@@ -55,27 +56,30 @@ int pto_ship_add(pto_ship_table *t, int32_t kind, uint64_t callable, const void 
 
 typedef struct pto_proc pto_proc;
 
-/* The parent-side state of one child, owned by its WorkerThread: the ctx of
- * pto_proc_run. */
+/* The parent-side state of one child, owned by the scheduler thread once
+ * the Worker runs. */
 typedef struct pto_child {
     pto_proc *proc;
     pto_mailbox *mb;
     int32_t slot, kind;
     const char *name;                        /* the worker's label ("chip 1") */
-    pto_mb_spin spin;                        /* waits for results */
+    int32_t posted_ship;                     /* ship entry sent with the task in the mailbox, or -1 */
     bool replacing;                          /* asked for a replacement after a death */
+    bool awaiting;                           /* asked for a child for a task that waits for it */
+    bool kill_sent;                          /* the start-timeout kill of the current request */
     bool deadline_cut;                       /* its start deadline is the one this process inherited */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
 } pto_child;
 
 typedef struct pto_proc_config {
-    int32_t n;                               /* children (one per WorkerThread) */
+    int32_t n;                               /* children (one per worker) */
     const pto_leaf *const *leaves;           /* what child i runs: memory that outlives the Worker */
     const char *const *names;                /* labels for messages */
     const int32_t *kinds;
     uint32_t start_timeout_ms;
     const _Atomic bool *stopping;            /* set when the Worker stops: waits give up */
     const pto_ship_table *ships;
+    pto_event *bell;                         /* in shared memory: rung on every result, start and death */
 } pto_proc_config;
 
 /* Map the mailboxes, fork the zygote, have it fork every child and wait
@@ -84,21 +88,38 @@ typedef struct pto_proc_config {
  * before the Worker starts any thread. */
 pto_proc *pto_proc_start(const pto_proc_config *cfg);
 /* Shut every child and the zygote down (SIGKILL for any still running a
- * task), reap the zygote, unmap, free. Call after the WorkerThreads stopped. */
+ * task), reap the zygote, unmap, free. Call after the scheduler stopped. */
 void pto_proc_stop(pto_proc *p);
 
 pto_child *pto_proc_child(pto_proc *p, int32_t slot);
 
-/* The proc leaf (a pto_leaf_fn, ctx = pto_child): ship the task to the
- * child and wait for its result, its death or the Worker stopping. */
-int pto_proc_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
-                 size_t errlen);
-/* After the WorkerThread reported a task: if its child died, wait for the
- * replacement to start, so the next task finds a live child. */
-void pto_proc_after_task(pto_child *c);
+/* While a child runs a task or starts, its dispatcher looks this often
+ * whether the forkserver is still there and a start is late: nothing else
+ * tells it the zygote died (its children die with it and cannot mark
+ * their mailboxes DEAD). */
+#define PTO_PROC_TICK_NS 50000000ll
+
+/* Hand a task to c's child: 0 posted; 1 not yet (a child is starting for
+ * it: call again when the bell rings); -1 failed, the reason in err (no
+ * live child, a failed start, arguments too big for the mailbox). */
+int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                      char *err, size_t errlen);
+/* After a post: 0 still running; 1 ended, with the leaf's result in *rc and,
+ * if it failed, the message in err (a death is a failure, and its
+ * replacement is requested). check_zygote: also look whether the
+ * forkserver is gone (a system call: every TICK, not every turn). */
+int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen);
+/* Move a replacement along (its start timeout); true when it just ended. */
+bool pto_proc_tick(pto_child *c);
+/* Whether c's mailbox has news for the dispatcher: anything but a start
+ * still within its deadline. */
+bool pto_proc_actionable(const pto_child *c);
 /* Wait until no replacement is under way (the end of a run). */
 void pto_proc_settle(pto_proc *p);
-/* Wake every WorkerThread waiting on a mailbox (the Worker is stopping). */
+/* Set every child's hot window (pto_hot_spin); with wake, wake the
+ * sleeping ones so that they spin for their next task. */
+void pto_proc_hot(pto_proc *p, uint64_t until_ns, bool wake);
+/* Wake everyone waiting on a mailbox (the Worker is stopping). */
 void pto_proc_wake(pto_proc *p);
 /* Async-signal-safe: have the zygote SIGKILL every child running a task. */
 void pto_proc_kill_busy(pto_proc *p, uint32_t reason);

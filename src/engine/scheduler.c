@@ -3,7 +3,9 @@
 #include "slot.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +14,20 @@
 /* The scheduler spins this long for new work before it sleeps. */
 #define SCHED_SPIN_NS 20000
 
-void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
+bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 {
     memset(s, 0, sizeof *s);
     s->wm = wm;
+    void *ev = mmap(NULL, sizeof *s->ev, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (ev == MAP_FAILED) {
+        pto_set_error("cannot map the scheduler's wake-up word (mmap: %s)", strerror(errno));
+        return false;
+    }
+    s->ev = ev;   /* zero-filled: idle */
     atomic_init(&s->break_task, -1);
     pthread_mutex_init(&s->fail_mu, NULL);
     pthread_mutex_init(&s->gate_mu, NULL);
+    return true;
 }
 
 void pto_sched_destroy(pto_scheduler *s)
@@ -30,12 +39,13 @@ void pto_sched_destroy(pto_scheduler *s)
     free(s->breaks);
     pthread_mutex_destroy(&s->fail_mu);
     pthread_mutex_destroy(&s->gate_mu);
+    if (s->ev) munmap(s->ev, sizeof *s->ev);
 }
 
 void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
 {
     pto_slot_stack_push(&s->wire_head, slot, &slot->next_wire, memory_order_release);
-    pto_event_notify(&s->ev);
+    pto_event_notify(s->ev);
 }
 
 char *pto_sched_take_failure(pto_scheduler *s)
@@ -319,7 +329,7 @@ static bool gate_pass(pto_scheduler *s, const pto_slot *slot)
 static void gate_changed(pto_scheduler *s)
 {
     atomic_fetch_add(&s->gate_gen, 1);
-    pto_event_notify(&s->ev);
+    pto_event_notify(s->ev);
 }
 
 static void gate_update(pto_scheduler *s)
@@ -394,14 +404,14 @@ static void answer_quiet(pto_scheduler *s)
 void pto_sched_sync(pto_scheduler *s)
 {
     uint64_t req = atomic_fetch_add(&s->sync_req, 1) + 1;
-    pto_event_notify(&s->ev);
+    pto_event_notify(s->ev);
     while (atomic_load(&s->sync_ack) < req && atomic_load(&s->running)) sched_yield();
 }
 
 bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms)
 {
     uint64_t req = atomic_fetch_add(&s->quiet_req, 1) + 1;
-    pto_event_notify(&s->ev);
+    pto_event_notify(s->ev);
     uint64_t deadline = pto_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (atomic_load(&s->quiet_ack) < req) {
         if (pto_now_ns() >= deadline) return false;
@@ -543,7 +553,7 @@ static bool sched_has_work(void *arg)
                 atomic_load_explicit(&wt->cq_tail, memory_order_relaxed))
                 return true;
         }
-    return false;
+    return pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 
 static void *sched_main(void *arg)
@@ -556,11 +566,14 @@ static void *sched_main(void *arg)
         uint64_t sync = atomic_load(&s->sync_req);
         bool wired = wire_all(s);
         dispatch_ready(s);
+        bool pumped = pto_wm_pump(s->wm);   /* PROCESS mode: into the children and back */
         bool done = complete_all(s);
         if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
-        if (wired || done) continue;
+        if (wired || done || pumped) continue;
         answer_quiet(s);
-        pto_event_wait(&s->ev, sched_has_work, s, SCHED_SPIN_NS, -1);
+        s->wait_ns = -1;
+        if (sched_has_work(s)) continue;
+        pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
     }
     return NULL;
 }
@@ -583,7 +596,7 @@ void pto_sched_stop(pto_scheduler *s)
 {
     if (!s->started) return;
     atomic_store_explicit(&s->running, false, memory_order_release);
-    pto_event_notify(&s->ev);
+    pto_event_notify(s->ev);
     pthread_join(s->thread, NULL);
     s->started = false;
 }

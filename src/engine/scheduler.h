@@ -1,5 +1,6 @@
 /* Scheduler: one thread that wires fan-out edges of newly
- * submitted tasks, dispatches ready tasks to worker threads, and handles
+ * submitted tasks, dispatches ready tasks to workers (in PROCESS mode also
+ * into their children's mailboxes, pto_wm_pump), and handles
  * completions (fan-out release, poisoning, reclamation hand-off).
  * Phase order per turn: wiring, dispatch, completion. */
 #ifndef PTO_SCHEDULER_H
@@ -24,7 +25,9 @@ typedef struct pto_scheduler {
     bool started;
     _Atomic int32_t up;                     /* 1 once the thread started (pto_wait_up) */
     _Atomic bool running;
-    pto_event ev;
+    /* Its own MAP_SHARED page: in PROCESS mode the children and the zygote
+     * ring it too (a result, a start, a death). */
+    pto_event *ev;
 
     struct pto_slot *_Atomic wire_head;     /* orchestrator -> scheduler (LIFO stack) */
     pto_ready_queue ready[PTO_KINDS];       /* per worker kind, unpinned */
@@ -64,6 +67,7 @@ typedef struct pto_scheduler {
     _Atomic uint64_t sync_req, sync_ack;    /* pto_sched_sync: answered after one whole turn */
     _Atomic uint32_t gate_gen;              /* bumped by every change above: the scheduler wakes to look */
     uint32_t gate_seen;                     /* scheduler-only */
+    int64_t wait_ns;                        /* scheduler-only: its next sleep's timeout (PROCESS mode), or -1 */
     pthread_mutex_t gate_mu;                /* breaks */
     struct pto_break *breaks;
     int32_t nbreaks, breaks_cap;
@@ -85,7 +89,8 @@ typedef struct pto_break {
     uint64_t callable;
 } pto_break;
 
-void pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
+/* false with pto_errmsg set (the event's mapping failed). */
+bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
 bool pto_sched_start(pto_scheduler *s);
 void pto_sched_stop(pto_scheduler *s);
 void pto_sched_destroy(pto_scheduler *s);

@@ -1,5 +1,6 @@
 /* Trace recorder (docs/tracing.md): one fixed-capacity event buffer per
- * Worker, filled by the orchestrator, the worker threads and nothing else,
+ * Worker, filled by the orchestrator, the worker threads (PROCESS mode: the
+ * scheduler) and nothing else,
  * written out as Chrome trace-event JSON when the trace stops.
  *
  * Recording never waits: a writer claims a slot with one fetch_add and
@@ -59,7 +60,8 @@ static inline pto_trace *pto_trace_on(pto_trace *_Atomic *slot)
     return t && atomic_load_explicit(&t->enabled, memory_order_relaxed) ? t : NULL;
 }
 
-/* Worker thread: member of s ran on wt from t0 until now; status != 0 if it failed. */
+/* Worker thread (PROCESS mode: the scheduler, for the child): member of s
+ * ran on wt from t0 until now; status != 0 if it failed. */
 void pto_trace_task(pto_trace *t, const struct pto_worker_thread *wt, const struct pto_slot *s, int32_t member,
                     uint64_t t0, int status);
 /* Orchestrator: s was submitted from t0 until now; also records its producer edges. */

@@ -66,7 +66,12 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     }
     if (c.start_timeout_ms == 0) c.start_timeout_ms = 10000;
     pto_wm_init(&w->wm, c.mode, c.queue_depth, c.start_timeout_ms);
-    pto_sched_init(&w->sched, &w->wm);
+    if (!pto_sched_init(&w->sched, &w->wm)) {
+        pto_wm_destroy(&w->wm);
+        for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_unmap(&w->rings[r]);
+        free(w);
+        return NULL;
+    }
     w->wm.cancel = &w->sched.cancel;
     return w;
 }
@@ -108,7 +113,7 @@ int pto_worker_init(pto_worker *w)
     /* Children (PROCESS mode) are forked inside pto_wm_start before its
      * threads exist, and have all started when it returns; the scheduler
      * thread comes last. */
-    if (!pto_wm_start(&w->wm, &w->sched.ev)) return -1;
+    if (!pto_wm_start(&w->wm, w->sched.ev)) return -1;
     pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
     if (!pto_sched_start(&w->sched)) {
         pto_wm_stop(&w->wm);
@@ -135,6 +140,10 @@ pto_orch *pto_run_begin(pto_worker *w)
         return NULL;
     }
     pto_orch_begin(&w->orch);
+    /* Wake whoever sleeps now, while the first submits are made, rather
+     * than one after another as the first task reaches each of them. */
+    pto_wm_hot(&w->wm, pto_now_ns() + PTO_HOT_NS, true);
+    pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
     return &w->orch;
@@ -157,7 +166,7 @@ void pto_worker_interrupt(pto_worker *w)
 {
     if (!w) return;
     atomic_store(&w->sched.cancel, true);
-    pto_event_notify(&w->sched.ev);
+    pto_event_notify(w->sched.ev);
     pto_event_notify(&w->orch.ev);
     /* A second interrupt of the same run stops tasks that are still running
      * in child processes (they fail and their children are replaced). */

@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How long an idle worker thread spins before it sleeps. Long enough to
- * bridge the scheduler's turnaround on a busy DAG, short enough not to steal
- * a core from the orchestrator on a 2-core machine. */
+/* How long an idle worker thread spins before it sleeps (pto_hot_spin):
+ * while the orchestrator waits, long enough to bridge the scheduler's
+ * turnaround on a busy DAG; while it submits, only long enough to catch a
+ * task the scheduler is about to stage. */
 #define WT_SPIN_NS 20000
+#define WT_COLD_SPIN_NS 2000
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms)
 {
@@ -41,6 +43,14 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
     return wt->index;
 }
 
+/* A thief takes only from a thread that is running a task: an owner that
+ * is idle or waking up takes its own head at once, and a thief that took it
+ * instead would leave the owner idle and make the next task wait behind it. */
+static bool owner_busy(const pto_worker_thread *q)
+{
+    return atomic_load_explicit(&q->current_task, memory_order_relaxed) != -1;
+}
+
 /* Claim the head entry of q's queue for the calling worker thread: q's own
  * thread takes any entry, a thief (another thread of q's kind) only a
  * stealable one. */
@@ -50,7 +60,7 @@ static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *me
     for (;;) {
         if (h == atomic_load_explicit(&q->dq_tail, memory_order_acquire)) return false;
         pto_dispatch *e = &q->dq[h & (PTO_WT_QCAP - 1)];
-        if (thief && !atomic_load_explicit(&e->stealable, memory_order_relaxed)) return false;
+        if (thief && (!atomic_load_explicit(&e->stealable, memory_order_relaxed) || !owner_busy(q))) return false;
         pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
         pto_slot *af = atomic_load_explicit(&e->after, memory_order_relaxed);
         int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
@@ -72,7 +82,7 @@ static bool can_steal_from(const pto_worker_thread *q)
 {
     uint32_t h = atomic_load_explicit(&q->dq_head, memory_order_acquire);
     return h != atomic_load_explicit(&q->dq_tail, memory_order_acquire) &&
-           atomic_load_explicit(&q->dq[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed);
+           atomic_load_explicit(&q->dq[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed) && owner_busy(q);
 }
 
 /* An idle worker thread takes a task staged on a busy one of its kind, so a
@@ -100,49 +110,70 @@ static bool wt_has_work(void *arg)
            atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL, NULL);
 }
 
-static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
-                       pto_worker_thread *origin)
+/* A task that must not run: its group failed, the task it is chained
+ * behind did not succeed, or the run was interrupted. -1: run it. */
+static int32_t skip_status(const pto_worker_thread *wt, pto_slot *s, pto_slot *after)
 {
-    pto_completion c = {.slot = s, .origin = origin, .member = member, .status = PTO_DONE_OK, .error = NULL};
-    if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) {
-        c.status = PTO_DONE_SKIPPED;
-    } else if (after && !atomic_load_explicit(&after->ran_ok, memory_order_relaxed)) {
-        /* `after` was staged before s here, and neither could be stolen:
-         * it ran on this thread already, which knows its outcome before
-         * the scheduler does. */
-        c.status = PTO_DONE_UNRUN;
-    } else if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) {
-        /* Staged before the interrupt: an interrupted run drains without
-         * running what is still queued, however deep the queues are. */
-        c.status = PTO_DONE_CANCELLED;
-    } else {
-        const pto_member *m = &s->members[member];
-        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
-        char err[PTO_MB_ERR_CAP];   /* room for a child's message with a Lua traceback */
-        err[0] = 0;
-        atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
-        /* Here, not at dispatch: an idle worker may have stolen the task. */
-        if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
-        pto_trace *tr = pto_trace_on(&wt->wm->trace);
-        uint64_t t0 = tr ? pto_now_ns() : 0;
-        int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
-        atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
-        if (tr) pto_trace_task(tr, wt, s, member, t0, rc);   /* before the completion: ends precede consumers */
-        if (rc != 0) {
-            c.status = PTO_DONE_FAILED;
-            c.error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
-        } else if (s->group_size == 1) {
-            atomic_store_explicit(&s->ran_ok, true, memory_order_relaxed);
-        }
-    }
+    if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) return PTO_DONE_SKIPPED;
+    /* `after` was staged before s here, and neither could be stolen: it ran
+     * on this worker already, which knows its outcome before the scheduler
+     * does. */
+    if (after && !atomic_load_explicit(&after->ran_ok, memory_order_relaxed)) return PTO_DONE_UNRUN;
+    /* Staged before the interrupt: an interrupted run drains without
+     * running what is still queued, however deep the queues are. */
+    if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) return PTO_DONE_CANCELLED;
+    return -1;
+}
+
+static void complete(pto_worker_thread *wt, pto_completion c)
+{
     atomic_fetch_add_explicit(&wt->tasks_run, 1, memory_order_relaxed);
     uint32_t t = atomic_load_explicit(&wt->cq_tail, memory_order_relaxed);
     wt->cq[t & (PTO_WT_CQCAP - 1)] = c;
     atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);
+}
+
+/* The leaf ran (rc): account for it, trace it, report it. */
+static void ran(pto_worker_thread *wt, pto_completion *c, uint64_t t0, int rc, const char *err)
+{
+    pto_slot *s = c->slot;
+    atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+    pto_trace *tr = pto_trace_on(&wt->wm->trace);
+    if (tr && t0) pto_trace_task(tr, wt, s, c->member, t0, rc);   /* before the completion: ends precede consumers */
+    if (rc != 0) {
+        c->status = PTO_DONE_FAILED;
+        c->error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
+    } else if (s->group_size == 1) {
+        atomic_store_explicit(&s->ran_ok, true, memory_order_relaxed);
+    }
+}
+
+static void started(pto_worker_thread *wt, pto_slot *s, int32_t member)
+{
+    atomic_store_explicit(&wt->current_task, s->id, memory_order_relaxed);
+    /* Here, not at dispatch: an idle worker may have stolen the task. */
+    if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
+}
+
+static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
+                       pto_worker_thread *origin)
+{
+    pto_completion c = {.slot = s, .origin = origin, .member = member, .status = PTO_DONE_OK, .error = NULL};
+    int32_t skip = skip_status(wt, s, after);
+    if (skip >= 0) {
+        c.status = skip;
+    } else {
+        const pto_member *m = &s->members[member];
+        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
+        char err[PTO_MB_ERR_CAP];
+        err[0] = 0;
+        started(wt, s, member);
+        uint64_t t0 = pto_trace_on(&wt->wm->trace) ? pto_now_ns() : 0;
+        int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        ran(wt, &c, t0, rc, err);
+    }
+    complete(wt, c);
     pto_event_notify(wt->wm->sched_ev);
-    /* Reported first (a death must fail its task at once), then the
-     * replacement must be up before this thread takes its next task. */
-    if (wt->child) pto_proc_after_task(wt->child);
 }
 
 static void *wt_main(void *arg)
@@ -150,7 +181,7 @@ static void *wt_main(void *arg)
     pto_worker_thread *wt = arg;
     atomic_fetch_add_explicit(&wt->wm->up, 1, memory_order_release);
     for (;;) {
-        pto_event_wait(&wt->ev, wt_has_work, wt, WT_SPIN_NS, -1);
+        pto_event_wait(&wt->ev, wt_has_work, wt, pto_hot_spin(WT_SPIN_NS, WT_COLD_SPIN_NS, &wt->wm->hot_until_ns), -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
         pto_slot *slot, *after;
         int32_t member;
@@ -164,8 +195,110 @@ static void *wt_main(void *arg)
     return NULL;
 }
 
-/* PROCESS mode: the zygote and one child per worker thread, all started
- * before any thread of this Worker exists. */
+/* ---- PROCESS mode: the scheduler drives the children ---- */
+
+/* Claim the next task for wt's child: its own queue's head, or a
+ * stealable one behind a busy child of its kind. Tasks that must not run
+ * complete at once. */
+static bool pump_claim(pto_worker_thread *wt)
+{
+    pto_slot *slot, *after;
+    int32_t member;
+    pto_worker_thread *origin;
+    for (;;) {
+        if (claim(wt, false, &slot, &member, &after)) origin = wt;
+        else if (!(origin = steal(wt, false, &slot, &member, &after))) return false;
+        int32_t skip = skip_status(wt, slot, after);
+        if (skip < 0) break;
+        complete(wt, (pto_completion){.slot = slot, .origin = origin, .member = member, .status = skip});
+    }
+    wt->task = slot;
+    wt->task_after = after;
+    wt->task_member = member;
+    wt->task_origin = origin;
+    wt->task_posted = false;
+    return true;
+}
+
+static void pump_done(pto_worker_thread *wt, int rc, const char *err)
+{
+    pto_completion c = {.slot = wt->task, .origin = wt->task_origin, .member = wt->task_member, .status = PTO_DONE_OK};
+    ran(wt, &c, wt->task_t0, rc, err);
+    complete(wt, c);
+    wt->task = NULL;
+}
+
+static bool pump_one(pto_worker_thread *wt, bool check_zygote)
+{
+    pto_child *ch = wt->child;
+    char err[PTO_MB_ERR_CAP];
+    bool moved = pto_proc_tick(ch);
+    for (;;) {
+        if (wt->task && wt->task_posted) {
+            int rc = 0;
+            err[0] = 0;
+            if (pto_proc_poll(ch, check_zygote, &rc, err, sizeof err) == 0) return moved;
+            pump_done(wt, rc, err);
+            moved = true;
+        }
+        if (!wt->task && !pump_claim(wt)) return moved;
+        pto_slot *s = wt->task;
+        const pto_member *m = &s->members[wt->task_member];
+        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
+        err[0] = 0;
+        /* Before the post: the child may start (and trace) at once. */
+        wt->task_t0 = pto_trace_on(&wt->wm->trace) ? pto_now_ns() : 0;
+        int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
+        moved = true;
+        if (r < 0) {
+            pump_done(wt, 1, err);
+            continue;
+        }
+        started(wt, s, wt->task_member);
+        wt->task_posted = true;
+        return moved;
+    }
+}
+
+bool pto_wm_pump(pto_worker_manager *wm)
+{
+    if (!atomic_load_explicit(&wm->proc, memory_order_relaxed)) return false;
+    uint64_t now = pto_now_ns();
+    bool check = now - wm->zygote_checked_ns >= (uint64_t)PTO_PROC_TICK_NS;
+    if (check) wm->zygote_checked_ns = now;
+    bool moved = false;
+    for (int k = 0; k < PTO_KINDS; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++) moved |= pump_one(wm->threads[k][i], check);
+    return moved;
+}
+
+bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
+{
+    if (!atomic_load_explicit(&wm->proc, memory_order_relaxed)) return false;
+    for (int k = 0; k < PTO_KINDS; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++) {
+            pto_worker_thread *wt = wm->threads[k][i];
+            pto_child *ch = wt->child;
+            uint32_t st = pto_mb_state(ch->mb);
+            if (wt->task || ch->replacing || st == PTO_MB_STARTING) {
+                if (*timeout_ns < 0 || *timeout_ns > PTO_PROC_TICK_NS) *timeout_ns = PTO_PROC_TICK_NS;
+            }
+            if (wt->task && wt->task_posted) {
+                if (st != PTO_MB_TASK_READY) return true;
+            } else if (wt->task || ch->replacing) {
+                if (pto_proc_actionable(ch)) return true;
+            } else if (atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
+                           atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
+                       steal(wt, true, NULL, NULL, NULL)) {
+                return true;
+            }
+        }
+    return false;
+}
+
+/* PROCESS mode: the zygote and one child per worker, all started before
+ * any thread of this Worker exists. */
 static bool start_children(pto_worker_manager *wm)
 {
     int32_t n = wm->count[0] + wm->count[1];
@@ -182,7 +315,8 @@ static bool start_children(pto_worker_manager *wm)
             kinds[slot] = k;
         }
     pto_proc_config pc = {.n = n, .leaves = leaves, .names = names, .kinds = kinds,
-                          .start_timeout_ms = wm->start_timeout_ms, .stopping = &wm->stopping, .ships = &wm->ships};
+                          .start_timeout_ms = wm->start_timeout_ms, .stopping = &wm->stopping, .ships = &wm->ships,
+                          .bell = wm->sched_ev};
     pto_proc *p = pto_proc_start(&pc);
     free(leaves);
     free(names);
@@ -190,12 +324,7 @@ static bool start_children(pto_worker_manager *wm)
     if (!p) return false;
     slot = 0;
     for (int k = 0; k < PTO_KINDS; k++)
-        for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
-            pto_worker_thread *wt = wm->threads[k][i];
-            wt->child = pto_proc_child(p, slot);
-            wt->call = pto_proc_run;
-            wt->call_ctx = wt->child;
-        }
+        for (int32_t i = 0; i < wm->count[k]; i++, slot++) wm->threads[k][i]->child = pto_proc_child(p, slot);
     atomic_store(&wm->proc, p);
     return true;
 }
@@ -203,7 +332,7 @@ static bool start_children(pto_worker_manager *wm)
 bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
 {
     wm->sched_ev = sched_ev;
-    if (wm->mode == PTO_MODE_PROCESS && !start_children(wm)) return false;
+    if (wm->mode == PTO_MODE_PROCESS) return start_children(wm);   /* the scheduler drives them */
     int32_t started = 0;
     for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
@@ -244,6 +373,16 @@ void pto_wm_stop(pto_worker_manager *wm)
     }
 }
 
+void pto_wm_hot(pto_worker_manager *wm, uint64_t until_ns, bool wake)
+{
+    atomic_store_explicit(&wm->hot_until_ns, until_ns, memory_order_relaxed);
+    pto_proc *p = atomic_load_explicit(&wm->proc, memory_order_acquire);
+    if (p) pto_proc_hot(p, until_ns, wake);
+    if (!wake) return;
+    for (int k = 0; k < PTO_KINDS; k++)
+        for (int32_t i = 0; i < wm->count[k]; i++) pto_event_notify(&wm->threads[k][i]->ev);
+}
+
 void pto_wm_settle(pto_worker_manager *wm)
 {
     pto_proc *p = atomic_load(&wm->proc);
@@ -279,6 +418,15 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
     atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
     wt->inflight++;
     pto_event_notify(&wt->ev);
+    /* Staged behind a running task: an idle thread of the kind may have gone
+     * to sleep already, and only this wakes it to steal. (The scheduler's
+     * inflight counts tasks by the queue they were staged on, so a thread
+     * running a stolen task looks idle to pick.) */
+    if (stealable && owner_busy(wt)) {
+        pto_worker_manager *wm = wt->wm;
+        for (int32_t k = 0; k < wm->count[wt->kind]; k++)
+            if (wm->threads[wt->kind][k] != wt) pto_event_notify(&wm->threads[wt->kind][k]->ev);
+    }
 }
 
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out)

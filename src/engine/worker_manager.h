@@ -1,9 +1,11 @@
-/* WorkerManager and WorkerThread: one thread per child leaf
- * (chip, sub worker or nested Worker), fed by the scheduler through a
- * bounded single-producer queue and answering through another. In THREAD
- * mode the thread calls the leaf itself; in PROCESS mode it calls the proc
- * leaf (process.h), which ships the task to a forked child over a mailbox,
- * and the user's leaf runs in that child. The scheduler cannot tell. */
+/* WorkerManager and WorkerThread: one per child leaf (chip, sub worker or
+ * nested Worker), fed by the scheduler through a bounded single-producer
+ * queue and answering through another. In THREAD mode a thread per worker
+ * calls the leaf. In PROCESS mode there is no such thread: the scheduler
+ * thread itself moves each queue's tasks into the child's mailbox and the
+ * results back (pto_wm_pump), so a task crosses two runnable entities, the
+ * scheduler and the child, instead of three; the queues, stealing and
+ * completions are the same, and the rest of the scheduler cannot tell. */
 #ifndef PTO_WORKER_MANAGER_H
 #define PTO_WORKER_MANAGER_H
 
@@ -57,7 +59,7 @@ typedef struct pto_completion {
 typedef struct pto_worker_thread {
     int32_t kind, index;
     pto_leaf leaf;                /* the user's: runs here (THREAD) or in the child (PROCESS) */
-    pto_leaf_fn call;             /* what this thread calls per task: leaf.run or pto_proc_run */
+    pto_leaf_fn call;             /* THREAD mode: what this thread calls per task (leaf.run) */
     void *call_ctx;
     pto_child *child;             /* PROCESS mode: its child's parent-side state */
     char name[32];
@@ -78,6 +80,13 @@ typedef struct pto_worker_thread {
     pto_ready_queue pinned;                 /* ready tasks pinned here */
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;
+    /* PROCESS mode, scheduler-only: the task claimed for the child, posted
+     * to its mailbox or waiting for it to start. */
+    struct pto_slot *task, *task_after;
+    struct pto_worker_thread *task_origin;
+    int32_t task_member;
+    bool task_posted;
+    uint64_t task_t0;
 } pto_worker_thread;
 
 typedef struct pto_worker_manager {
@@ -94,17 +103,37 @@ typedef struct pto_worker_manager {
     pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */
     pto_ship_table ships;         /* callables shipped after the fork */
     struct pto_trace *_Atomic trace;   /* trace.c: NULL until the first pto_trace_start */
+    _Atomic uint64_t hot_until_ns;     /* pto_hot_spin, written by the orchestrator */
+    uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);
 /* Register a leaf of kind before start; returns its index. */
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf);
-/* PROCESS mode: fork the zygote and every child and wait until they started;
- * then (both modes) start every worker thread. false with pto_errmsg set. */
+/* PROCESS mode: fork the zygote and every child and wait until they started
+ * (sched_ev, in shared memory, is rung by them); THREAD mode: start every
+ * worker thread. false with pto_errmsg set. */
 bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
+/* PROCESS mode, scheduler thread: post claimed tasks to idle children,
+ * collect results as completions, move replacements along. true if
+ * anything moved. */
+bool pto_wm_pump(pto_worker_manager *wm);
+/* PROCESS mode: whether pto_wm_pump has something to do now; *timeout_ns
+ * is lowered to when it must look again even if nothing rings (a running
+ * or starting child: the forkserver and start deadlines). */
+bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns);
 /* Stop and join every worker thread (tasks still queued are abandoned), then
  * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);
+/* How long the hot window (pto_hot_spin) stays open after a run opens and
+ * after each wait of the orchestrator: back-to-back runs and a run's first
+ * tasks then find every party awake instead of paying a futex wake-up per
+ * hop. */
+#define PTO_HOT_NS 100000
+
+/* Orchestrator side: set the hot window (pto_hot_spin) of every worker
+ * thread and child; with wake, wake the sleeping ones so that they spin. */
+void pto_wm_hot(pto_worker_manager *wm, uint64_t until_ns, bool wake);
 /* PROCESS mode: wait until children that died in the run are replaced. */
 void pto_wm_settle(pto_worker_manager *wm);
 void pto_wm_destroy(pto_worker_manager *wm);

@@ -259,7 +259,8 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg);
 int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf);
 /* Add a sub worker (before init); returns its index (0, 1, ...) or -1. */
 int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf);
-/* Start worker threads, then the scheduler thread. 0 or -1. */
+/* Start the children (PROCESS mode) or worker threads (THREAD mode), then
+ * the scheduler thread. 0 or -1. */
 int pto_worker_init(pto_worker *w);
 /* Open a run: its outer scope; returns the run's orchestrator or NULL. */
 pto_orch *pto_run_begin(pto_worker *w);

@@ -1,0 +1,218 @@
+/*
+ * metg.c - METG(50%) of ptolua (THREAD and PROCESS mode), OpenMP and StarPU.
+ *
+ * METG, from Task Bench (Slaughter et al., SC20): the minimum effective task
+ * granularity, the smallest task duration at which a runtime still keeps the
+ * machine 50% efficient, efficiency being the useful work (tasks x their
+ * duration) over the cores' wall-clock time. Tasks spin a loop calibrated
+ * on this machine (bench_spin); for each system and shape the duration is
+ * doubled from 0.5 us until the efficiency reaches 50%, and METG is read off
+ * between the last two points (log-linear). Each point keeps the best of two
+ * runs of about 40 ms of work. Every system gets BENCH_THREADS workers, the
+ * whole machine here, so an orchestrator or scheduler thread competes with
+ * the workers for cores, as it would in a real run.
+ *
+ * Efficiency is measured against the ideal run of each point:
+ * BENCH_THREADS plain threads spinning the same work split evenly, no
+ * runtime at all, timed before any system starts and again after the last
+ * (the best of both: a runtime's idle threads that keep spinning, as
+ * StarPU's and OpenMP's do, would slow a reference timed beside them). On a
+ * quiet machine that is Task Bench's definition (work / (cores x wall
+ * time)); on one where another process holds a core it compares the
+ * runtimes with what the machine gave, instead of capping every system
+ * below 50%.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "bench.h"
+#include "pto.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { M_THREAD, M_PROCESS, M_OMP, M_STARPU, M_NSYS };
+static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "openmp", "starpu" };
+static const char *const shape_name[METG_NSHAPES] = { "W1 independent", "stencil 1-D, 3 deps" };
+
+#define METG_POINTS 12   /* 0.5 us .. 1024 us */
+
+typedef struct metg_row {
+    int ran;
+    double metg_us;     /* < 0: not reached; 0: at or below the smallest duration */
+    double eff[METG_POINTS];
+    int npoints;
+} metg_row;
+
+static double run_sys(int sys, int shape, int n, uint64_t iters)
+{
+    switch (sys) {
+    case M_THREAD: return ptolua_metg(PTO_MODE_THREAD, shape, n, iters);
+    case M_PROCESS: return ptolua_metg(PTO_MODE_PROCESS, shape, n, iters);
+#ifdef PTO_BENCH_HAVE_OPENMP
+    case M_OMP: return omp_metg(shape, n, iters);
+#endif
+#ifdef PTO_BENCH_HAVE_STARPU
+    case M_STARPU: return starpu_metg(shape, n, iters);
+#endif
+    default: return -1.0;
+    }
+}
+
+static void *ref_body(void *arg)
+{
+    bench_spin(*(const uint64_t *)arg);
+    return NULL;
+}
+
+/* The ideal: the same work on BENCH_THREADS threads, split evenly. */
+static double ref_run(long n, uint64_t iters)
+{
+    uint64_t share = (uint64_t)(n / BENCH_THREADS) * iters;
+    pthread_t th[BENCH_THREADS];
+    double t0 = bench_now();
+    for (int i = 0; i < BENCH_THREADS; i++) pthread_create(&th[i], NULL, ref_body, &share);
+    for (int i = 0; i < BENCH_THREADS; i++) pthread_join(th[i], NULL);
+    return bench_now() - t0;
+}
+
+static double g_ref[METG_POINTS];   /* ideal seconds per point, 0: not yet timed */
+
+static void point(int p, double ns_per_iter, double work_ms, uint64_t *iters, double *real_us, long *n)
+{
+    double d_us = 0.5 * (double)(1 << p);
+    *iters = (uint64_t)(d_us * 1000.0 / ns_per_iter + 0.5);
+    *real_us = (double)*iters * ns_per_iter / 1000.0;
+    *n = (long)(work_ms * 1000.0 * BENCH_THREADS / *real_us);
+    if (*n < 16 * BENCH_STENCIL_W) *n = 16 * BENCH_STENCIL_W;
+    if (*n > 100000) *n = 100000;
+    *n -= *n % BENCH_STENCIL_W;
+}
+
+static void time_refs(double ns_per_iter, double work_ms)
+{
+    for (int p = 0; p < METG_POINTS; p++) {
+        uint64_t iters;
+        double real_us;
+        long n;
+        point(p, ns_per_iter, work_ms, &iters, &real_us, &n);
+        for (int r = 0; r < 2; r++) {
+            double t = ref_run(n, iters);
+            if (g_ref[p] == 0 || t < g_ref[p]) g_ref[p] = t;
+        }
+    }
+}
+
+static int sweep(int sys, int shape, double ns_per_iter, double work_ms, metg_row *row)
+{
+    row->ran = 1;
+    row->metg_us = -1.0;
+    double prev_d = 0, prev_e = 0;
+    for (int p = 0; p < METG_POINTS; p++) {
+        uint64_t iters;
+        double real_us;
+        long n;
+        point(p, ns_per_iter, work_ms, &iters, &real_us, &n);
+        double best = -1.0;
+        for (int r = 0; r < 2; r++) {
+            double t = run_sys(sys, shape, (int)n, iters);
+            if (t < 0) return -1;
+            if (best < 0 || t < best) best = t;
+        }
+        double e = g_ref[p] / best;
+        row->eff[p] = e;
+        row->npoints = p + 1;
+        fprintf(stderr, "  %-15s %-20s %7.1f us  %6ld tasks  %5.1f%% (of the machine: %.1f%%)\n", m_name[sys],
+                shape_name[shape], real_us, n, 100.0 * e, 100.0 * (double)n * real_us * 1e-6 / (BENCH_THREADS * best));
+        if (e >= 0.5) {
+            if (p == 0) {
+                row->metg_us = 0.0;
+            } else {
+                double f = (0.5 - prev_e) / (e - prev_e);
+                row->metg_us = exp(log(prev_d) + f * (log(real_us) - log(prev_d)));
+            }
+            return 0;
+        }
+        prev_d = real_us;
+        prev_e = e;
+    }
+    return 0;
+}
+
+static void fmt_metg(char *out, size_t cap, const metg_row *r)
+{
+    if (!r->ran) snprintf(out, cap, "skipped");
+    else if (r->metg_us < 0) snprintf(out, cap, "> 1 ms");
+    else if (r->metg_us == 0) snprintf(out, cap, "<= 0.5");
+    else snprintf(out, cap, "%.1f", r->metg_us);
+}
+
+int bench_metg_main(int quick)
+{
+    double work_ms = quick ? 10.0 : 40.0;
+    double ns = bench_spin_calibrate();
+    metg_row rows[M_NSYS][METG_NSHAPES];
+    memset(rows, 0, sizeof rows);
+    int errors = 0;
+    /* PROCESS mode first: its forkserver is forked before OpenMP or StarPU
+     * start threads of their own. */
+    time_refs(ns, work_ms);
+    double om[2] = { 0, 0 }, of[2] = { 0, 0 };
+    for (int m = 1; m >= 0; m--)
+        if (ptolua_onesub(m ? PTO_MODE_PROCESS : PTO_MODE_THREAD, &om[m], &of[m]) != 0) errors++;
+    int order[M_NSYS] = { M_PROCESS, M_THREAD, M_OMP, M_STARPU };
+    for (int k = 0; k < M_NSYS; k++) {
+        int sys = order[k];
+#ifndef PTO_BENCH_HAVE_OPENMP
+        if (sys == M_OMP) continue;
+#endif
+#ifndef PTO_BENCH_HAVE_STARPU
+        if (sys == M_STARPU) continue;
+#endif
+        if (sys == M_PROCESS || sys == M_THREAD) {
+            if (ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+                errors++;
+                continue;
+            }
+        }
+#ifdef PTO_BENCH_HAVE_STARPU
+        if (sys == M_STARPU && starpu_bench_setup() != 0) {
+            errors++;
+            continue;
+        }
+#endif
+        for (int sh = 0; sh < METG_NSHAPES; sh++)
+            if (sweep(sys, sh, ns, work_ms, &rows[sys][sh]) != 0) errors++;
+        if (sys == M_THREAD) ptolua_metg_teardown();
+#ifdef PTO_BENCH_HAVE_STARPU
+        if (sys == M_STARPU) starpu_bench_teardown();
+#endif
+    }
+    time_refs(ns, work_ms);
+    printf("\nMETG(50%%): smallest task duration (us) at which %d workers stay 50%% efficient; lower is better\n"
+           "(efficiency against %d plain threads running the same work, best before and after; calibrated\n"
+           "spin kernel, %.3f ns per iteration; stencil: width %d, periodic, 3 deps per task)\n",
+           BENCH_THREADS, BENCH_THREADS, ns, BENCH_STENCIL_W);
+    printf("%-22s %14s %15s %10s %10s %12s %12s %12s\n", "shape", "ptolua thread", "ptolua process", "openmp",
+           "starpu", "process/omp", "process/spu", "thread/omp");
+    for (int sh = 0; sh < METG_NSHAPES; sh++) {
+        char c[M_NSYS][32], r1[32] = "-", r2[32] = "-", r3[32] = "-";
+        for (int s = 0; s < M_NSYS; s++) fmt_metg(c[s], sizeof c[s], &rows[s][sh]);
+        const metg_row *p = &rows[M_PROCESS][sh], *t = &rows[M_THREAD][sh], *o = &rows[M_OMP][sh],
+                       *u = &rows[M_STARPU][sh];
+        if (p->metg_us > 0 && o->metg_us > 0) snprintf(r1, sizeof r1, "%.2fx", p->metg_us / o->metg_us);
+        if (p->metg_us > 0 && u->metg_us > 0) snprintf(r2, sizeof r2, "%.2fx", p->metg_us / u->metg_us);
+        if (t->metg_us > 0 && o->metg_us > 0) snprintf(r3, sizeof r3, "%.2fx", t->metg_us / o->metg_us);
+        printf("%-22s %14s %15s %10s %10s %12s %12s %12s\n", shape_name[sh], c[M_THREAD], c[M_PROCESS], c[M_OMP],
+               c[M_STARPU], r1, r2, r3);
+    }
+    printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
+    printf("\none no-op sub child, C API (the engine without Lua)   thread    process  proc/thr\n");
+    printf("marginal cost per task (us)                       %9.2f %10.2f %8.2fx\n", om[0], om[1],
+           om[0] > 0 ? om[1] / om[0] : 0.0);
+    printf("fixed cost per run, back-to-back (us)             %9.2f %10.2f %8.2fx\n", of[0], of[1],
+           of[0] > 0 ? of[1] / of[0] : 0.0);
+    return errors;
+}

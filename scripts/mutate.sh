@@ -81,9 +81,17 @@ mutant mailbox_len_without_scalars src/engine/mailbox.c \
   'mb->blob_len = (uint32_t)(n - 8 * args->scalar_count);' \
   'a PROCESS-mode mailbox posts a blob length without the scalars'
 mutant respawn_skips_dead_child src/engine/process.c \
-  '} else if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {' \
-  '} else if (st == PTO_MB_EMPTY) {' \
+  'if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {' \
+  'if (st == PTO_MB_EMPTY) {' \
   'a child that died while idle is not replaced before the next task'
+mutant dispatch_held_unclassified src/engine/orchestrator.c \
+  'pto_set_error_code(PTO_ERR_DISPATCH_HELD,' \
+  'pto_set_error_code(PTO_ERR_FAILED,' \
+  'a ring full while dispatch is held is not classified, so Lua users get no :step / :release advice'
+mutant completion_skips_inherited lua/pto/repl.lua \
+  't = type(m) == "table" and rawget(m, "__index") or nil' \
+  't = nil' \
+  'TAB completion misses methods a methods table inherits (the orchestrator methods written in Lua)'
 mutant blob_decode_no_size_check src/engine/task_args.c \
   'if (pto_blob_size(t, s) > len) return -1;' \
   '' \

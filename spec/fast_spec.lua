@@ -41,6 +41,9 @@ local function dag(orch, prepared)
   local c, d = pto.tensor({8}, "f32"), pto.tensor({8}, "f32")
   local spec = pto.tensor_spec({8}, "f32")
   local ids, deps = {}, {}
+  -- Held: a producer that finished before its consumer's submit would need
+  -- no edge, so without the hold the lists would depend on timing.
+  W:hold()
   local function rec(id)   -- producers right at submit: the task may be reclaimed later
     ids[#ids + 1] = id
     deps[#deps + 1] = producers(orch, id)
@@ -72,6 +75,7 @@ local function dag(orch, prepared)
     end
     table.sort(p)
   end
+  W:release()
   orch:drain()
   local out = {}
   for i = 1, 8 do out[i] = b[i] end
@@ -122,6 +126,7 @@ describe("prepared submits", function()
   end)
 
   it("OUTPUT then INPUT of a pto.temp: each consumer waits for the producer of its own iteration", function()
+    W:hold()   -- every producer is still pending when its consumer is submitted
     local deps = W:run(function(orch)
       local p = pto.temp({8}, "f32")
       local a = filled(8, function(i) return i end)
@@ -137,6 +142,7 @@ describe("prepared submits", function()
       end
       local out = {}
       for i = 2, 6, 2 do out[#out + 1] = producers(orch, ids[i]) end
+      W:release()
       orch:drain()
       out.acc = acc[2]
       out.ids = ids
@@ -149,6 +155,7 @@ describe("prepared submits", function()
   end)
 
   it("a pto.temp in the plain form behaves as in the prepared form", function()
+    W:hold()   -- every producer is still pending when its consumer is submitted
     local r = W:run(function(orch)
       local p = pto.temp({4}, "f32")
       local a, acc = filled(4, function(i) return i end), pto.tensor({4}, "f32")
@@ -160,6 +167,7 @@ describe("prepared submits", function()
         orch:scope_end()
       end
       local deps = producers(orch, ids[4])
+      W:release()
       orch:drain()
       return {deps = deps, ids = ids, v = acc[4]}
     end)

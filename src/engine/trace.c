@@ -638,7 +638,7 @@ int64_t pto_trace_format(pto_worker *w, int32_t pid, const char *name, char *buf
 /* Here rather than in worker.c: names matter to the tools that show a run. */
 int pto_worker_callable_name_get(pto_worker *w, int32_t kind, uint64_t callable, char *buf, size_t cap)
 {
-    if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB)) return -1;
+    if (!w || !pto_kind_valid(kind)) return -1;
     pto_scheduler *s = &w->sched;
     int n = -1;
     pthread_mutex_lock(&s->fail_mu);

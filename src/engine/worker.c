@@ -214,7 +214,7 @@ void *pto_worker_ring_base(pto_worker *w, int32_t r)
 
 int pto_worker_count(pto_worker *w, int32_t kind)
 {
-    return w && (kind == PTO_NEXT_LEVEL || kind == PTO_SUB) ? w->wm.count[kind] : 0;
+    return w && pto_kind_valid(kind) ? w->wm.count[kind] : 0;
 }
 
 int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob, size_t len)
@@ -223,7 +223,7 @@ int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, con
         pto_set_error("no Worker");
         return -1;
     }
-    if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
+    if (!pto_kind_valid(kind)) {
         pto_set_error("unknown worker kind %d", kind);
         return -1;
     }
@@ -238,7 +238,7 @@ int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, con
 
 int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
 {
-    if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) return -1;
+    if (!w || !pto_kind_valid(kind) || index < 0 || index >= w->wm.count[kind]) return -1;
     pto_child *c = w->wm.threads[kind][index]->child;
     pto_proc *p = atomic_load(&w->wm.proc);
     return c && p ? pto_proc_child_pid(p, c->slot) : -1;
@@ -246,7 +246,7 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
 
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
 {
-    if (!w || (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) || index < 0 || index >= w->wm.count[kind]) {
+    if (!w || !pto_kind_valid(kind) || index < 0 || index >= w->wm.count[kind]) {
         pto_set_error("no %s worker %d", kind == PTO_SUB ? "sub" : "next-level", index + 1);
         return -1;
     }
@@ -293,7 +293,7 @@ int pto_dispatch_step(pto_worker *w, int64_t n)
 int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t on)
 {
     if (!w) return -1;
-    if (kind != PTO_NEXT_LEVEL && kind != PTO_SUB) {
+    if (!pto_kind_valid(kind)) {
         pto_set_error("unknown worker kind %d", kind);
         return -1;
     }

@@ -22,6 +22,9 @@ struct pto_scheduler;
 /* Worker kinds (pto_worker_kind: PTO_NEXT_LEVEL, PTO_SUB) index every
  * per-kind array of the engine. */
 enum { PTO_KINDS = 2 };
+/* Whether kind names a kind of worker (PTO_NEXT_LEVEL or PTO_SUB), as
+ * callers of the public API may pass anything. */
+static inline bool pto_kind_valid(int32_t kind) { return kind == PTO_NEXT_LEVEL || kind == PTO_SUB; }
 
 /* A FIFO of ready tasks linked through pto_slot.next_ready (scheduler only). */
 typedef struct pto_ready_queue {

@@ -56,6 +56,7 @@ struct pto_slot {
     bool scope_held;                  /* orchestrator: its scope has not ended */
     int8_t ring;                      /* heap ring of its slab, -1 if none */
     int32_t group_size;
+    uint32_t timeout_ms;              /* PROCESS mode: its deadline after it starts, 0 = none */
     _Atomic int32_t worker;           /* index of the worker that runs it (member 0), -1 before it starts */
     uint64_t callable;
     pto_cfg_ref *cfg;

@@ -56,7 +56,6 @@ struct pto_slot {
     bool scope_held;                  /* orchestrator: its scope has not ended */
     int8_t ring;                      /* heap ring of its slab, -1 if none */
     int32_t group_size;
-    uint32_t timeout_ms;              /* PROCESS mode: its deadline after it starts, 0 = none */
     _Atomic int32_t worker;           /* index of the worker that runs it (member 0), -1 before it starts */
     uint64_t callable;
     pto_cfg_ref *cfg;
@@ -66,6 +65,7 @@ struct pto_slot {
 
     pto_ref *refs;                    /* producers and held slabs (orchestrator) */
     int32_t nrefs;
+    uint32_t timeout_ms;              /* PROCESS mode: its deadline after it starts, 0 = none (fills a hole) */
 
     /* The consume threshold (references to drop before the slot can be
      * reclaimed) packed in one word so that adding a consumer and releasing

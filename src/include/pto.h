@@ -222,7 +222,7 @@ typedef struct pto_child_info {
     int32_t reserved;
     int64_t current_task;        /* the task it is running, or -1 when idle */
     int64_t tasks_run;           /* tasks (group members) it ran since init */
-    int64_t running_ns;          /* how long its current task has run, 0 when idle */
+    int64_t running_ns;          /* how long its current task has run (to a few ms), 0 when idle */
 } pto_child_info;
 
 typedef struct pto_worker pto_worker;

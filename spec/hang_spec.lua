@@ -155,6 +155,24 @@ describe("task deadlines", function()
     w:close()
   end)
 
+  H.process_only("a level-4 Worker's deadline kills a stuck Worker child, which is replaced",
+    "deadlines need process mode", function()
+    local w4 = pto.Worker{level = 4, mode = "process", task_timeout_ms = 300}
+    local w3 = pto.Worker{level = 3, mode = "process", chips = 1}
+    local sl = w3:register(pto.chip_kernel("sleep_us"))
+    w4:add_worker(w3)
+    local stuck = w4:register(function(orch) orch:submit_next_level(sl, pto.args{scalars = {60000000}}) end, "stuck")
+    local quick = w4:register(function(orch) orch:submit_next_level(sl, pto.args{scalars = {1000}}) end, "quick")
+    w4:init()
+    local victim = w4:child_pids().workers[1]
+    local err = run_fails(w4, function(orch) orch:submit_next_level(stuck, pto.args{}) end)
+    assert.truthy(err:find(("L4 task 0 (callable 'stuck' on L3 worker 1) failed: L3 worker 1 (pid %d) timed out after 300 ms")
+      :format(victim), 1, true), err)
+    w4:run(function(orch) orch:submit_next_level(quick, pto.args{}) end)
+    assert.are_not.equal(victim, w4:child_pids().workers[1])
+    w4:close()
+  end)
+
   H.thread_only("a deadline needs process mode", "process mode takes deadlines", function()
     H.assert_error(function() pto.Worker{mode = "thread", chips = 1, task_timeout_ms = 200} end,
       "pto.Worker: ", "task_timeout_ms needs process mode: a thread cannot be stopped")

@@ -501,6 +501,7 @@ return function(repl)
         now = "running task " .. c.task
         local ok, t = pcall(function() return orch:task(c.task) end)
         if ok then now = "running " .. describe(w, t) end
+        if c.running_ms then now = ("%s for %d ms"):format(now, c.running_ms) end
       end
       rows[#rows + 1] = { c.name, c.pid and ("pid " .. c.pid) or "in-process", now, ("%d task%s run"):format(c.tasks_run, c.tasks_run == 1 and "" or "s") }
     end

@@ -675,6 +675,86 @@ static void test_stuck_child(void)
     pto_shm_free(x);
 }
 
+/* A stuck task fails at its deadline (the Worker's, or the submit's own), its
+ * child is killed and replaced, its consumer is poisoned, the next run works. */
+static void test_task_deadline(void)
+{
+    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20, .task_timeout_ms = 200};
+    pto_worker *w = pto_worker_new(&cfg);
+    CHECK(w != NULL);
+    if (!w) return;
+    for (int i = 0; i < 2; i++) {
+        pto_leaf l = {.run = leaf_run, .ctx = (void *)(intptr_t)i, .name = NL_NAMES[i], .start = leaf_start};
+        pto_worker_add_next_level(w, &l);
+    }
+    CHECK_EQ(pto_worker_init(w), 0);
+    int before[2];
+    child_pids(w, before, 2, 0);
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *z = pto_shm_alloc(8);
+    *y = 77;
+    atomic_store(&SH->hang_pid, 0);
+    pto_orch *o = pto_run_begin(w);
+    int64_t a = submit1(o, PTO_NEXT_LEVEL, C_HANG, x, PTO_OUTPUT_EXISTING, 0, 0);
+    int64_t b = submit2(o, C_COPY, x, y);
+    uint64_t t0 = tu_now_ms();
+    while (!atomic_load(&SH->hang_pid) && tu_now_ms() - t0 < 5000) tu_sleep_ms(1);
+    pto_child_info ci;
+    CHECK_EQ(pto_worker_child_info_get(w, PTO_NEXT_LEVEL, 0, &ci), 0);
+    CHECK_EQ(ci.current_task, a);
+    CHECK(ci.running_ns > 0);
+    CHECK(wait_failed(o, a) != 0);
+    CHECK(wait_failed(o, b) != 0);
+    CHECK_EQ(pto_run_end(w), -1);
+    CHECK(tu_now_ms() - t0 < 5000);
+    char want[128];
+    snprintf(want, sizeof want, "task %lld", (long long)a);
+    CHECK_CONTAINS(pto_errmsg(), want);
+    snprintf(want, sizeof want, "chip 1 (pid %d) timed out after 200 ms", before[0]);
+    CHECK_CONTAINS(pto_errmsg(), want);
+    CHECK_EQ(*y, 77);
+    CHECK(wait_gone(before[0], 5000));
+
+    /* The submit's own deadline: 0 lifts it, a value replaces it; it applies to the next submit only. */
+    atomic_store(&SH->hang_pid, 0);
+    o = pto_run_begin(w);
+    CHECK_EQ(pto_submit_timeout(o, -1), -1);
+    CHECK_EQ(pto_submit_timeout(o, 0), 0);
+    submit1(o, PTO_NEXT_LEVEL, C_FILL, z, PTO_OUTPUT_EXISTING, 4, 0);
+    CHECK_EQ(pto_submit_timeout(o, 100), 0);
+    a = submit1(o, PTO_NEXT_LEVEL, C_HANG, NULL, 0, 0, 1);
+    CHECK_EQ(pto_run_end(w), -1);
+    snprintf(want, sizeof want, "chip 2 (pid %d) timed out after 100 ms", before[1]);
+    CHECK_CONTAINS(pto_errmsg(), want);
+    CHECK_EQ(*z, 4);
+
+    /* Both children replaced, the next run uses them. */
+    int after[2];
+    child_pids(w, after, 2, 0);
+    o = pto_run_begin(w);
+    submit1(o, PTO_NEXT_LEVEL, C_PID, x, PTO_OUTPUT_EXISTING, 0, 0);
+    submit1(o, PTO_NEXT_LEVEL, C_PID, y, PTO_OUTPUT_EXISTING, 0, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK(*x == (uint64_t)after[0] && after[0] != before[0]);
+    CHECK(*y == (uint64_t)after[1] && after[1] != before[1]);
+    pto_worker_close(w);
+    CHECK_EQ(count_my_children(), 0);
+    pto_shm_free(x);
+    pto_shm_free(y);
+    pto_shm_free(z);
+
+    /* THREAD mode refuses deadlines: a thread cannot be stopped. */
+    cfg.mode = PTO_MODE_THREAD;
+    CHECK(pto_worker_new(&cfg) == NULL);
+    CHECK_CONTAINS(pto_errmsg(), "task_timeout_ms needs process mode");
+    pto_worker *tw = tu_worker(1, 0, tu_gate_leaf, NULL, 1 << 20, 1000);
+    o = pto_run_begin(tw);
+    CHECK_EQ(pto_submit_timeout(o, 100), -1);
+    CHECK_CONTAINS(pto_errmsg(), "needs process mode");
+    CHECK_EQ(pto_submit_timeout(o, 0), 0);
+    CHECK_EQ(pto_run_end(tw), 0);
+    pto_worker_close(tw);
+}
+
 static void test_1000_runs(void)
 {
     int fds = count_fds();
@@ -844,6 +924,7 @@ int main(int argc, char **argv)
     RUN(test_shipped_callable);
     RUN(test_blob_too_big);
     RUN(test_stuck_child);
+    RUN(test_task_deadline);
     RUN(test_workers_side_by_side);
     RUN(test_forkserver_killed);
     RUN(test_1000_runs);

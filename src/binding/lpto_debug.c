@@ -340,7 +340,7 @@ static int w_callables(lua_State *L)
     return 1;
 }
 
-/* w:children() -> {{kind = "chip" | "sub" | "worker", index, name, pid, task, tasks_run}, ...} */
+/* w:children() -> {{kind = "chip" | "sub" | "worker", index, name, pid, task, running_ms, tasks_run}, ...} */
 static int w_children(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:children");
@@ -353,7 +353,7 @@ static int w_children(lua_State *L)
             pto_child_info ci;
             if (pto_worker_child_info_get(W->w, kind, i, &ci) != 0) continue;
             const char *kname = kind == PTO_SUB ? "sub" : W->level >= 4 ? "worker" : "chip";
-            lua_createtable(L, 0, 6);
+            lua_createtable(L, 0, 7);
             lua_pushstring(L, kname);
             lua_setfield(L, -2, "kind");
             lua_pushinteger(L, i + 1);
@@ -368,6 +368,9 @@ static int w_children(lua_State *L)
             if (ci.current_task >= 0) {
                 lua_pushinteger(L, ci.current_task);
                 lua_setfield(L, -2, "task");
+                /* so that a hang shows at the prompt */
+                lua_pushinteger(L, ci.running_ns / 1000000);
+                lua_setfield(L, -2, "running_ms");
             }
             lua_pushinteger(L, ci.tasks_run);
             lua_setfield(L, -2, "tasks_run");

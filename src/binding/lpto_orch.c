@@ -218,7 +218,7 @@ static void after_submit(lua_State *L, int oidx, lorch *O, int aidx, lpto_args *
 
 /* Submit the TaskArgs at stack indices aidx[0..n-1]. */
 static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callable, const int *aidx, int n,
-                     const pto_call_config *cfg, const int32_t *pins, int32_t pin, const char *who)
+                     const pto_call_config *cfg, const int32_t *pins, int32_t pin, int64_t timeout_ms, const char *who)
 {
     lworker *W = O->W;
     lpto_args *as[MAX_GROUP];
@@ -236,6 +236,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         for (int32_t j = 0; j < as[i]->nt; j++) unset[off + j] = unset_output(as[i]->tensors[j], as[i]->tags[j]);
         off += as[i]->nt;
     }
+    if (timeout_ms >= 0 && pto_submit_timeout(O->o, timeout_ms) != 0) return lpto_engine_error(L, who);
     /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
     bool release = lpto_releases_gil(W);
     if (release) lpto_gil_release(W->gil);
@@ -257,13 +258,31 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     return 1;
 }
 
-static int32_t opt_pin(lua_State *L, int idx, int nworkers, const char *kname, const char *who)
+/* An options table's timeout_ms (its field at index f) into *timeout_ms; -1 when absent. */
+static void opt_timeout(lua_State *L, int idx, const lpto_field *f, int64_t *timeout_ms, const lworker *W,
+                        const char *who)
 {
+    lua_Integer t = 0;
+    *timeout_ms = -1;
+    if (!lpto_get_field(L, idx, f, &t, who)) return;
+    if (t > 0 && W->mode == PTO_MODE_THREAD)
+        lpto_error(L, who, "timeout_ms needs process mode: a thread cannot be stopped (this Worker runs in thread mode)");
+    *timeout_ms = t;
+}
+
+#define OPT_TIMEOUT_FIELD {"timeout_ms", 0, 24 * 3600 * 1000}
+
+/* {worker = id, timeout_ms = n}: the pin (-1 for none) and *timeout_ms (-1 for the Worker's). */
+static int32_t opt_pin(lua_State *L, int idx, int nworkers, const char *kname, int64_t *timeout_ms, const lworker *W,
+                       const char *who)
+{
+    *timeout_ms = -1;
     if (lua_isnoneornil(L, idx)) return -1;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {worker = 1} (got %s)", luaL_typename(L, idx));
-    static const lpto_field fields[] = {{"worker", LUA_MININTEGER, LUA_MAXINTEGER}, {NULL, 0, 0}};
+    static const lpto_field fields[] = {{"worker", LUA_MININTEGER, LUA_MAXINTEGER}, OPT_TIMEOUT_FIELD, {NULL, 0, 0}};
     lpto_check_fields(L, idx, fields, who);
+    opt_timeout(L, idx, &fields[1], timeout_ms, W, who);
     lua_Integer w = 0;
     if (!lpto_get_field(L, idx, &fields[0], &w, who)) return -1;
     if (w < 1 || w > nworkers)
@@ -291,13 +310,15 @@ static int push_members(lua_State *L, int idx, int *aidx, int cap, const char *w
 }
 
 static int32_t *opt_group_pins(lua_State *L, int idx, int n, int nworkers, const char *kname, int32_t *pins,
-                               const char *who)
+                               int64_t *timeout_ms, const lworker *W, const char *who)
 {
+    *timeout_ms = -1;
     if (lua_isnoneornil(L, idx)) return NULL;
     if (!lua_istable(L, idx))
         lpto_error(L, who, "options must be a table like {workers = {1, 2}} (got %s)", luaL_typename(L, idx));
-    static const lpto_field fields[] = {{"workers", 1, 0}, {NULL, 0, 0}};
+    static const lpto_field fields[] = {{"workers", 1, 0}, OPT_TIMEOUT_FIELD, {NULL, 0, 0}};
     lpto_check_fields(L, idx, fields, who);
+    opt_timeout(L, idx, &fields[1], timeout_ms, W, who);
     lua_getfield(L, idx, "workers");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
@@ -342,10 +363,11 @@ static int submit_one(lua_State *L, int kind, const char *who)
         lua_replace(L, 3);
     }
     const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
-    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", who)
-                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), who);
+    int64_t tmo;
+    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", &tmo, O->W, who)
+                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), &tmo, O->W, who);
     int aidx[1] = {3};
-    return do_submit(L, O, 1, kind, c, aidx, 1, cfg, NULL, pin, who);
+    return do_submit(L, O, 1, kind, c, aidx, 1, cfg, NULL, pin, tmo, who);
 }
 
 /* orch:submit_next_level_group(h, {args...}, cfg [, opts]) / orch:submit_sub_group(h, {args...} [, opts]) */
@@ -359,9 +381,11 @@ static int submit_group(lua_State *L, int kind, const char *who)
     int aidx[MAX_GROUP];
     int n = push_members(L, 3, aidx, MAX_GROUP, who);
     int32_t pins[MAX_GROUP];
-    int32_t *p = kind == PTO_SUB ? opt_group_pins(L, opts, n, O->W->nsubs, "sub workers", pins, who)
-                                 : opt_group_pins(L, opts, n, next_level_count(O->W), next_level_name(O->W), pins, who);
-    return do_submit(L, O, 1, kind, c, aidx, n, cfg, p, -1, who);
+    int64_t tmo;
+    int32_t *p = kind == PTO_SUB
+                     ? opt_group_pins(L, opts, n, O->W->nsubs, "sub workers", pins, &tmo, O->W, who)
+                     : opt_group_pins(L, opts, n, next_level_count(O->W), next_level_name(O->W), pins, &tmo, O->W, who);
+    return do_submit(L, O, 1, kind, c, aidx, n, cfg, p, -1, tmo, who);
 }
 
 static int o_submit_next_level(lua_State *L) { return submit_one(L, PTO_NEXT_LEVEL, "orch:submit_next_level"); }
@@ -387,6 +411,7 @@ typedef struct lprep {
     int kind;
     uint64_t callable;
     int32_t pin;
+    int64_t timeout_ms;        /* from its options, -1 for the Worker's */
     int32_t nt;
     const pto_call_config *cfg;   /* the CallConfig userdata (upvalue 4: alive), or NULL */
     const char *who;
@@ -439,6 +464,7 @@ static int prep_call(lua_State *L)
     for (int j = 0; j < ns; j++) scalars[j] = scalar_bits(L, nt + 1 + j, who);
     pto_task_args a = {nt, ns, descs, P->tags, scalars};
     lworker *W = O->W;
+    if (P->timeout_ms >= 0 && pto_submit_timeout(O->o, P->timeout_ms) != 0) return lpto_engine_error(L, who);
     bool release = lpto_releases_gil(W);
     if (release) lpto_gil_release(W->gil);
     int64_t id = P->kind == PTO_SUB ? pto_submit_sub(O->o, P->callable, &a, P->pin)
@@ -470,11 +496,12 @@ static int prepare(lua_State *L, int kind, const char *who, const char *call_who
         return lpto_error(L, who, "at most %d tensors per prepared submit (got %lld tags)", PREP_MAX_TENSORS,
                           (long long)n);
     const pto_call_config *cfg = kind == PTO_SUB ? NULL : lpto_optconfig(L, 4, who);
-    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", who)
-                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), who);
+    int64_t tmo;
+    int32_t pin = kind == PTO_SUB ? opt_pin(L, opts, O->W->nsubs, "sub workers", &tmo, O->W, who)
+                                  : opt_pin(L, opts, next_level_count(O->W), next_level_name(O->W), &tmo, O->W, who);
     lprep *P = lua_newuserdatauv(L, sizeof *P, 0);
     memset(P, 0, sizeof *P);
-    *P = (lprep){.O = O, .kind = kind, .callable = c, .pin = pin, .nt = (int32_t)n, .cfg = cfg, .who = call_who};
+    *P = (lprep){.O = O, .kind = kind, .callable = c, .pin = pin, .timeout_ms = tmo, .nt = (int32_t)n, .cfg = cfg, .who = call_who};
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 3, i);
         if (lua_isnil(L, -1))

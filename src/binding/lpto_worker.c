@@ -40,7 +40,7 @@ static int default_mode(lua_State *L, const char *who)
 
 /* pto.Worker{...}'s fields, in the order the "unknown field" message lists
  * them; the integer ones are read in this order too, with these ranges. */
-enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_COUNT };
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_COUNT };
 static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_LEVEL] = {"level", 3, 64},
     [F_MODE] = {"mode", 1, 0},
@@ -52,6 +52,7 @@ static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_DEPTH] = {"queue_depth", 1, 64},
     [F_START_TIMEOUT] = {"start_timeout_ms", 1, 24 * 3600 * 1000},
     [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
+    [F_TASK_TIMEOUT] = {"task_timeout_ms", 0, 24 * 3600 * 1000},
     [F_COUNT] = {NULL, 0, 0},
 };
 
@@ -127,7 +128,8 @@ static int l_worker(lua_State *L)
 
     pto_worker_config cfg = {.level = (int32_t)v[F_LEVEL], .mode = mode, .heap_ring_size = (uint64_t)v[F_HEAP],
                              .alloc_timeout_ms = (uint32_t)v[F_ALLOC_TIMEOUT], .queue_depth = (int32_t)v[F_DEPTH],
-                             .start_timeout_ms = (uint32_t)v[F_START_TIMEOUT]};
+                             .start_timeout_ms = (uint32_t)v[F_START_TIMEOUT],
+                             .task_timeout_ms = (uint32_t)v[F_TASK_TIMEOUT]};
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) return lpto_engine_error(L, who);
     lworker *W = push_worker(L, w);

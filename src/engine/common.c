@@ -80,6 +80,13 @@ char *pto_xasprintf(const char *fmt, ...)
     return s;
 }
 
+uint64_t pto_now_coarse_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t pto_now_ns(void)
 {
     struct timespec ts;

@@ -24,6 +24,9 @@ char *pto_xstrdup(const char *s);
 char *pto_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 uint64_t pto_now_ns(void);
+/* The same clock at tick resolution (a few ms behind pto_now_ns) for a few ns instead of ~20:
+ * for stamps taken per task that only a person reads. */
+uint64_t pto_now_coarse_ns(void);
 
 static inline uint64_t pto_align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 

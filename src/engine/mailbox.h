@@ -57,6 +57,7 @@ enum {
     PTO_KILL_START_TIMEOUT,    /* start hook did not report in time */
     PTO_KILL_INTERRUPT,        /* second interrupt of a run */
     PTO_KILL_SHUTDOWN,         /* pto_worker_shutdown / close */
+    PTO_KILL_TASK_TIMEOUT,     /* a task ran past its deadline (pto_proc_timeout) */
 };
 
 typedef struct pto_mailbox {

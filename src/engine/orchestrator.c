@@ -29,6 +29,7 @@ void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_
     o->sched = sched;
     o->rings = rings;
     o->alloc_timeout_ms = alloc_timeout_ms;
+    o->next_timeout_ms = -1;
     o->shutdown = shutdown;
     o->nworkers[0] = sched->wm->count[0];
     o->nworkers[1] = sched->wm->count[1];
@@ -480,10 +481,11 @@ static void copy_args(pto_orch *o, const submit_req *q, pto_slot *s, pto_slot_ar
 /* The task's slot: arguments and references copied in, unset OUTPUTs
  * carved from the slab, which the slot then owns. */
 static pto_slot *build_slot(pto_orch *o, const submit_req *q, int32_t total_tensors, int32_t total_scalars,
-                            const auto_slab *slab)
+                            const auto_slab *slab, int64_t timeout_ms)
 {
     pto_slot *s = pto_slot_alloc(&o->pool);
     s->kind = (int8_t)q->kind;
+    s->timeout_ms = timeout_ms >= 0 ? (uint32_t)timeout_ms : o->task_timeout_ms;
     s->callable = q->callable;
     s->cfg = cfg_intern(o, q->cfg);
     s->group_size = q->n;
@@ -520,6 +522,9 @@ static void record_writers(pto_orch *o, const submit_req *q, pto_slot *s)
 
 static int64_t submit(pto_orch *o, const submit_req *q)
 {
+    /* Spent by this submit whether or not it succeeds. */
+    int64_t timeout_ms = o->next_timeout_ms;
+    o->next_timeout_ms = -1;
     if (!check_open(o) || !validate(o, q)) return -1;
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
@@ -540,7 +545,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         if (slab.bytes) pto_ring_release(&o->rings[slab.ring], slab.seq);
         return -1;
     }
-    pto_slot *s = build_slot(o, q, total_tensors, total_scalars, &slab);
+    pto_slot *s = build_slot(o, q, total_tensors, total_scalars, &slab, timeout_ms);
     record_writers(o, q, s);
 
     /* The scope's reference, then the hand-over to the scheduler for wiring. */
@@ -555,6 +560,20 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     if (tr) pto_trace_submit(tr, s, t0);
     pto_sched_submit(o->sched, s);
     return id;
+}
+
+int pto_submit_timeout(pto_orch *o, int64_t ms)
+{
+    if (ms < 0 || ms > UINT32_MAX) {
+        pto_set_error("a task timeout must be between 0 (none) and %u ms (got %lld)", UINT32_MAX, (long long)ms);
+        return -1;
+    }
+    if (ms > 0 && o->sched->wm->mode == PTO_MODE_THREAD) {
+        pto_set_error("a task timeout needs process mode: a thread cannot be stopped");
+        return -1;
+    }
+    o->next_timeout_ms = ms;
+    return 0;
 }
 
 int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args, const pto_call_config *cfg,
@@ -746,6 +765,7 @@ bool pto_orch_begin(pto_orch *o)
 {
     assert(!o->open && o->pool.live == 0);
     o->open = true;
+    o->next_timeout_ms = -1;
     o->submitted = 0;
     atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);

@@ -23,6 +23,8 @@ struct pto_orch {
     struct pto_scheduler *sched;
     pto_heap_ring *rings;            /* the Worker's PTO_MAX_RING_DEPTH rings */
     uint32_t alloc_timeout_ms;
+    uint32_t task_timeout_ms;        /* the Worker's default task deadline, 0 = none */
+    int64_t next_timeout_ms;         /* pto_submit_timeout for the next submit, -1 = the default */
     int32_t nworkers[PTO_KINDS];
 
     pto_slot_pool pool;

@@ -572,14 +572,27 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
     return -1;
 }
 
+void pto_proc_timeout(pto_child *c, uint32_t ms)
+{
+    c->timed_out_ms = ms;
+    send_msg(c->proc, Z_KILL, c->slot, PTO_KILL_TASK_TIMEOUT);   /* a failed send marks the zygote gone */
+}
+
 int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen)
 {
     pto_proc *p = c->proc;
     pto_mailbox *mb = c->mb;
     uint32_t st = pto_mb_state(mb);
+    /* A result that raced the kill is not taken: the child it came from is
+     * about to die, and the next task must not be posted to it. */
+    if (PTO_UNLIKELY(c->timed_out_ms) && st != PTO_MB_DEAD) {
+        st = PTO_MB_TASK_READY;
+        check_zygote = check_zygote || atomic_load_explicit(&p->zygote_gone, memory_order_relaxed);
+    }
     if (st == PTO_MB_TASK_READY) {
         if (!check_zygote || zygote_alive(p)) return 0;
         zygote_gone_msg(err, errlen, c);
+        c->timed_out_ms = 0;
         *rc = 1;
         return 1;
     }
@@ -600,9 +613,14 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
     }
     *rc = 1;
     label(who, sizeof who, c);
-    if (st == PTO_MB_DEAD) {
+    if (st == PTO_MB_DEAD && c->timed_out_ms) {
+        snprintf(err, errlen, "%s timed out after %u ms and was killed (SIGKILL)", who, c->timed_out_ms);
+        c->timed_out_ms = 0;
+    } else if (st == PTO_MB_DEAD) {
         describe_end(how, sizeof how, mb);
         snprintf(err, errlen, "%s %s while running the task", who, how);
+    }
+    if (st == PTO_MB_DEAD) {
         /* Start the replacement now; the next task on this child waits
          * for it, and so does the end of the run. Not when the Worker is
          * going away. */

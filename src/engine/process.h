@@ -68,6 +68,7 @@ typedef struct pto_child {
     bool awaiting;                           /* asked for a child for a task that waits for it */
     bool kill_sent;                          /* the start-timeout kill of the current request */
     bool deadline_cut;                       /* its start deadline is the one this process inherited */
+    uint32_t timed_out_ms;                   /* its task ran past this deadline and is being killed, or 0 */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
 } pto_child;
 
@@ -109,6 +110,10 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
  * replacement is requested). check_zygote: also look whether the
  * forkserver is gone (a system call: every TICK, not every turn). */
 int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen);
+/* The posted task ran past its deadline of ms: have the zygote SIGKILL the child. Its death (not
+ * a result it may still post) ends the task, reported by pto_proc_poll as timed out; a
+ * replacement is requested as for any death. */
+void pto_proc_timeout(pto_child *c, uint32_t ms);
 /* Move a replacement along (its start timeout); true when it just ended. */
 bool pto_proc_tick(pto_child *c);
 /* Whether c's mailbox has news for the dispatcher: anything but a start

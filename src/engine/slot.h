@@ -65,6 +65,7 @@ struct pto_slot {
 
     pto_ref *refs;                    /* producers and held slabs (orchestrator) */
     int32_t nrefs;
+    uint32_t timeout_ms;              /* PROCESS mode: its deadline after it starts, 0 = none (fills a hole) */
 
     /* The consume threshold (references to drop before the slot can be
      * reclaimed) packed in one word so that adding a consumer and releasing

@@ -49,6 +49,12 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     }
     c.heap_ring_size = pto_align_up(c.heap_ring_size, PTO_HEAP_ALIGN);
     if (c.alloc_timeout_ms == 0) c.alloc_timeout_ms = 10000;
+    if (c.task_timeout_ms && c.mode == PTO_MODE_THREAD) {
+        /* Failing the task would leave its kernel running on the buffers its consumers and the next
+         * run reuse. */
+        pto_set_error("task_timeout_ms needs process mode: a thread cannot be stopped");
+        return NULL;
+    }
     if (c.queue_depth <= 0) c.queue_depth = 2;
     if (c.queue_depth > PTO_WT_QCAP) {
         pto_set_error("queue_depth must be at most %d (got %d)", PTO_WT_QCAP, c.queue_depth);
@@ -115,6 +121,7 @@ int pto_worker_init(pto_worker *w)
      * thread comes last. */
     if (!pto_wm_start(&w->wm, w->sched.ev)) return -1;
     pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
+    w->orch.task_timeout_ms = w->cfg.task_timeout_ms;
     if (!pto_sched_start(&w->sched)) {
         pto_wm_stop(&w->wm);
         return -1;
@@ -255,6 +262,11 @@ int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_ch
     out->pid = w->cfg.mode == PTO_MODE_PROCESS ? pto_worker_child_pid(w, kind, index) : 0;
     out->current_task = atomic_load_explicit(&wt->current_task, memory_order_relaxed);
     out->tasks_run = atomic_load_explicit(&wt->tasks_run, memory_order_relaxed);
+    uint64_t t0 = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed);
+    if (out->current_task >= 0 && t0) {
+        uint64_t now = pto_now_ns();
+        out->running_ns = now > t0 ? (int64_t)(now - t0) : 0;
+    }
     return 0;
 }
 

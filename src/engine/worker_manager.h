@@ -83,6 +83,7 @@ typedef struct pto_worker_thread {
     pto_ready_queue pinned;                 /* ready tasks pinned here */
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;
+    _Atomic uint64_t task_started_ns;       /* pto_now_ns() when current_task started (pto_worker_child_info_get) */
     /* PROCESS mode, scheduler-only: the task claimed for the child, posted
      * to its mailbox or waiting for it to start. */
     struct pto_slot *task, *task_after;
@@ -90,6 +91,7 @@ typedef struct pto_worker_thread {
     int32_t task_member;
     bool task_posted;
     uint64_t task_t0;
+    uint64_t task_deadline_ns;              /* when the posted task times out, 0 = never */
 } pto_worker_thread;
 
 typedef struct pto_worker_manager {

@@ -152,6 +152,10 @@ typedef struct pto_worker_config {
     int32_t queue_depth;         /* tasks staged per worker thread; 0 = 2 */
     /* PROCESS mode: children must report ready within this at init; 0 = 10000 */
     uint32_t start_timeout_ms;
+    /* PROCESS mode: a task still running this long after it started fails and its child is
+     * killed and replaced; 0 = no deadline. THREAD mode accepts only 0 (a thread cannot be
+     * stopped). */
+    uint32_t task_timeout_ms;
 } pto_worker_config;
 
 /* Flow-control statistics of one Worker (ring occupancy and submit stalls). */
@@ -218,6 +222,7 @@ typedef struct pto_child_info {
     int32_t reserved;
     int64_t current_task;        /* the task it is running, or -1 when idle */
     int64_t tasks_run;           /* tasks (group members) it ran since init */
+    int64_t running_ns;          /* how long its current task has run (to a few ms), 0 when idle */
 } pto_child_info;
 
 typedef struct pto_worker pto_worker;
@@ -326,6 +331,9 @@ int32_t pto_dispatch_breakpoints(pto_worker *w, int32_t *kinds, uint64_t *callab
 /* Copy the dispatch-control state into out. */
 void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out);
 
+/* Give the next submit on o (any kind) a deadline of ms milliseconds, 0 for none, instead of the
+ * Worker's task_timeout_ms. 0, or -1 (ms < 0; ms > 0 in THREAD mode). */
+int pto_submit_timeout(pto_orch *o, int64_t ms);
 /* Submit one task for a next-level child; worker >= 0 pins it. Returns the task id or -1. */
 int64_t pto_submit_next_level(pto_orch *o, uint64_t callable, pto_task_args *args,
                               const pto_call_config *cfg, int32_t worker);

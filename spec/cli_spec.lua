@@ -358,14 +358,7 @@ end)
 
 describe("ptolua's progress line", function()
   it("never shows when stderr is not a terminal", function()
-    local s = script [[
-local w <close> = pto.Worker{chips = 2}
-local sleep = w:register(pto.chip_kernel("sleep_us"))
-w:run(function(orch)
-  for _ = 1, 60 do orch:submit_next_level(sleep, pto.args{scalars = {50000}}) end
-end)
-print("run done")
-]]
+    local s = script(F.SLOW_RUN_SCRIPT)
     local out, err, code = run(q(s))
     assert.are.equal(0, code, err)
     assert.are.equal("run done\n", out)

@@ -38,4 +38,15 @@ end
 -- A single-quoted shell word.
 function M.q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
 
+-- A script whose run lasts about 1.5 s (60 sleeps of 50 ms on 2 chips):
+-- long enough for ptolua's progress line (cli_spec, repl_spec).
+M.SLOW_RUN_SCRIPT = [[
+local w <close> = pto.Worker{chips = 2}
+local sleep = w:register(pto.chip_kernel("sleep_us"))
+w:run(function(orch)
+  for _ = 1, 60 do orch:submit_next_level(sleep, pto.args{scalars = {50000}}) end
+end)
+print("run done")
+]]
+
 return M

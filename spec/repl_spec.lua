@@ -451,14 +451,7 @@ describe("the progress line", function()
     return ok_session({ {"expect", "run done"}, WAIT }, { args = q(script), env = "PTYDRIVE_SHOW_ERASE=1 " .. (env or "") })
   end
 
-  local SLEEPS = [[
-local w <close> = pto.Worker{chips = 2}
-local sleep = w:register(pto.chip_kernel("sleep_us"))
-w:run(function(orch)
-  for _ = 1, 60 do orch:submit_next_level(sleep, pto.args{scalars = {50000}}) end
-end)
-print("run done")
-]]
+  local SLEEPS = F.SLOW_RUN_SCRIPT
 
   it("shows tasks done of submitted, the rate and failures while a run waits, and clears it at the end", function()
     local out = run_script(SLEEPS)

@@ -454,8 +454,15 @@ static void progress_hook(lua_State *L, lua_Debug *ar)
 /* Start showing progress for W's run on L, if it should be shown. */
 static progress *progress_begin(lua_State *L, lworker *W, progress *p, const char *who)
 {
-    const char *env = getenv("PTO_PROGRESS");
-    if (!who || W->parent || progress_now || (env && strcmp(env, "0") == 0) || !isatty(STDERR_FILENO)) return NULL;
+    /* Asked once per process: a run's fixed cost is a few µs, and a Lua
+     * script can neither set the environment nor move stderr off a tty. */
+    static int wanted = -1;
+    if (!who || W->parent || progress_now) return NULL;
+    if (wanted < 0) {
+        const char *env = getenv("PTO_PROGRESS");
+        wanted = !(env && strcmp(env, "0") == 0) && isatty(STDERR_FILENO);
+    }
+    if (!wanted) return NULL;
     pto_stats st;
     pto_worker_stats_get(W->w, &st);
     *p = (progress){W, pthread_self(), mono_now(), 0, st.tasks_completed, st.tasks_failed, st.tasks_submitted, false};

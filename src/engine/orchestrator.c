@@ -120,7 +120,7 @@ static bool orch_has_work(void *arg)
 
 /* ---- checks -------------------------------------------------------------- */
 
-static bool check_open(pto_orch *o)
+bool pto_orch_check_open(pto_orch *o)
 {
     if (!o) {
         pto_set_error("no orchestrator (submit only inside a run, between pto_run_begin and pto_run_end)");
@@ -281,7 +281,7 @@ static void add_ref(pto_orch *o, pto_slot *p, bool dep)
 
 static void lookup_cb(pto_slot *p, void *arg) { add_ref(arg, p, true); }
 
-static int32_t ring_of(pto_orch *o, uint64_t addr)
+int32_t pto_orch_ring_of(pto_orch *o, uint64_t addr)
 {
     for (int32_t r = 0; r < PTO_MAX_RING_DEPTH; r++)
         if (pto_ring_contains(&o->rings[r], addr)) return r;
@@ -431,7 +431,7 @@ static bool collect_refs(pto_orch *o, const submit_req *q)
             uint64_t start = t->base + t->offset, nb = pto_tensor_nbytes(t);
             if (a->tags[i] == PTO_INPUT || a->tags[i] == PTO_INOUT)
                 pto_tm_lookup(&o->tm, t->base, start, start + nb, lookup_cb, o);
-            int32_t hr = ring_of(o, start);
+            int32_t hr = pto_orch_ring_of(o, start);
             if (hr < 0) continue;
             pto_slot *owner = pto_ring_owner(&o->rings[hr], start - (uint64_t)(uintptr_t)o->rings[hr].base);
             if (!owner) {
@@ -525,7 +525,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     /* Spent by this submit whether or not it succeeds. */
     int64_t timeout_ms = o->next_timeout_ms;
     o->next_timeout_ms = -1;
-    if (!check_open(o) || !validate(o, q)) return -1;
+    if (!pto_orch_check_open(o) || !validate(o, q)) return -1;
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
     drain_retired(o);
@@ -617,7 +617,7 @@ int64_t pto_submit_sub_group(pto_orch *o, uint64_t callable, pto_task_args *args
 
 int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dtype, pto_tensor *out)
 {
-    if (!check_open(o)) return -1;
+    if (!pto_orch_check_open(o)) return -1;
     if (ndims < 0 || ndims > PTO_MAX_DIMS || (ndims && !shape) || !out) {
         pto_set_error("a shape has 0 to %d dimensions (got %d)", PTO_MAX_DIMS, ndims);
         return -1;
@@ -663,7 +663,7 @@ int64_t pto_alloc(pto_orch *o, const uint32_t *shape, int32_t ndims, int32_t dty
 
 int pto_scope_begin(pto_orch *o)
 {
-    if (!check_open(o)) return -1;
+    if (!pto_orch_check_open(o)) return -1;
     if (pto_scope_push(&o->scope) != 0) {
         pto_set_error("scopes nest at most %d deep; end a scope before opening another",
                       PTO_MAX_SCOPE_DEPTH);
@@ -685,7 +685,7 @@ static void scope_close(pto_orch *o)
 
 int pto_scope_end(pto_orch *o)
 {
-    if (!check_open(o)) return -1;
+    if (!pto_orch_check_open(o)) return -1;
     if (pto_scope_nested(&o->scope) < 1) {
         pto_set_error("no scope is open; every scope_end needs a matching scope_begin");
         return -1;
@@ -751,7 +751,7 @@ static bool reclaimed_all(pto_orch *o)
 
 int pto_drain(pto_orch *o)
 {
-    if (!check_open(o)) return -1;
+    if (!pto_orch_check_open(o)) return -1;
     atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
     if (!wait_until(o, finished_all, ORCH_WAIT_FINISH)) {
         pto_set_error("the Worker was shut down");
@@ -808,110 +808,4 @@ int pto_orch_end(pto_orch *o)
         return -1;
     }
     return 0;
-}
-
-/* ---- inspection --------------------------------------------------------------- */
-
-int64_t pto_task_count(pto_orch *o) { return o && o->open ? o->pool.next_id : 0; }
-
-int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
-{
-    if (!check_open(o)) return -1;
-    if (id < 0 || id >= o->pool.next_id) {
-        pto_set_error("no task %lld in this run (ids are 0..%lld)", (long long)id,
-                      (long long)o->pool.next_id - 1);
-        return -1;
-    }
-    memset(info, 0, sizeof *info);
-    info->id = id;
-    info->ring = -1;
-    info->group_size = 1;
-    pto_slot *s = pto_slot_get(&o->pool, id);
-    if (!s) {
-        info->state = PTO_TASK_CONSUMED;
-        info->kind = -2;  /* unknown: reclaimed */
-        return 0;
-    }
-    info->state = atomic_load_explicit(&s->state, memory_order_acquire);
-    info->kind = s->kind;
-    info->callable = s->callable;
-    int32_t deps = 0;
-    for (int32_t i = 0; i < s->nrefs; i++) deps += s->refs[i].dep;
-    info->fanin = deps;
-    info->fanout = (int32_t)(atomic_load(&s->fanout) >> 32) - (s->scope_held ? 1 : 0);
-    info->ring = s->ring;
-    info->group_size = s->group_size;
-    info->slab_offset = s->slab_off;
-    info->slab_bytes = s->slab_bytes;
-    info->error = atomic_load_explicit(&s->failed, memory_order_acquire) ? s->error : NULL;
-    info->worker = s->kind >= 0 ? atomic_load_explicit(&s->worker, memory_order_relaxed) : -1;
-    return 0;
-}
-
-int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *tensors, uint8_t *tags, int32_t cap)
-{
-    if (!check_open(o)) return -1;
-    pto_slot *s = id >= 0 && id < o->pool.next_id ? pto_slot_get(&o->pool, id) : NULL;
-    if (!s || member < 0 || member >= s->group_size) return -1;
-    const pto_member *m = &s->members[member];
-    for (int32_t i = 0; i < m->tensor_count && i < cap; i++) {
-        if (tensors) tensors[i] = m->tensors[i];
-        if (tags) tags[i] = m->tags[i];
-    }
-    return m->tensor_count;
-}
-
-int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset)
-{
-    int32_t r = o ? ring_of(o, addr) : -1;
-    if (r >= 0 && offset) *offset = addr - (uint64_t)(uintptr_t)o->rings[r].base;
-    return r;
-}
-
-typedef struct tm_list {
-    pto_tm_item *out;
-    int64_t cap, n;
-} tm_list;
-
-static void tm_list_add(uint64_t base, const pto_tm_entry *e, void *arg)
-{
-    tm_list *l = arg;
-    if (l->n < l->cap) l->out[l->n] = (pto_tm_item){base, e->start, e->end, e->producer->id};
-    l->n++;
-}
-
-int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap)
-{
-    if (!check_open(o)) return -1;
-    tm_list l = {out, cap, 0};
-    pto_tm_each(&o->tm, tm_list_add, &l);
-    return l.n;
-}
-
-int pto_task_edges(pto_orch *o, int64_t id, int32_t what, int64_t *out, int32_t cap)
-{
-    if (!check_open(o)) return -1;
-    pto_slot *s = pto_slot_get(&o->pool, id);
-    if (!s) return 0;
-    int32_t n = 0;
-    if (what == 0) {
-        for (int32_t i = 0; i < s->nrefs; i++)
-            if (s->refs[i].dep) {
-                if (n < cap) out[n] = s->refs[i].slot->id;
-                n++;
-            }
-        return n;
-    }
-    /* Consumers are the scheduler's; read them back from the live tasks' producer lists. */
-    for (int64_t k = id + 1; k < o->pool.next_id; k++) {
-        pto_slot *c = pto_slot_get(&o->pool, k);
-        if (!c) continue;
-        for (int32_t i = 0; i < c->nrefs; i++)
-            if (c->refs[i].dep && c->refs[i].slot == s) {
-                if (n < cap) out[n] = k;
-                n++;
-                break;
-            }
-    }
-    return n;
 }

@@ -57,5 +57,10 @@ void pto_orch_destroy(struct pto_orch *o);
 /* Open / close a run (outer scope, drain, reset). */
 bool pto_orch_begin(struct pto_orch *o);
 int pto_orch_end(struct pto_orch *o);
+/* Whether o may be used now (a run is open, no shutdown or interrupt); if
+ * not, pto_errmsg() says why. */
+bool pto_orch_check_open(struct pto_orch *o);
+/* The heap ring holding addr, or -1. */
+int32_t pto_orch_ring_of(struct pto_orch *o, uint64_t addr);
 
 #endif

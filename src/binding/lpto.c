@@ -10,7 +10,8 @@
  *   lpto_sub.c      sub callables, and shipping functions to children
  *   lpto_orch.c     the orchestrator a run hands its function (its submits
  *                   call one hook of lpto_trace.c, which does nothing
- *                   unless ptolua --dot asks)
+ *                   unless ptolua --dot asks); lpto_orch_inspect.c its
+ *                   orch:task and orch:tensormap
  *   lpto_worker.c   the Worker type, in four files that call each other: its
  *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
  *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch

@@ -1,7 +1,8 @@
 /* lpto_orch.c - the Orchestrator a run hands to its function: submits,
- * prepared submits, orch:alloc, scopes and inspection. Valid only during
+ * prepared submits, orch:alloc and scopes. Valid only during
  * its run and only on the thread running it (the engine's orchestrator is
- * single-threaded).
+ * single-threaded). Its inspection (orch:task, orch:tensormap) is
+ * lpto_orch_inspect.c.
  *
  * A submit is the hot path of every orchestration loop, so nothing in it
  * looks anything up by name: the functions carry the metatables they check
@@ -35,7 +36,7 @@ static void orch_usable(lua_State *L, const lorch *O, const char *who)
 }
 
 /* Every caller is a function with the metatable upvalues (lpto_push_mt_upvalues). */
-static lorch *check_orch(lua_State *L, int idx, const char *who)
+lorch *lpto_check_orch(lua_State *L, int idx, const char *who)
 {
     lorch *O = lpto_testudata_up(L, idx, LPTO_UP_ORCH);
     if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
@@ -353,7 +354,7 @@ static const char *next_level_name(const lworker *W) { return W->level >= 4 ? "W
 /* orch:submit_next_level(h, args, cfg [, opts]) / orch:submit_sub(h [, args] [, opts]) */
 static int submit_one(lua_State *L, int kind, const char *who)
 {
-    lorch *O = check_orch(L, 1, who);
+    lorch *O = lpto_check_orch(L, 1, who);
     uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
     int opts = kind == PTO_SUB ? 4 : 5;
     lua_settop(L, opts);
@@ -373,7 +374,7 @@ static int submit_one(lua_State *L, int kind, const char *who)
 /* orch:submit_next_level_group(h, {args...}, cfg [, opts]) / orch:submit_sub_group(h, {args...} [, opts]) */
 static int submit_group(lua_State *L, int kind, const char *who)
 {
-    lorch *O = check_orch(L, 1, who);
+    lorch *O = lpto_check_orch(L, 1, who);
     uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
     int opts = kind == PTO_SUB ? 4 : 5;
     lua_settop(L, opts);
@@ -483,7 +484,7 @@ static int prep_call(lua_State *L)
 
 static int prepare(lua_State *L, int kind, const char *who, const char *call_who)
 {
-    lorch *O = check_orch(L, 1, who);
+    lorch *O = lpto_check_orch(L, 1, who);
     uint64_t c = check_handle(L, 2, O, want_handle(O, kind), who);
     int opts = kind == PTO_SUB ? 4 : 5;
     lua_settop(L, opts);
@@ -526,7 +527,7 @@ static int o_prepare_sub(lua_State *L) { return prepare(L, PTO_SUB, "orch:prepar
 static int o_alloc(lua_State *L)
 {
     const char *who = "orch:alloc";
-    lorch *O = check_orch(L, 1, who);
+    lorch *O = lpto_check_orch(L, 1, who);
     pto_tensor d = {0};
     d.ndims = (uint8_t)lpto_parse_shape(L, 2, d.shape, who);
     d.dtype = (uint8_t)lpto_parse_dtype(L, 3, who);
@@ -614,14 +615,14 @@ static void scope_end(lua_State *L, int oidx, lorch *O, const char *who)
 
 static int o_scope_begin(lua_State *L)
 {
-    lorch *O = check_orch(L, 1, "orch:scope_begin");
+    lorch *O = lpto_check_orch(L, 1, "orch:scope_begin");
     lua_pushinteger(L, scope_begin(L, O, "orch:scope_begin"));
     return 1;
 }
 
 static int o_scope_end(lua_State *L)
 {
-    lorch *O = check_orch(L, 1, "orch:scope_end");
+    lorch *O = lpto_check_orch(L, 1, "orch:scope_end");
     scope_end(L, 1, O, "orch:scope_end");
     return 0;
 }
@@ -651,7 +652,7 @@ static int sc_close(lua_State *L)
 static int o_scope(lua_State *L)
 {
     const char *who = "orch:scope";
-    lorch *O = check_orch(L, 1, who);
+    lorch *O = lpto_check_orch(L, 1, who);
     if (lua_isnoneornil(L, 2)) {
         lscope *S = lua_newuserdatauv(L, sizeof *S, 1);
         S->O = O;
@@ -682,183 +683,28 @@ static int o_scope(lua_State *L)
 
 static int o_scope_depth(lua_State *L)
 {
-    lorch *O = check_orch(L, 1, "orch:scope_depth");
+    lorch *O = lpto_check_orch(L, 1, "orch:scope_depth");
     lua_pushinteger(L, pto_scope_depth(O->o));
     return 1;
 }
 
-static const char *const STATE_NAMES[] = {"free", "pending", "ready", "running", "completed", "consumed", "failed"};
-
-static void push_edges(lua_State *L, lorch *O, int64_t id, int what)
-{
-    int64_t buf[64];
-    int n = pto_task_edges(O->o, id, what, buf, 64);
-    int64_t *ids = buf;
-    if (n > 64) {
-        ids = lua_newuserdatauv(L, sizeof *ids * (size_t)n, 0);
-        pto_task_edges(O->o, id, what, ids, n);
-    }
-    lua_createtable(L, n > 0 ? n : 0, 0);
-    for (int i = 0; i < n; i++) {
-        lua_pushinteger(L, ids[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    if (ids != buf) lua_remove(L, -2);
-}
-
-/* Set field "tensors" of the table on top: each member's tensors as submitted, with their tags. */
-static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t members)
-{
-    lua_newtable(L);
-    int k = 0;
-    for (int32_t m = 0; m < members; m++) {
-        int32_t n = pto_task_tensors(O->o, id, m, NULL, NULL, 0);
-        if (n <= 0) continue;
-        pto_tensor *ts = lua_newuserdatauv(L, (sizeof *ts + 1) * (size_t)n, 0);
-        uint8_t *tg = (uint8_t *)(ts + n);
-        pto_task_tensors(O->o, id, m, ts, tg, n);
-        for (int32_t i = 0; i < n; i++) {
-            const pto_tensor *t = &ts[i];
-            lua_createtable(L, 0, 8);
-            lua_pushstring(L, pto_tag_name(tg[i]) ? pto_tag_name(tg[i]) : "?");
-            lua_setfield(L, -2, "tag");
-            lua_pushstring(L, pto_dtype_name(t->dtype) ? pto_dtype_name(t->dtype) : "?");
-            lua_setfield(L, -2, "dtype");
-            lua_createtable(L, t->ndims, 0);
-            for (int d = 0; d < t->ndims; d++) {
-                lua_pushinteger(L, t->shape[d]);
-                lua_rawseti(L, -2, d + 1);
-            }
-            lua_setfield(L, -2, "shape");
-            lua_pushinteger(L, (lua_Integer)pto_tensor_nbytes(t));
-            lua_setfield(L, -2, "nbytes");
-            lua_pushinteger(L, (lua_Integer)(t->base + t->offset));
-            lua_setfield(L, -2, "address");
-            lua_pushinteger(L, (lua_Integer)t->base);
-            lua_setfield(L, -2, "storage");
-            uint64_t off;
-            int r = pto_ring_locate(O->o, t->base + t->offset, &off);
-            if (r >= 0) {
-                lua_pushinteger(L, r);
-                lua_setfield(L, -2, "ring");
-                lua_pushinteger(L, (lua_Integer)off);
-                lua_setfield(L, -2, "ring_offset");
-            }
-            if (members > 1) {
-                lua_pushinteger(L, m + 1);
-                lua_setfield(L, -2, "member");
-            }
-            lua_rawseti(L, -3, ++k);
-        }
-        lua_pop(L, 1);
-    }
-    lua_setfield(L, -2, "tensors");
-}
-
-/* orch:tensormap() -> {{storage, address, nbytes, producer, ring?}, ...}: each live writer entry. */
-static int o_tensormap(lua_State *L)
-{
-    lorch *O = check_orch(L, 1, "orch:tensormap");
-    int64_t n = pto_tensormap_list(O->o, NULL, 0);
-    if (n < 0) return lpto_engine_error(L, "orch:tensormap");
-    pto_tm_item *items = lua_newuserdatauv(L, sizeof *items * (size_t)(n ? n : 1), 0);
-    n = pto_tensormap_list(O->o, items, n);
-    lua_createtable(L, (int)n, 0);
-    for (int64_t i = 0; i < n; i++) {
-        lua_createtable(L, 0, 6);
-        lua_pushinteger(L, (lua_Integer)items[i].base);
-        lua_setfield(L, -2, "storage");
-        lua_pushinteger(L, (lua_Integer)items[i].start);
-        lua_setfield(L, -2, "address");
-        lua_pushinteger(L, (lua_Integer)(items[i].end - items[i].start));
-        lua_setfield(L, -2, "nbytes");
-        lua_pushinteger(L, items[i].producer);
-        lua_setfield(L, -2, "producer");
-        uint64_t off;
-        int r = pto_ring_locate(O->o, items[i].start, &off);
-        if (r >= 0) {
-            lua_pushinteger(L, r);
-            lua_setfield(L, -2, "ring");
-            lua_pushinteger(L, (lua_Integer)off);
-            lua_setfield(L, -2, "ring_offset");
-        }
-        lua_rawseti(L, -2, (lua_Integer)i + 1);
-    }
-    return 1;
-}
-
-/* orch:task(id) -> {id, state, kind, callable, fanin, fanout, producers, consumers, ring, error, ...} */
-static int o_task(lua_State *L)
-{
-    const char *who = "orch:task";
-    lorch *O = check_orch(L, 1, who);
-    int isint;
-    lua_Integer id = lua_tointegerx(L, 2, &isint);
-    if (!isint) return lpto_error(L, who, "expected a task id returned by a submit (got %s)", luaL_typename(L, 2));
-    pto_task_info info;
-    if (pto_task_info_get(O->o, id, &info) != 0) return lpto_engine_error(L, who);
-    lua_createtable(L, 0, 12);
-    lua_pushinteger(L, info.id);
-    lua_setfield(L, -2, "id");
-    lua_pushstring(L, info.state >= 0 && info.state <= PTO_TASK_FAILED ? STATE_NAMES[info.state] : "unknown");
-    lua_setfield(L, -2, "state");
-    lua_pushstring(L, info.kind == PTO_NEXT_LEVEL ? "next_level" : info.kind == PTO_SUB ? "sub"
-                                                  : info.kind == -1 ? "alloc" : "reclaimed");
-    lua_setfield(L, -2, "kind");
-    lua_pushinteger(L, (lua_Integer)info.callable);
-    lua_setfield(L, -2, "callable");
-    lua_pushinteger(L, info.fanin);
-    lua_setfield(L, -2, "fanin");
-    lua_pushinteger(L, info.fanout);
-    lua_setfield(L, -2, "fanout");
-    lua_pushinteger(L, info.group_size);
-    lua_setfield(L, -2, "group_size");
-    if (info.ring >= 0) {
-        lua_pushinteger(L, info.ring);
-        lua_setfield(L, -2, "ring");
-        lua_pushinteger(L, (lua_Integer)info.slab_bytes);
-        lua_setfield(L, -2, "slab_bytes");
-        lua_pushinteger(L, (lua_Integer)info.slab_offset);
-        lua_setfield(L, -2, "slab_offset");
-    }
-    if (info.error) {
-        lua_pushstring(L, info.error);
-        lua_setfield(L, -2, "error");
-    }
-    if (info.worker >= 0 && info.kind >= 0) {
-        lua_pushinteger(L, info.worker + 1);
-        lua_setfield(L, -2, "worker");
-        if (info.kind == PTO_SUB) lua_pushfstring(L, "sub %d", info.worker + 1);
-        else if (O->W->level >= 4) lua_pushfstring(L, "L%d worker %d", O->W->level - 1, info.worker + 1);
-        else lua_pushfstring(L, "chip %d", info.worker + 1);
-        lua_setfield(L, -2, "worker_name");
-    }
-    push_task_tensors(L, O, id, info.group_size);
-    push_edges(L, O, id, 0);
-    lua_setfield(L, -2, "producers");
-    push_edges(L, O, id, 1);
-    lua_setfield(L, -2, "consumers");
-    return 1;
-}
-
-/* orch:drain(): wait until every task submitted so far has finished (held ones too). */
 static int o_drain(lua_State *L)
 {
-    lorch *O = check_orch(L, 1, "orch:drain");
+    lorch *O = lpto_check_orch(L, 1, "orch:drain");
     if (lpto_wait_run(O->W, O->o) != 0) return lpto_engine_error(L, "orch:drain");
     return 0;
 }
 
 static int o_task_count(lua_State *L)
 {
-    lorch *O = check_orch(L, 1, "orch:task_count");
+    lorch *O = lpto_check_orch(L, 1, "orch:task_count");
     lua_pushinteger(L, pto_task_count(O->o));
     return 1;
 }
 
 static int o_worker(lua_State *L)
 {
-    check_orch(L, 1, "orch:worker");
+    lpto_check_orch(L, 1, "orch:worker");
     lua_getiuservalue(L, 1, OUV_WORKER);
     return 1;
 }
@@ -872,11 +718,11 @@ static int o_tostring(lua_State *L)
     return 1;
 }
 
-/* pto._check_orch(orch, who): raise as check_orch does for the Lua method who
+/* pto._check_orch(orch, who): raise as lpto_check_orch does for the Lua method who
  * (the methods written in Lua, lua/pto/inspect.lua). */
 static int l_check_orch(lua_State *L)
 {
-    check_orch(L, 1, luaL_checkstring(L, 2));
+    lpto_check_orch(L, 1, luaL_checkstring(L, 2));
     return 0;
 }
 
@@ -904,7 +750,7 @@ void lpto_open_orch(lua_State *L)
         {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
         {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
         {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
-        {"scope_depth", o_scope_depth}, {"task", o_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", o_tensormap}, {"worker", o_worker},
+        {"scope_depth", o_scope_depth}, {"task", lpto_orch_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", lpto_orch_tensormap}, {"worker", o_worker},
         {"prepare_next_level", o_prepare_next_level}, {"prepare_sub", o_prepare_sub},
         {NULL, NULL}};
     lua_newtable(L);

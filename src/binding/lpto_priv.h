@@ -206,6 +206,12 @@ int lpto_wait_run(lworker *W, pto_orch *o);
 lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o);
 void lpto_orch_end(lua_State *L, int oidx);
 void lpto_open_orch(lua_State *L);
+/* The orchestrator at idx (a function with the metatable upvalues calls
+ * this), usable now by this thread; raises otherwise. */
+lorch *lpto_check_orch(lua_State *L, int idx, const char *who);
+/* orch:task(id) and orch:tensormap() (lpto_orch_inspect.c). */
+int lpto_orch_task(lua_State *L);
+int lpto_orch_tensormap(lua_State *L);
 
 /* lpto_sub.c: a sub callable's leaf. lpto_sub_run is the call itself (a
  * PROCESS-mode child, alone with its copy of the state, runs it as is);

@@ -230,6 +230,43 @@ typedef struct store {
     char *mem;
 } store;
 
+/* Blocks kept from task to task: a fresh block would cost page faults and
+ * zeroing on every task, more than the transfer itself for large tensors. */
+#define CACHED 8
+static struct cached {
+    char *mem;
+    uint64_t cap;
+    bool busy;
+} cache[CACHED];
+
+static char *block_get(uint64_t n)
+{
+    int spare = -1;
+    for (int i = 0; i < CACHED; i++) {
+        if (cache[i].busy) continue;
+        if (cache[i].mem && cache[i].cap >= n) {
+            cache[i].busy = true;
+            return cache[i].mem;
+        }
+        if (spare < 0 || cache[i].cap < cache[spare].cap) spare = i;
+    }
+    char *m = pto_shm_alloc(n);
+    if (!m || spare < 0) return m;   /* every slot busy: used once */
+    pto_shm_free(cache[spare].mem);
+    cache[spare] = (struct cached){m, n, true};
+    return m;
+}
+
+static void block_put(char *m)
+{
+    for (int i = 0; i < CACHED; i++)
+        if (cache[i].mem == m) {
+            cache[i].busy = false;
+            return;
+        }
+    pto_shm_free(m);
+}
+
 /* Receive a RUN request's tensors into new shared memory and run it; reply. */
 static void serve_run(lworker *W, int child, char *buf, int len)
 {
@@ -271,7 +308,7 @@ static void serve_run(lworker *W, int child, char *buf, int len)
         if (hi > st[k].hi) st[k].hi = hi;
     }
     for (int k = 0; k < nst; k++) {
-        st[k].mem = pto_shm_alloc(st[k].hi - st[k].lo + 64);
+        st[k].mem = block_get(st[k].hi - st[k].lo + 64);
         if (!st[k].mem && !status) {
             snprintf(err, sizeof err, "cannot allocate %llu bytes of shared memory on rank %d for a tensor: %s "
                                       "(raise PTO_SHM_SIZE there)",
@@ -317,7 +354,8 @@ static void serve_run(lworker *W, int child, char *buf, int len)
         else for (uint64_t sent = 0; sent < n; sent += sizeof sink)
             send_bytes(sink, n - sent < sizeof sink ? n - sent : sizeof sink, 0);
     }
-    for (int k = 0; k < nst; k++) pto_shm_free(st[k].mem);
+    for (int k = 0; k < nst; k++)
+        if (st[k].mem) block_put(st[k].mem);
     free(t);
     free(tags);
     free(sc);

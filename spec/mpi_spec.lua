@@ -17,6 +17,10 @@ local SEGDIR = os.tmpname()
 os.remove(SEGDIR)
 assert(os.execute("mkdir -p " .. SEGDIR))
 
+-- Passed to every job's script as an argument (ignored there), so that its
+-- processes, forked children included, are told from those of another job.
+local TOKEN = "pto-mpi-spec-" .. SEGDIR:match("[^/]+$")
+
 local function segments_left()
   local p = assert(io.popen("ls -A " .. SEGDIR))
   local left = {}
@@ -31,11 +35,11 @@ end
 -- pointers, so its leaks would otherwise end in "<unknown module>" frames no
 -- suppression can name.
 local PRELOAD = os.getenv("PTO_MPI_RANK_PRELOAD")
-local function job(np, script)
+local function job(np, script, script_args)
   local cmd = ("OMPI_MCA_btl_vader_backing_directory=%s timeout -s KILL 120 %s --allow-run-as-root --oversubscribe %s "
-               .. "-np %d %s %s/%s 2>&1; echo \"exit=$?\"")
+               .. "-np %d %s %s/%s %s 2>&1; echo \"exit=$?\"")
     :format(SEGDIR, MPIRUN, PRELOAD and ("-x LD_PRELOAD=" .. PRELOAD .. " -x ASAN_OPTIONS=fast_unwind_on_malloc=0") or "",
-            np, PTOLUA, SRC, script)
+            np, PTOLUA, SRC, script, script_args or TOKEN)
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
@@ -59,9 +63,9 @@ local function assert_checks(...)
   end
 end
 
--- Processes whose command line names the fixture (forked children keep their parent's).
-local function processes_of(script)
-  local p = assert(io.popen("grep -l -a -F " .. script .. " /proc/[0-9]*/cmdline 2>/dev/null"))
+-- Processes of this spec's jobs: their command line holds TOKEN (forked children keep their parent's).
+local function processes_of()
+  local p = assert(io.popen("grep -l -a -F " .. TOKEN .. " /proc/[0-9]*/cmdline 2>/dev/null"))
   local found = {}
   for line in p:lines() do
     local pid = tonumber(line:match("/proc/(%d+)/"))
@@ -102,8 +106,8 @@ describe("an L4 over L3s on ranks 1 and 2 (mpirun -np 3)", function()
     assert_checks("mode", "runs100", "closed")
     assert.equal(0, tree_code, tree())
     assert.truthy(tree():find("rank 1 pid %d+"), tree())
-    assert.is_true(H.eventually(function() return #processes_of("mpi_tree.lua") == 0 end, 5),
-                   "left: " .. table.concat(processes_of("mpi_tree.lua"), " "))
+    assert.is_true(H.eventually(function() return #processes_of() == 0 end, 5),
+                   "left: " .. table.concat(processes_of(), " "))
     assert.same({}, segments_left())
   end)
 
@@ -125,7 +129,7 @@ end)
 
 describe("examples/mpi_bgemm.lua (mpirun -np 3)", function()
   it("checks its result against a reference and equals the run over two local L3s", function()
-    local out, code = job(3, "examples/mpi_bgemm.lua")
+    local out, code = job(3, "examples/mpi_bgemm.lua", "")   -- its arguments are sizes
     assert.equal(0, code, out)
     assert.truthy(out:find("on ranks 1 and 2 (3 MPI ranks)", 1, true), out)
     assert.truthy(out:find("mpi_bgemm: result OK", 1, true), out)
@@ -143,8 +147,8 @@ describe("a lost rank", function()
     assert(killed, out)
     assert.is_true(t_end - killed < 10, ("mpirun took %.1f s to end after the kill:\n%s"):format(t_end - killed, out))
     assert.truthy(out:find("rank 2", 1, true), out)
-    assert.is_true(H.eventually(function() return #processes_of("mpi_lost.lua") == 0 end, 5),
-                   "left: " .. table.concat(processes_of("mpi_lost.lua"), " "))
+    assert.is_true(H.eventually(function() return #processes_of() == 0 end, 5),
+                   "left: " .. table.concat(processes_of(), " "))
     assert.same({}, segments_left())
     local new = {}
     for name in pairs(shm_entries()) do

@@ -125,6 +125,10 @@ describe("an L4 over L3s on ranks 1 and 2 (mpirun -np 3)", function()
   it("reports the remote L3s in stats() and print_stats()", function()
     assert_checks("stats", "report")
   end)
+
+  it("traces the remote ranks' runs on rank 0's time line", function()
+    assert_checks("trace_remote", "trace_timeline")
+  end)
 end)
 
 describe("examples/mpi_bgemm.lua (mpirun -np 3)", function()

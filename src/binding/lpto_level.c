@@ -454,7 +454,10 @@ void lpto_level_trace(lworker *W, bool on)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
-        if (C->remote) continue;   /* not traced (docs/mpi.md) */
+        if (C->remote) {   /* its rank traces the runs and sends the events back with each answer */
+            lpto_mpi_trace(&C->remote_leaf, on);
+            continue;
+        }
         if (!C->tl) {   /* THREAD mode: in this process; traced unless it already is */
             if (on && !C->child->w) continue;
             if (on && !pto_trace_active(C->child->w) && pto_trace_start(C->child->w, 0) == 0) {
@@ -475,7 +478,10 @@ void lpto_level_trace_collect(lworker *W)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
-        if (C->remote) continue;
+        if (C->remote) {
+            lpto_mpi_trace_collect(&C->remote_leaf, W->w);
+            continue;
+        }
         if (!C->tl) {
             if (!C->traced_here) continue;
             C->traced_here = false;

@@ -56,7 +56,8 @@ static int launch_size(void) { return env_int(SIZE_VARS, 1); }
 #include <pthread.h>
 #include <signal.h>
 
-enum { TAG_HELLO = 7101, TAG_REQ, TAG_REP, TAG_DATA };
+enum { TAG_HELLO = 7101, TAG_REQ, TAG_REP, TAG_DATA, TAG_SYNC };
+#define SYNC_ROUNDS 8            /* clock-offset probes per rank at init: the fastest round trip counts */
 enum { OP_RUN = 1, OP_STOP = 2 };
 #define CHUNK (1 << 30)          /* bytes per MPI message: counts are ints */
 #define START_MS 30000           /* every rank says hello within this at init */
@@ -71,14 +72,16 @@ typedef struct hello {
 } hello;
 
 typedef struct req_head {
-    int32_t op, nt, ns, reserved;
+    int32_t op, nt, ns;
+    uint32_t trace_gen;          /* rank 0 traces (generation, 0: not) */
+    uint64_t trace_epoch;        /* its traces' time origin, on the serving rank's clock */
     uint64_t callable;
     pto_call_config cfg;
 } req_head;
 
 typedef struct rep_head {
     int32_t status, errlen;
-    uint64_t statlen;
+    uint64_t statlen, tracelen;
 } rep_head;
 
 /* Rank 0: one per remote Worker child. */
@@ -88,6 +91,13 @@ typedef struct remote {
     char name[24];
     int pid;
     char host[HOST_LEN];
+    int64_t offset_ns;           /* its CLOCK_MONOTONIC minus ours, estimated at init */
+    _Atomic uint32_t trace_gen;  /* main thread: the trace its tasks record for, 0: none */
+    _Atomic uint64_t trace_epoch;
+    pthread_mutex_t tmu;         /* guards the collected trace text */
+    char *trace;                 /* events sent back with its answers, for the main thread's collect */
+    size_t trace_len;
+    uint32_t tgen;
 } remote;
 
 static struct {
@@ -268,7 +278,42 @@ static void block_put(char *m)
 }
 
 /* Receive a RUN request's tensors into new shared memory and run it; reply. */
-static void serve_run(lworker *W, int child, char *buf, int len)
+/* The hosted Worker records this run's events when rank 0 traces. */
+static uint32_t traced_gen;
+
+static void trace_begin(pto_worker *w, const req_head *h)
+{
+    if (h->trace_gen != traced_gen) {   /* a new trace, or none: what was recorded is stale */
+        if (pto_trace_active(w)) pto_trace_stop(w, NULL);
+        traced_gen = h->trace_gen;
+    }
+    if (h->trace_gen && !pto_trace_active(w)) {
+        pto_trace_set_epoch(h->trace_epoch);   /* rank 0's origin, on this rank's clock */
+        pto_trace_start(w, 0);                 /* if it cannot, this run goes untraced */
+    }
+}
+
+/* The run's events as text (malloc'd, length in *len), or NULL; tracing goes on. */
+static char *trace_end(pto_worker *w, const hello *hi, int child, int level, size_t *len)
+{
+    *len = 0;
+    if (!traced_gen || !pto_trace_active(w) || pto_trace_stop(w, NULL) != 0) return NULL;
+    char name[192];
+    snprintf(name, sizeof name, "L%d worker %d (rank %d on host %s, pid %d): level-%d Worker", level, child + 1,
+             G.rank, hi->host, hi->pid, level);
+    /* A process of the trace file of its own: pids of other hosts could clash with ours. */
+    int32_t tpid = 1500000000 + G.rank;
+    int64_t n = pto_trace_format(w, tpid, name, NULL, 0);
+    char *text = n > 0 ? malloc((size_t)n + 1) : NULL;
+    if (text) {
+        pto_trace_format(w, tpid, name, text, (size_t)n + 1);
+        *len = (size_t)n;
+    }
+    pto_trace_start(w, 0);
+    return text;
+}
+
+static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi)
 {
     req_head h;
     memcpy(&h, buf, sizeof h);
@@ -329,13 +374,18 @@ static void serve_run(lworker *W, int child, char *buf, int len)
         }
         t[i].base = (uint64_t)(uintptr_t)st[k].mem - st[k].lo;
     }
+    pto_worker *hw = W->kids[child]->w;
+    trace_begin(hw, &h);
     if (!status) {
         pto_args_view v = {h.nt, h.ns, t, sc};
         status = lpto_level_host_run(W, child, h.callable, &v, &h.cfg, err, sizeof err);
     }
+    size_t tracelen;
+    char *trace = trace_end(hw, hi, child, W->kids[child]->level, &tracelen);
     size_t statlen = lpto_level_host_stats(W, child, NULL, 0);
-    rep_head rep = {.status = status, .errlen = status ? (int32_t)strlen(err) : 0, .statlen = statlen};
-    size_t replen = sizeof rep + (size_t)rep.errlen + statlen;
+    rep_head rep = {.status = status, .errlen = status ? (int32_t)strlen(err) : 0, .statlen = statlen,
+                    .tracelen = tracelen};
+    size_t replen = sizeof rep + (size_t)rep.errlen + statlen + tracelen;
     char *out = malloc(replen);
     if (!out) {
         fprintf(stderr, "ptolua: MPI rank %d: out of memory\n", G.rank);
@@ -344,6 +394,8 @@ static void serve_run(lworker *W, int child, char *buf, int len)
     memcpy(out, &rep, sizeof rep);
     memcpy(out + sizeof rep, err, (size_t)rep.errlen);
     lpto_level_host_stats(W, child, out + sizeof rep + rep.errlen, statlen);
+    if (tracelen) memcpy(out + sizeof rep + rep.errlen + statlen, trace, tracelen);
+    free(trace);
     MPI_Send(out, (int)replen, MPI_BYTE, 0, TAG_REP, MPI_COMM_WORLD);
     free(out);
     for (int i = 0; i < h.nt; i++) {
@@ -378,6 +430,12 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
         exit(1);
     }
     MPI_Send(&hi, (int)sizeof hi, MPI_BYTE, 0, TAG_HELLO, MPI_COMM_WORLD);
+    for (int k = 0; k < SYNC_ROUNDS; k++) {   /* rank 0 estimates our clock's offset */
+        uint64_t t;
+        MPI_Recv(&t, (int)sizeof t, MPI_BYTE, 0, TAG_SYNC, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        t = now_ns();
+        MPI_Send(&t, (int)sizeof t, MPI_BYTE, 0, TAG_SYNC, MPI_COMM_WORLD);
+    }
     for (;;) {
         MPI_Status st;
         wait_msg(0, TAG_REQ, &st, 0, false);
@@ -392,7 +450,7 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
         if (h.op == OP_STOP) {
             free(buf);
             if (child >= 0 && !hi.status) lpto_level_host_close(L, W, child);
-            rep_head rep = {0, 0, 0};
+            rep_head rep = {.status = 0};
             MPI_Send(&rep, (int)sizeof rep, MPI_BYTE, 0, TAG_REP, MPI_COMM_WORLD);
             fflush(NULL);
             G.finalized = true;
@@ -405,7 +463,7 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
             fprintf(stderr, "ptolua: MPI rank %d got a task but hosts no Worker\n", me);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        serve_run(W, child, buf, len);
+        serve_run(W, child, buf, len, &hi);
         free(buf);
     }
 }
@@ -427,7 +485,9 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
         snprintf(err, errlen, "%s (rank %d): out of memory", R->name, R->rank);
         return 1;
     }
-    req_head h = {.op = OP_RUN, .nt = a->tensor_count, .ns = a->scalar_count, .callable = callable, .cfg = *cfg};
+    req_head h = {.op = OP_RUN, .nt = a->tensor_count, .ns = a->scalar_count, .callable = callable, .cfg = *cfg,
+                  .trace_gen = atomic_load_explicit(&R->trace_gen, memory_order_acquire)};
+    if (h.trace_gen) h.trace_epoch = atomic_load(&R->trace_epoch) + (uint64_t)R->offset_ns;
     char *p = buf;
     memcpy(p, &h, sizeof h);
     p += sizeof h;
@@ -465,6 +525,17 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     size_t errlen_in = rh.errlen > 0 && (size_t)rh.errlen <= (size_t)rlen - sizeof rh ? (size_t)rh.errlen : 0;
     if (rh.statlen && sizeof rh + errlen_in + rh.statlen <= (size_t)rlen)
         lpto_level_remote_stats(R->C, rep + sizeof rh + errlen_in, (size_t)rh.statlen);
+    if (rh.tracelen && sizeof rh + errlen_in + rh.statlen + rh.tracelen <= (size_t)rlen) {
+        pthread_mutex_lock(&R->tmu);
+        char *t = realloc(R->trace, R->trace_len + rh.tracelen + 1);
+        if (t) {   /* no room: this task's events are lost, not the task */
+            if (R->trace_len) t[R->trace_len++] = ',';
+            memcpy(t + R->trace_len, rep + sizeof rh + errlen_in + rh.statlen, rh.tracelen);
+            R->trace_len += rh.tracelen;
+            R->trace = t;
+        }
+        pthread_mutex_unlock(&R->tmu);
+    }
     if (rh.status) snprintf(err, errlen, "%s (rank %d on host %s, pid %d): %.*s", R->name, R->rank, R->host, R->pid,
                             (int)errlen_in, rep + sizeof rh);
     free(rep);
@@ -477,12 +548,42 @@ pto_leaf lpto_mpi_leaf(wchild *C, const char *name, int rank)
     if (!R) return (pto_leaf){0};
     R->C = C;
     R->rank = rank;
+    pthread_mutex_init(&R->tmu, NULL);
     snprintf(R->name, sizeof R->name, "%s", name);
     snprintf(R->host, sizeof R->host, "?");
     return (pto_leaf){.run = remote_run, .ctx = R, .name = R->name};
 }
 
-void lpto_mpi_leaf_free(pto_leaf *leaf) { free(leaf->ctx); }
+void lpto_mpi_leaf_free(pto_leaf *leaf)
+{
+    remote *R = leaf->ctx;
+    if (!R) return;
+    pthread_mutex_destroy(&R->tmu);
+    free(R->trace);
+    free(R);
+}
+
+void lpto_mpi_trace(const pto_leaf *leaf, bool on)
+{
+    remote *R = leaf->ctx;
+    if (on) {
+        if (++R->tgen == 0) R->tgen = 1;
+        atomic_store(&R->trace_epoch, pto_trace_epoch());
+    }
+    atomic_store_explicit(&R->trace_gen, on ? R->tgen : 0, memory_order_release);
+}
+
+void lpto_mpi_trace_collect(const pto_leaf *leaf, pto_worker *w)
+{
+    remote *R = leaf->ctx;
+    pthread_mutex_lock(&R->tmu);
+    if (R->trace_len) pto_trace_attach(w, R->trace, R->trace_len);
+    free(R->trace);
+    R->trace = NULL;
+    R->trace_len = 0;
+    pthread_mutex_unlock(&R->tmu);
+    atomic_store_explicit(&R->trace_gen, 0, memory_order_release);
+}
 
 void lpto_mpi_where(const pto_leaf *leaf, char *buf, size_t cap)
 {
@@ -508,23 +609,41 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
     luaL_buffinit(L, &b);
     int failed = 0;
     hello *hs = calloc((size_t)G.size, sizeof *hs);
-    if (!hs) lpto_error(L, who, "out of memory");
+    int64_t *offs = calloc((size_t)G.size, sizeof *offs);
+    if (!hs || !offs) {
+        free(hs);
+        lpto_error(L, who, "out of memory");
+    }
     for (int r = 1; r < G.size; r++) {
         MPI_Status st;
         if (!wait_msg(r, TAG_HELLO, &st, deadline, false)) {
             free(hs);
+            free(offs);
             lpto_error(L, who, "MPI rank %d did not reach this Worker's init within %d s (every rank runs the script "
                                "up to w:init(); see what rank %d printed)", r, START_MS / 1000, r);
         }
         MPI_Recv(&hs[r], (int)sizeof hs[r], MPI_BYTE, r, TAG_HELLO, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         hs[r].host[HOST_LEN - 1] = hs[r].err[ERR_LEN - 1] = 0;
         G.live[r] = true;
+        /* Its clock against ours, from the fastest of a few round trips (traces share one time line). */
+        uint64_t best = UINT64_MAX;
+        for (int k = 0; k < SYNC_ROUNDS; k++) {
+            uint64_t t0 = now_ns(), tr;
+            MPI_Send(&t0, (int)sizeof t0, MPI_BYTE, r, TAG_SYNC, MPI_COMM_WORLD);
+            MPI_Recv(&tr, (int)sizeof tr, MPI_BYTE, r, TAG_SYNC, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            uint64_t t1 = now_ns();
+            if (t1 - t0 < best) {
+                best = t1 - t0;
+                offs[r] = (int64_t)(tr - t0 - (t1 - t0) / 2);
+            }
+        }
     }
     for (int i = 0; i < W->nworkers; i++) {
         int r = W->kids[i]->rank;
         if (r <= 0) continue;
         remote *R = leaves[i].ctx;
         R->pid = hs[r].pid;
+        R->offset_ns = offs[r];
         snprintf(R->host, sizeof R->host, "%s", hs[r].host);
         char line[ERR_LEN + 256];
         if (hs[r].child != i)
@@ -538,6 +657,7 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
         luaL_addstring(&b, line);
     }
     free(hs);
+    free(offs);
     if (failed) {
         luaL_pushresult(&b);
         lpto_error(L, who, "%s", lua_tostring(L, -1));

@@ -272,6 +272,10 @@ int lpto_mpi_rank(void);
 pto_leaf lpto_mpi_leaf(wchild *C, const char *name, int rank);
 void lpto_mpi_where(const pto_leaf *leaf, char *buf, size_t cap);
 void lpto_mpi_leaf_free(pto_leaf *leaf);
+/* Rank 0, main thread: its tasks record their remote runs' events from now
+ * on (on) or not; collect attaches what came back to w's trace. */
+void lpto_mpi_trace(const pto_leaf *leaf, bool on);
+void lpto_mpi_trace_collect(const pto_leaf *leaf, pto_worker *w);
 /* Rank 0, after W's leaves are added: start MPI and hear from every rank
  * (leaves[i]: child i's leaf, for its remote children); raises if a remote
  * child failed to start. */

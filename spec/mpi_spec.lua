@@ -142,6 +142,20 @@ describe("examples/mpi_bgemm.lua (mpirun -np 3)", function()
   end)
 end)
 
+describe("a remote L3 that cannot start", function()
+  it("fails w4:init() naming rank, host, pid and cause; the job still ends", function()
+    local out, code = job(3, "spec/fixtures/mpi_badinit.lua")
+    assert.equal(0, code, out)   -- the script caught the error; every rank was stopped and exited 0
+    local line = out:match("init raised: ([^\n]*)")
+    assert(line, out)
+    assert.truthy(line:find("Worker:init: L3 worker 2 (rank 2 on host ", 1, true), line)
+    assert.truthy(line:find(", pid %d+%): its level%-3 Worker: chip 1 %(pid %d+%) failed to start"), line)
+    assert.truthy(line:find("/nonexistent/libchip.so", 1, true), line)
+    assert.is_true(H.eventually(function() return #processes_of() == 0 end, 5),
+                   "left: " .. table.concat(processes_of(), " "))
+  end)
+end)
+
 describe("a lost rank", function()
   it("ends the job non-zero within 10 s, naming the rank, leaving no process and no /dev/shm entry", function()
     local before = shm_entries()

@@ -102,8 +102,8 @@ describe("pto.mpi without an MPI launch", function()
 end)
 
 describe("an L4 over L3s on ranks 1 and 2 (mpirun -np 3)", function()
-  it("runs 100 times in a row in thread mode on rank 0, then closes: every rank exits 0", function()
-    assert_checks("mode", "runs100", "closed")
+  it("runs 100 times in a row in thread mode on rank 0, then closes: every rank exits 0; a second tree is refused", function()
+    assert_checks("mode", "runs100", "closed", "second_tree")
     assert.equal(0, tree_code, tree())
     assert.truthy(tree():find("rank 1 pid %d+"), tree())
     assert.is_true(H.eventually(function() return #processes_of() == 0 end, 5),

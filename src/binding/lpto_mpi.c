@@ -706,6 +706,8 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
     lpto_error(L, who, "this ptolua was built without MPI");
 }
 void lpto_mpi_stop(void) {}
+void lpto_mpi_trace(const pto_leaf *leaf, bool on) { (void)leaf, (void)on; }
+void lpto_mpi_trace_collect(const pto_leaf *leaf, pto_worker *w) { (void)leaf, (void)w; }
 
 static int l_available(lua_State *L) { return lua_pushboolean(L, 0), 1; }
 static int l_rank(lua_State *L) { return lua_pushinteger(L, launch_rank()), 1; }

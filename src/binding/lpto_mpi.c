@@ -16,11 +16,14 @@
  *
  * The protocol, all point-to-point with rank 0, MPI_BYTE:
  *   HELLO r->0   {status, pid, child, host, error}       once, at init
- *   REQ   0->r   {op, callable, counts, CallConfig, tensors, tags, scalars}
+ *   SYNC  both   timestamps, SYNC_ROUNDS round trips     once, after HELLO
+ *   REQ   0->r   {op, trace generation and origin, callable, counts,
+ *                 CallConfig, tensors, tags, scalars}
  *   DATA  0->r   the bytes of each INPUT/INOUT/NO_DEP tensor (views: their byte range only)
- *   REP   r->0   {status, error, statistics records}
+ *   REP   r->0   {status, error, statistics records, the run's trace events}
  *   DATA  r->0   the bytes of each OUTPUT/INOUT/OUTPUT_EXISTING tensor
- * A STOP request is answered by an empty REP before the rank exits.
+ * A STOP request is answered by an empty REP before the rank exits. One
+ * task per remote child is in flight at a time, so nothing is numbered.
  *
  * Only one thread of a rank calls MPI at a time: rank r's main thread, and
  * on rank 0 the leaf threads under one lock (MPI_THREAD_SERIALIZED); waits
@@ -50,11 +53,11 @@ static const char *const SIZE_VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLU
 
 static int launch_rank(void) { return env_int(RANK_VARS, 0); }
 static int launch_size(void) { return env_int(SIZE_VARS, 1); }
+static bool launched(void) { return env_int(SIZE_VARS, 0) > 0; }
 
 #ifdef PTO_HAVE_MPI
 #include <mpi.h>
 #include <pthread.h>
-#include <signal.h>
 
 enum { TAG_HELLO = 7101, TAG_REQ, TAG_REP, TAG_DATA, TAG_SYNC };
 #define SYNC_ROUNDS 8            /* clock-offset probes per rank at init: the fastest round trip counts */
@@ -726,7 +729,7 @@ void lpto_mpi_check_rank(lua_State *L, int level, lua_Integer rank, const char *
         lpto_error(L, who, "rank = %lld: only a level-3 Worker lives on another MPI rank (this one is level %d); add "
                            "it to a level-4 Worker on rank 0", (long long)rank, level);
     int size = launch_size();
-    if (size <= 1 && !getenv("OMPI_COMM_WORLD_SIZE"))
+    if (!launched())
         lpto_error(L, who, "rank = %lld places the Worker on MPI rank %lld, but this script was not started by an MPI "
                            "launcher; start it with mpirun -np N ptolua script.lua (N > %lld), or drop rank to keep "
                            "the Worker on this host", (long long)rank, (long long)rank, (long long)rank);

@@ -63,7 +63,7 @@ enum { TAG_HELLO = 7101, TAG_REQ, TAG_REP, TAG_DATA, TAG_SYNC };
 #define SYNC_ROUNDS 8            /* clock-offset probes per rank at init: the fastest round trip counts */
 enum { OP_RUN = 1, OP_STOP = 2 };
 #define CHUNK (1 << 30)          /* bytes per MPI message: counts are ints */
-#define START_MS 30000           /* every rank says hello within this at init */
+#define START_MS 30000          /* every rank says hello within this at init */
 #define STOP_MS 10000
 #define HOST_LEN 64
 #define ERR_LEN 4096
@@ -106,6 +106,7 @@ typedef struct remote {
 static struct {
     pthread_mutex_t mu;          /* rank 0: held by the thread calling MPI */
     bool inited, finalized, used;
+    bool unheard;                /* rank 0: a rank never said hello: MPI_Finalize would wait for it */
     pid_t pid;                   /* the process that initialised MPI (forked children never finalise) */
     int rank, size;
     bool *live;                  /* rank 0: ranks that said hello and were not stopped */
@@ -231,7 +232,7 @@ static void finalize_at_exit(void)
 {
     if (!G.inited || G.finalized || getpid() != G.pid) return;
     G.finalized = true;
-    if (G.rank == 0 && !stop_all()) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (G.rank == 0 && (!stop_all() || G.unheard)) MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Finalize();
 }
 
@@ -620,6 +621,7 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
     for (int r = 1; r < G.size; r++) {
         MPI_Status st;
         if (!wait_msg(r, TAG_HELLO, &st, deadline, false)) {
+            G.unheard = true;
             free(hs);
             free(offs);
             lpto_error(L, who, "MPI rank %d did not reach this Worker's init within %d s (every rank runs the script "

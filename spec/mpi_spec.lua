@@ -35,10 +35,11 @@ end
 -- pointers, so its leaks would otherwise end in "<unknown module>" frames no
 -- suppression can name.
 local PRELOAD = os.getenv("PTO_MPI_RANK_PRELOAD")
+local ASAN = (os.getenv("ASAN_OPTIONS") and os.getenv("ASAN_OPTIONS") .. ":" or "") .. "fast_unwind_on_malloc=0"
 local function job(np, script, script_args)
   local cmd = ("OMPI_MCA_btl_vader_backing_directory=%s timeout -s KILL 120 %s --allow-run-as-root --oversubscribe %s "
                .. "-np %d %s %s/%s %s 2>&1; echo \"exit=$?\"")
-    :format(SEGDIR, MPIRUN, PRELOAD and ("-x LD_PRELOAD=" .. PRELOAD .. " -x ASAN_OPTIONS=fast_unwind_on_malloc=0") or "",
+    :format(SEGDIR, MPIRUN, PRELOAD and ("-x LD_PRELOAD=" .. PRELOAD .. " -x ASAN_OPTIONS=" .. ASAN) or "",
             np, PTOLUA, SRC, script, script_args or TOKEN)
   local p = assert(io.popen(cmd))
   local out = p:read("a")

@@ -11,6 +11,9 @@
  *   THREAD mode: the child Worker is initialised in this process at the
  *   parent's init, and the leaf runs it on the parent's worker thread under
  *   the interpreter lock (which every wait gives up).
+ *   On another MPI rank (pto.Worker{rank = r}, lpto_mpi.c): rank r hosts
+ *   the child as THREAD mode does (lpto_level_host_*), and the leaf here
+ *   sends it each task and takes its statistics and trace back.
  *
  * Tensors are shared memory at the same address in every process, so they
  * pass down any number of levels as they are; each level infers its own

@@ -527,6 +527,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     pthread_mutex_unlock(&G.mu);
     rep_head rh;
     memcpy(&rh, rep, sizeof rh);
+    if ((size_t)rlen < sizeof rh) rlen = (int)sizeof rh;   /* a short answer: its parts are left out below */
     size_t errlen_in = rh.errlen > 0 && (size_t)rh.errlen <= (size_t)rlen - sizeof rh ? (size_t)rh.errlen : 0;
     if (rh.statlen && sizeof rh + errlen_in + rh.statlen <= (size_t)rlen)
         lpto_level_remote_stats(R->C, rep + sizeof rh + errlen_in, (size_t)rh.statlen);

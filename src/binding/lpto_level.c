@@ -11,6 +11,9 @@
  *   THREAD mode: the child Worker is initialised in this process at the
  *   parent's init, and the leaf runs it on the parent's worker thread under
  *   the interpreter lock (which every wait gives up).
+ *   On another MPI rank (pto.Worker{rank = r}, lpto_mpi.c): rank r hosts
+ *   the child as THREAD mode does (lpto_level_host_*), and the leaf here
+ *   sends it each task and takes its statistics and trace back.
  *
  * Tensors are shared memory at the same address in every process, so they
  * pass down any number of levels as they are; each level infers its own
@@ -19,6 +22,7 @@
  * <root cause>"). Each child publishes its statistics after every run into
  * a shared block its parent reads: plain records, one per Worker of its
  * tree (pto_stats is plain data, so it travels as it is). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +82,8 @@ struct wchild {
     uint32_t tgen;               /* parent: the last generation it asked for */
     uint32_t traced_gen;         /* child: the generation its blocks belong to */
     bool traced_here;            /* THREAD mode: its trace was started for its parent's */
+    bool remote;                 /* on another MPI rank (lpto_mpi.c): stats are published by its leaf */
+    pto_leaf remote_leaf;
 };
 
 /* ---- add_worker ------------------------------------------------------------------ */
@@ -110,6 +116,18 @@ int lpto_level_add_worker(lua_State *L)
         return lpto_error(L, who, "a level-%d Worker's children are level-%d Workers (the one to add is level %d)",
                           W->level, W->level - 1, C->level);
     if (W->nworkers >= 1024) return lpto_error(L, who, "a Worker has at most 1024 Worker children");
+    if (C->rank) {
+        for (int i = 0; i < W->nworkers; i++)
+            if (W->kids[i]->rank == C->rank)
+                return lpto_error(L, who, "Worker child %d already lives on MPI rank %d; a rank hosts one Worker child "
+                                          "(give this one another rank)", i + 1, C->rank);
+        /* Its leaf talks MPI, which a forked child must not: the leaves of
+         * a Worker with remote children run on its threads. */
+        if (W->mode == PTO_MODE_PROCESS) {
+            if (pto_worker_mode_set(W->w, PTO_MODE_THREAD) != 0) return lpto_engine_error(L, who);
+            W->mode = PTO_MODE_THREAD;
+        }
+    }
     lworker **kids = realloc(W->kids, (size_t)(W->nworkers + 1) * sizeof *kids);
     if (!kids) return luaL_error(L, "%s: out of memory", who);
     W->kids = kids;
@@ -167,11 +185,23 @@ static int read_published(wchild *C, stats_rec *out, int cap)
     return 0;
 }
 
-/* C's tree under its name: published (PROCESS mode) or read now (THREAD mode). */
+/* A remote child's records are written by its leaf's thread in this process: a lock, not the seqlock. */
+static pthread_mutex_t remote_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int read_remote(wchild *C, stats_rec *out, int cap)
+{
+    pthread_mutex_lock(&remote_mu);
+    uint32_t n = C->stats->count <= (uint32_t)cap ? C->stats->count : 0;
+    memcpy(out, C->stats->recs, n * sizeof *out);
+    pthread_mutex_unlock(&remote_mu);
+    return (int)n;
+}
+
+/* C's tree under its name: published (PROCESS mode, another rank) or read now (THREAD mode). */
 static int child_records(wchild *C, stats_rec *out, int cap)
 {
     if (cap < 1) return 0;
-    int n = C->process ? read_published(C, out, cap) : tree_records(C->child, out, cap);
+    int n = C->remote ? read_remote(C, out, cap) : C->process ? read_published(C, out, cap) : tree_records(C->child, out, cap);
     if (n == 0) {
         memset(out, 0, sizeof *out);
         n = 1;
@@ -278,11 +308,11 @@ void lpto_level_push_stats(lua_State *L, lworker *W)
 /* Append to b the report of record *i (none yet: say so) under a header
  * naming its path from the top ("L4 worker 1 / L3 worker 2"), then its
  * children's; *i moves past them. */
-static void add_report(luaL_Buffer *b, const stats_rec *recs, int n, int *i, const char *path, int pid)
+static void add_report(luaL_Buffer *b, const stats_rec *recs, int n, int *i, const char *path, const char *where)
 {
     const stats_rec *r = &recs[(*i)++];
-    char head[256];
-    if (pid > 0) snprintf(head, sizeof head, "\n== %s (pid %d) ==\n", path, pid);
+    char head[512];
+    if (where[0]) snprintf(head, sizeof head, "\n== %s (%s) ==\n", path, where);
     else snprintf(head, sizeof head, "\n== %s ==\n", path);
     luaL_addstring(b, head);
     if (!r->present) {
@@ -299,7 +329,7 @@ static void add_report(luaL_Buffer *b, const stats_rec *recs, int n, int *i, con
     for (int k = 0; k < r->nkids && *i < n; k++) {
         char sub[256];
         snprintf(sub, sizeof sub, "%s / %s", path, recs[*i].name[0] ? recs[*i].name : "child");
-        add_report(b, recs, n, i, sub, -1);
+        add_report(b, recs, n, i, sub, "");
     }
 }
 
@@ -312,7 +342,10 @@ void lpto_level_report(lworker *W, luaL_Buffer *b)
     for (int k = 0; k < recs[0].nkids && i < n; k++) {
         wchild *C = &W->wchildren[k];
         int pid = C->process && W->state == W_READY ? pto_worker_child_pid(W->w, PTO_NEXT_LEVEL, k) : -1;
-        add_report(b, recs, n, &i, C->s.name, pid);
+        char where[256] = "";
+        if (C->remote) lpto_mpi_where(&C->remote_leaf, where, sizeof where);
+        else if (pid > 0) snprintf(where, sizeof where, "pid %d", pid);
+        add_report(b, recs, n, &i, C->s.name, where);
     }
     free(recs);
 }
@@ -424,6 +457,10 @@ void lpto_level_trace(lworker *W, bool on)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
+        if (C->remote) {   /* its rank traces the runs and sends the events back with each answer */
+            lpto_mpi_trace(&C->remote_leaf, on);
+            continue;
+        }
         if (!C->tl) {   /* THREAD mode: in this process; traced unless it already is */
             if (on && !C->child->w) continue;
             if (on && !pto_trace_active(C->child->w) && pto_trace_start(C->child->w, 0) == 0) {
@@ -444,6 +481,10 @@ void lpto_level_trace_collect(lworker *W)
 {
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
+        if (C->remote) {
+            lpto_mpi_trace_collect(&C->remote_leaf, W->w);
+            continue;
+        }
         if (!C->tl) {
             if (!C->traced_here) continue;
             C->traced_here = false;
@@ -568,6 +609,9 @@ static void level_stop(void *ctx)
 void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
 {
     idx = lua_absindex(L, idx);
+    int nremote = 0;
+    for (int i = 0; i < W->nworkers; i++) nremote += W->kids[i]->rank != 0;
+    if (nremote && lpto_mpi_rank() != 0) lpto_mpi_serve(L, idx, W);   /* this rank hosts its child, then exits */
     W->wchildren = calloc((size_t)W->nworkers + 1, sizeof *W->wchildren);
     if (!W->wchildren) luaL_error(L, "%s: out of memory", who);
     for (int i = 0; i < W->nworkers; i++) W->wchildren[i].child_ref = LUA_NOREF;
@@ -584,7 +628,12 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         C->process = W->mode == PTO_MODE_PROCESS;
         snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
         pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
-        if (C->process) {
+        if (C->child->rank) {   /* on another MPI rank: the leaf sends it the tasks */
+            C->remote = C->process = true;
+            C->stats = calloc(1, sizeof *C->stats);
+            C->remote_leaf = leaf = lpto_mpi_leaf(C, C->s.name, C->child->rank);
+            if (!C->stats || !leaf.ctx) lpto_error(L, who, "out of memory");
+        } else if (C->process) {
             C->stats = pto_shm_alloc(sizeof *C->stats);
             C->tl = pto_shm_alloc(sizeof *C->tl);
             if (!C->stats || !C->tl) lpto_engine_error(L, who);
@@ -614,13 +663,26 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         if (pto_worker_add_next_level(W->w, &leaf) < 0) lpto_engine_error(L, who);
     }
     lua_pop(L, 2);
+    if (nremote) {   /* after the local children forked: MPI starts here */
+        pto_leaf *leaves = lua_newuserdatauv(L, (size_t)W->nworkers * sizeof *leaves, 0);
+        for (int i = 0; i < W->nworkers; i++) leaves[i] = W->wchildren[i].remote_leaf;
+        lpto_mpi_start(L, W, leaves, who);
+        lua_pop(L, 1);
+    }
     if (pto_trace_active(W->w)) lpto_level_trace(W, true);   /* traced since before init (ptolua --trace) */
 }
 
 void lpto_level_free(lua_State *L, lworker *W)
 {
+    bool remote = false;
     for (int i = 0; W->wchildren && i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
+        if (C->remote) {
+            free(C->stats);
+            C->stats = NULL;
+            lpto_mpi_leaf_free(&C->remote_leaf);
+            remote = true;
+        }
         pto_shm_free(C->stats);
         pto_shm_free(C->tl);
         pto_shm_free(C->arena);
@@ -628,6 +690,7 @@ void lpto_level_free(lua_State *L, lworker *W)
     }
     free(W->wchildren);
     W->wchildren = NULL;
+    if (remote) lpto_mpi_stop();   /* its threads are gone (the engine closed first): the ranks can go */
     /* The children were this Worker's alone (their userdata stay alive
      * while W's does, through its user value). */
     for (int i = 0; i < W->nworkers; i++) {
@@ -636,4 +699,73 @@ void lpto_level_free(lua_State *L, lworker *W)
     }
     free(W->kids);
     W->kids = NULL;
+}
+
+/* ---- a child on another MPI rank (lpto_mpi.c) ------------------------------------------- */
+
+int lpto_level_host_init(lua_State *L, int idx, lworker *W, int i, char *err, size_t errlen)
+{
+    idx = lua_absindex(L, idx);
+    W->wchildren = calloc((size_t)W->nworkers + 1, sizeof *W->wchildren);
+    if (!W->wchildren) {
+        snprintf(err, errlen, "out of memory");
+        return 1;
+    }
+    for (int k = 0; k < W->nworkers; k++) W->wchildren[k].child_ref = LUA_NOREF;
+    wchild *C = &W->wchildren[i];
+    lua_getiuservalue(L, idx, UV_THREADS);
+    lua_getiuservalue(L, idx, UV_CHILDREN);
+    lua_rawgeti(L, -1, i + 1);
+    C->child = lua_touserdata(L, -1);
+    C->child_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    C->s.W = W;
+    C->s.T = lua_newthread(L);
+    lua_rawseti(L, -3, W->nsubs + i + 1);
+    lua_pop(L, 2);
+    snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
+    /* As a THREAD-mode parent hosts it, run by this rank's main thread, which holds the interpreter lock. */
+    lua_pushcfunction(L, init_protected);
+    lua_pushlightuserdata(L, C);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+        snprintf(err, errlen, "its level-%d Worker: %s", C->child->level, message(L, -1));
+        lua_pop(L, 1);
+        return 1;
+    }
+    C->child->gil_shared = true;
+    return 0;
+}
+
+int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                        char *err, size_t errlen)
+{
+    return level_run(&W->wchildren[i], callable, args, cfg, err, errlen);
+}
+
+size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap)
+{
+    stats_rec *recs = malloc(STATS_RECS * sizeof *recs);
+    if (!recs) return 0;
+    size_t n = (size_t)tree_records(W->wchildren[i].child, recs, STATS_RECS) * sizeof *recs;
+    if (buf) memcpy(buf, recs, n < cap ? n : cap);
+    free(recs);
+    return n;
+}
+
+void lpto_level_host_close(lua_State *L, lworker *W, int i)
+{
+    wchild *C = &W->wchildren[i];
+    C->child->driven = true;
+    lpto_worker_free(L, C->child);
+}
+
+void lpto_level_remote_stats(wchild *C, const void *buf, size_t len)
+{
+    stats_block *sb = C->stats;
+    size_t n = len / sizeof(stats_rec);
+    if (!sb || n == 0) return;
+    if (n > STATS_RECS) n = STATS_RECS;
+    pthread_mutex_lock(&remote_mu);
+    memcpy(sb->recs, buf, n * sizeof(stats_rec));
+    sb->count = (uint32_t)n;
+    pthread_mutex_unlock(&remote_mu);
 }

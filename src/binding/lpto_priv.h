@@ -160,6 +160,7 @@ struct lworker {
     bool driven;               /* its parent's leaf is initialising or running it now */
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
     int32_t pins_hint;         /* storages the last run pinned: the next run's pin list starts that size */
+    int rank;                  /* MPI (lpto_mpi.c): the rank it lives on (pto.Worker{rank}); 0: this process */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they
@@ -245,6 +246,42 @@ void lpto_level_report(lworker *W, luaL_Buffer *b);
  * collect attaches what they recorded to W's trace (before it stops). */
 void lpto_level_trace(lworker *W, bool on);
 void lpto_level_trace_collect(lworker *W);
+
+/* lpto_level.c, for lpto_mpi.c: a rank other than 0 hosts W's child i in
+ * its own process (as a THREAD-mode parent does), runs tasks on it and
+ * reports its tree's statistics; rank 0 publishes those for C. */
+int lpto_level_host_init(lua_State *L, int idx, lworker *W, int i, char *err, size_t errlen);
+int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_view *args,
+                        const pto_call_config *cfg, char *err, size_t errlen);
+/* Writes at most cap bytes to buf (NULL: none); returns the bytes the statistics take. */
+size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap);
+void lpto_level_host_close(lua_State *L, lworker *W, int i);
+void lpto_level_remote_stats(wchild *C, const void *buf, size_t len);
+
+/* lpto_mpi.c: level-3 Workers on other MPI ranks (docs/mpi.md). */
+void lpto_open_mpi(lua_State *L);             /* pto.mpi, into the module table on top */
+/* pto.Worker{rank = rank}: raise unless a level-`level` Worker can live on that rank. */
+void lpto_mpi_check_rank(lua_State *L, int level, lua_Integer rank, const char *who);
+/* Rank r > 0, at the init of W (whose children name ranks): host this
+ * rank's child until rank 0 closes W, then exit; never returns. */
+_Noreturn void lpto_mpi_serve(lua_State *L, int idx, lworker *W);
+/* This process's rank (0 when not started by an MPI launcher). */
+int lpto_mpi_rank(void);
+/* Rank 0: the leaf of W's child C on rank (.ctx NULL: out of memory), its
+ * rank, host and pid for messages, and its release. */
+pto_leaf lpto_mpi_leaf(wchild *C, const char *name, int rank);
+void lpto_mpi_where(const pto_leaf *leaf, char *buf, size_t cap);
+void lpto_mpi_leaf_free(pto_leaf *leaf);
+/* Rank 0, main thread: its tasks record their remote runs' events from now
+ * on (on) or not; collect attaches what came back to w's trace. */
+void lpto_mpi_trace(const pto_leaf *leaf, bool on);
+void lpto_mpi_trace_collect(const pto_leaf *leaf, pto_worker *w);
+/* Rank 0, after W's leaves are added: start MPI and hear from every rank
+ * (leaves[i]: child i's leaf, for its remote children); raises if a remote
+ * child failed to start. */
+void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who);
+/* Rank 0, at W's close: every rank stops and exits. */
+void lpto_mpi_stop(void);
 
 /* lpto_trace.c: Worker:trace_start / trace_stop, and the hooks the Worker's
  * and the orchestrator's code call (each does nothing unless a trace or

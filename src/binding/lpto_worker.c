@@ -40,7 +40,7 @@ static int default_mode(lua_State *L, const char *who)
 
 /* pto.Worker{...}'s fields, in the order the "unknown field" message lists
  * them; the integer ones are read in this order too, with these ranges. */
-enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_COUNT };
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_RANK, F_COUNT };
 static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_LEVEL] = {"level", 3, 64},
     [F_MODE] = {"mode", 1, 0},
@@ -53,6 +53,7 @@ static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_START_TIMEOUT] = {"start_timeout_ms", 1, 24 * 3600 * 1000},
     [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
     [F_TASK_TIMEOUT] = {"task_timeout_ms", 0, 24 * 3600 * 1000},
+    [F_RANK] = {"rank", 1, 1 << 24},
     [F_COUNT] = {NULL, 0, 0},
 };
 
@@ -130,6 +131,7 @@ static int l_worker(lua_State *L)
                              .alloc_timeout_ms = (uint32_t)v[F_ALLOC_TIMEOUT], .queue_depth = (int32_t)v[F_DEPTH],
                              .start_timeout_ms = (uint32_t)v[F_START_TIMEOUT],
                              .task_timeout_ms = (uint32_t)v[F_TASK_TIMEOUT]};
+    if (v[F_RANK]) lpto_mpi_check_rank(L, (int)v[F_LEVEL], v[F_RANK], who);
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) return lpto_engine_error(L, who);
     lworker *W = push_worker(L, w);
@@ -138,6 +140,7 @@ static int l_worker(lua_State *L)
     W->mode = mode;
     W->nchips = (int)v[F_CHIPS];
     W->nsubs = (int)v[F_SUBS];
+    W->rank = (int)v[F_RANK];
     W->chip_runtime = rt ? strdup(rt) : NULL;
     lpto_debug_track(L, -1);
     lpto_trace_new_worker(L, -1);
@@ -226,6 +229,9 @@ void lpto_worker_init(lua_State *L, int idx, lworker *W, const char *who)
     if (W->parent && !W->driven)
         lpto_error(L, who, "this Worker is a child of a level-%d Worker, which initialises and runs it; use that Worker",
                    W->parent->level);
+    if (W->rank && !W->parent)
+        lpto_error(L, who, "this Worker has rank = %d: it lives on MPI rank %d as the child of a level-4 Worker; add it "
+                           "with w4:add_worker(w) and init and run that Worker", W->rank, W->rank);
     idx = lua_absindex(L, idx);
     lua_pushcfunction(L, init_protected);
     lua_pushlightuserdata(L, W);

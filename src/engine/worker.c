@@ -106,6 +106,30 @@ int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf)
 
 int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf) { return add_leaf(w, PTO_SUB, leaf); }
 
+int pto_worker_mode_set(pto_worker *w, int32_t mode)
+{
+    if (!w) {
+        pto_set_error("no Worker");
+        return -1;
+    }
+    if (mode != PTO_MODE_THREAD && mode != PTO_MODE_PROCESS) {
+        pto_set_error("unknown mode %d (use \"thread\" or \"process\")", mode);
+        return -1;
+    }
+    /* Leaves are started per mode: the mode is fixed once the first is added. */
+    if (w->inited || w->wm.count[PTO_NEXT_LEVEL] || w->wm.count[PTO_SUB]) {
+        pto_set_error("the Worker already has workers; set its mode before adding them");
+        return -1;
+    }
+    if (w->cfg.task_timeout_ms && mode == PTO_MODE_THREAD) {
+        pto_set_error("task_timeout_ms needs process mode: a thread cannot be stopped");
+        return -1;
+    }
+    w->cfg.mode = mode;
+    w->wm.mode = mode;
+    return 0;
+}
+
 int pto_worker_init(pto_worker *w)
 {
     if (!w) {

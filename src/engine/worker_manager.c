@@ -156,6 +156,11 @@ static void started(pto_worker_thread *wt, pto_slot *s, int32_t member, uint64_t
     if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
 }
 
+/* The running task's tags, for the leaves that move bytes by them (pto_leaf_tags). */
+static _Thread_local const uint8_t *leaf_tags;
+
+const uint8_t *pto_leaf_tags(void) { return leaf_tags; }
+
 static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
                        pto_worker_thread *origin)
 {
@@ -172,7 +177,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         uint64_t now = tracing ? pto_now_ns() : pto_now_coarse_ns();
         started(wt, s, member, now);
         uint64_t t0 = tracing ? now : 0;
+        leaf_tags = m->tags;
         int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        leaf_tags = NULL;
         ran(wt, &c, t0, rc, err);
     }
     complete(wt, c);

@@ -264,6 +264,11 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg);
 int pto_worker_add_next_level(pto_worker *w, const pto_leaf *leaf);
 /* Add a sub worker (before init); returns its index (0, 1, ...) or -1. */
 int pto_worker_add_sub(pto_worker *w, const pto_leaf *leaf);
+/* Change the mode (pto_mode) of a Worker that has no workers added yet; 0 or -1. */
+int pto_worker_mode_set(pto_worker *w, int32_t mode);
+/* THREAD mode, inside a leaf's run: the tags (pto_tag) of its task's tensors as submitted, one per
+ * tensor; NULL anywhere else (a PROCESS-mode child's leaf sees none). */
+const uint8_t *pto_leaf_tags(void);
 /* Start the children (PROCESS mode) or worker threads (THREAD mode), then
  * the scheduler thread. 0 or -1. */
 int pto_worker_init(pto_worker *w);

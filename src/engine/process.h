@@ -69,6 +69,7 @@ typedef struct pto_child {
     bool kill_sent;                          /* the start-timeout kill of the current request */
     bool deadline_cut;                       /* its start deadline is the one this process inherited */
     uint32_t timed_out_ms;                   /* its task ran past this deadline and is being killed, or 0 */
+    bool corrupt;                            /* killed for an impossible mailbox state: awaiting its DEAD */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
 } pto_child;
 

@@ -745,6 +745,10 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
             kill_corrupt(c);
             return 1;
         }
+        /* Up: a start it waited for may have ended without this function
+         * seeing STARTING; left set, the child's next death would be taken
+         * for a failed start and fail the task instead of replacing it. */
+        c->awaiting = false;
         int32_t e = ship_find(p->ships, c->kind, callable);
         const pto_shipped *sh = e >= 0 && !(c->loaded[e / 8] & (1u << (e % 8))) ? &p->ships->entries[e] : NULL;
         int r = pto_mb_post(mb, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0);

@@ -113,6 +113,21 @@ describe("processes a task starts", function()
     os.remove(path)
   end)
 
+  H.process_only("are gone after close also when they left their process group (setsid)", WHY, function()
+    local path = os.tmpname()
+    local w = pto.Worker{mode = "process", num_sub_workers = 1}
+    local s = w:register(function() os.execute("setsid sleep 313 & echo $! > " .. path) end, "start_setsid")
+    w:init()
+    w:run(function(o) o:submit_sub(s) end)
+    local sleeper = read_pid(path, 5)
+    assert.is_true(H.alive(sleeper))
+    local pgrp = io.open("/proc/" .. sleeper .. "/stat"):read("a"):match("%) %S %d+ (%d+)")
+    assert.equal(sleeper, math.tointeger(tonumber(pgrp)), "the sleep did not leave its group")
+    w:close()
+    assert.is_true(all_gone({sleeper}, 5), "setsid sleep 313 started by a sub outlived close")
+    os.remove(path)
+  end)
+
   H.process_only("are gone when their child dies and is replaced", WHY, function()
     local path = os.tmpname()
     local w = pto.Worker{mode = "process", num_sub_workers = 1}

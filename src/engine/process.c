@@ -173,7 +173,31 @@ static int32_t zygote_live(const pto_proc *p)
     return n;
 }
 
-static void zygote_reap(pto_proc *p, int flags)
+/* State letter and parent of pid from /proc; false if it is gone. */
+static bool read_stat(pid_t pid, char *state, int *ppid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');   /* the command name may hold anything */
+    return rp && sscanf(rp + 1, " %c %d", state, ppid) == 2;
+}
+
+/* Tell the sentinel slot's child (0: none). Never blocks nor raises
+ * SIGPIPE: a stopped or dead sentinel must not stop the zygote. */
+static void tell_sentinel(pto_proc *p, int32_t slot, pid_t pid)
+{
+    int32_t m[2] = {slot, (int32_t)pid};
+    if (p->sentinel_fd >= 0) (void)send(p->sentinel_fd, m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Reap what has ended; returns false once no child is left (ECHILD). */
+static bool zygote_reap(pto_proc *p, int flags)
 {
     int st;
     pid_t pid;
@@ -184,10 +208,13 @@ static void zygote_reap(pto_proc *p, int flags)
             p->zpids[i] = 0;
             /* What the child started dies with it; the group id is not reused while members live. */
             kill(-pid, SIGKILL);
+            /* Its pid may be reused from now on: the sentinel must not kill by it. */
+            tell_sentinel(p, i, 0);
             zygote_mark_dead(p, i, st);
             break;
         }
     }
+    return !(pid < 0 && errno == ECHILD);
 }
 
 /* SIGKILL every process the zygote adopted or forked that is still its
@@ -237,9 +264,7 @@ static _Noreturn void zygote_die(pto_proc *p)
         if (p->zpids[i] > 0) zygote_kill(p, i, atomic_load(&p->mbs[i]->kill_reason));
     kill_own_children();
     uint64_t deadline = pto_now_ns() + ORPHAN_REAP_MS * 1000000ull;
-    for (;;) {
-        zygote_reap(p, WNOHANG);
-        if (errno == ECHILD || pto_now_ns() >= deadline) break;
+    while (zygote_reap(p, WNOHANG) && pto_now_ns() < deadline) {
         kill_own_children();   /* orphans of what just died */
         usleep(1000);
     }
@@ -301,10 +326,7 @@ static void zygote_spawn(pto_proc *p, int32_t slot)
     if (pid == 0) child_main(p, slot);
     if (pid > 0) {
         setpgid(pid, pid);
-        /* Non-blocking: a stopped sentinel must not stop the zygote. */
-        int32_t m[2] = {slot, (int32_t)pid};
-        if (write(p->sentinel_fd, m, sizeof m) < 0) {
-        }
+        tell_sentinel(p, slot, pid);
     }
     if (pid < 0) {
         snprintf(mb->err, PTO_MB_ERR_CAP, "the forkserver could not fork it (%s)", strerror(errno));
@@ -347,32 +369,46 @@ static void zygote_handle(pto_proc *p, const zmsg *m)
  * Worker (an L3 host under an L4) takes that host down too, so that the
  * level above replaces it like any dead host. The zygote kills the
  * sentinel before it exits on its own. */
+/* Take the zygote's news; false once its end is closed (it exited or died). */
+static bool sentinel_read(pto_proc *p, int rfd)
+{
+    int32_t m[2];
+    ssize_t r;
+    while ((r = recv(rfd, m, sizeof m, MSG_DONTWAIT)) == (ssize_t)sizeof m)
+        if (m[0] >= 0 && m[0] < p->n) p->zpids[m[0]] = m[1];
+    return r != 0;
+}
+
 static _Noreturn void sentinel_main(pto_proc *p, int rfd, int pidfd)
 {
     setpgid(0, 0);   /* not killed with the group of a host that is being replaced */
     signal(ZYGOTE_PDEATH_SIG, SIG_DFL);
     close(p->sock);
     close(p->sfd);
-    close(p->sentinel_fd);
     pid_t zygote = getppid();
-    bool gone = zygote != p->zygote_pid;
-    while (!gone) {
+    bool zygote_lives = zygote == p->zygote_pid, parent_lives = true;
+    while (zygote_lives && parent_lives) {
         struct pollfd f[2] = {{rfd, POLLIN, 0}, {pidfd, POLLIN, 0}};
         if (poll(f, pidfd >= 0 ? 2 : 1, -1) < 0) continue;
-        gone = f[1].revents & POLLIN;
-        int32_t m[2];
-        ssize_t r;
-        while ((r = read(rfd, m, sizeof m)) == (ssize_t)sizeof m)
-            if (m[0] >= 0 && m[0] < p->n) p->zpids[m[0]] = m[1];
-        if (r == 0) gone = true;   /* every write end closed: the zygote died */
+        parent_lives = !(f[1].revents & POLLIN);
+        zygote_lives = sentinel_read(p, rfd);
     }
-    bool parent_lives = !(pidfd >= 0 && poll(&(struct pollfd){pidfd, POLLIN, 0}, 1, 0) > 0);
-    kill(zygote, SIGKILL);
+    /* The parent went: a zygote that is not stopped cleans up better (it
+     * also kills the orphans it adopted), so it gets a moment first. */
+    char zst = 0;
+    int zpp;
+    if (!read_stat(zygote, &zst, &zpp) || zst == 'T' || zst == 't') zst = 0;
+    for (uint64_t t = pto_now_ns() + ORPHAN_REAP_MS * 1000000ull; zst && zygote_lives && pto_now_ns() < t;) {
+        poll(&(struct pollfd){rfd, POLLIN, 0}, 1, 10);
+        zygote_lives = sentinel_read(p, rfd);
+    }
+    if (getppid() == zygote) kill(zygote, SIGKILL);   /* still ours: its pid cannot be reused yet */
     for (int32_t i = 0; i < p->n; i++)
         if (p->zpids[i] > 0) kill(-p->zpids[i], SIGKILL);
+    parent_lives = parent_lives && pidfd >= 0 && poll(&(struct pollfd){pidfd, POLLIN, 0}, 1, 0) == 0;
     if (parent_lives && p->nested && !atomic_load(p->closing) && own_mailbox) {
         atomic_store(&own_mailbox->kill_reason, PTO_KILL_SUBTREE);
-        kill(p->parent_pid, SIGKILL);
+        syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);   /* the pidfd cannot name a reused pid */
     }
     _exit(0);
 }
@@ -384,7 +420,8 @@ static void zygote_start_sentinel(pto_proc *p)
 {
     p->sentinel_fd = -1;
     int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    /* Not a pipe: a send to a dead reader must not raise SIGPIPE in the zygote. */
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pfd) != 0) return;
     int pidfd = (int)syscall(SYS_pidfd_open, p->parent_pid, 0);
     if (getppid() != p->parent_pid) _exit(0);   /* the pidfd may name a reused pid */
     pid_t s = fork();
@@ -874,19 +911,9 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
     if (!(st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0)) return -1;
     /* The pid is in memory its child can write: report it only if the kernel
      * says it is one of the zygote's, so nobody is told to signal a stranger. */
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return -1;
-    buf[n] = 0;
-    const char *rp = strrchr(buf, ')');
-    int ppid = 0;
     char state;
-    if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != p->zygote_pid) return -1;
-    return pid;
+    int ppid = 0;
+    return read_stat(pid, &state, &ppid) && ppid == p->zygote_pid ? pid : -1;
 }
 
 

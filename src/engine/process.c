@@ -67,7 +67,7 @@ struct pto_proc {
     pid_t *zpids;                 /* live child per slot, 0 if none; the sentinel's copy is its own table */
     int sfd;
     pid_t sentinel_pid;
-    int sentinel_fd;              /* the zygote's end of the pipe that tells the sentinel each new child */
+    int sentinel_fd;              /* the zygote's end of the socket that tells the sentinel each child */
 };
 
 /* The mailbox this process serves when it is itself a child, or NULL: the
@@ -360,9 +360,9 @@ static void zygote_handle(pto_proc *p, const zmsg *m)
     }
 }
 
-/* The sentinel: forked by the zygote before any child, in a process group
- * of its own, it learns each child's pid from the zygote (a pipe) and waits
- * for the parent to exit (a pidfd) or the zygote to go (the pipe's end).
+/* The sentinel: forked by the zygote once its first spawns are done, in a process group
+ * of its own, it learns each child's pid from the zygote (a socket) and waits
+ * for the parent to exit (a pidfd) or the zygote to go (the socket's end).
  * Either way it SIGKILLs every child's group and the zygote: SIGKILL is the
  * one signal a stopped zygote still obeys (its parent-death signal stays
  * pending). A zygote lost while its Worker lives in a child of another
@@ -413,7 +413,7 @@ static _Noreturn void sentinel_main(pto_proc *p, int rfd, int pidfd)
     _exit(0);
 }
 
-/* Fork the sentinel; the zygote keeps the write end of its pipe (children
+/* Fork the sentinel; the zygote keeps its end of their socket (children
  * close it). A zygote without one still works, with the weaker guarantees
  * of before (docs/failures.md). */
 static void zygote_start_sentinel(pto_proc *p)
@@ -455,10 +455,18 @@ static _Noreturn void zygote_main(pto_proc *p, int sock)
     if (p->sfd < 0) _exit(127);   /* the parent sees the hang-up and fails init */
     /* Orphans of what the children start come to us, to be killed and reaped. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    zygote_start_sentinel(p);
+    bool sentinel_started = false;
     for (;;) {
         struct pollfd f[2] = {{sock, POLLIN, 0}, {p->sfd, POLLIN, 0}};
-        if (poll(f, 2, -1) < 0) continue;
+        int ready = poll(f, 2, sentinel_started ? -1 : 0);
+        if (ready == 0 && !sentinel_started) {
+            /* Once the first burst of spawns is done: its fork must not
+             * delay the children's start (the tree shares one deadline). */
+            zygote_start_sentinel(p);
+            sentinel_started = true;
+            continue;
+        }
+        if (ready < 0) continue;
         if (f[1].revents) {
             /* The forking thread may have exited while the process lives on:
              * only a changed parent means the parent is gone. */

@@ -67,6 +67,7 @@ struct pto_proc {
     pid_t *zpids;                 /* live child per slot, 0 if none; the sentinel's copy is its own table */
     int sfd;
     pid_t sentinel_pid;
+    int32_t spawns;               /* forks so far: the sentinel comes after the first n */
     int sentinel_fd;              /* the zygote's end of the socket that tells the sentinel each child */
 };
 
@@ -324,6 +325,7 @@ static void zygote_spawn(pto_proc *p, int32_t slot)
     pto_mailbox *mb = p->mbs[slot];
     pid_t pid = fork();
     if (pid == 0) child_main(p, slot);
+    p->spawns++;
     if (pid > 0) {
         setpgid(pid, pid);
         tell_sentinel(p, slot, pid);
@@ -458,8 +460,9 @@ static _Noreturn void zygote_main(pto_proc *p, int sock)
     bool sentinel_started = false;
     for (;;) {
         struct pollfd f[2] = {{sock, POLLIN, 0}, {p->sfd, POLLIN, 0}};
-        int ready = poll(f, 2, sentinel_started ? -1 : 0);
-        if (ready == 0 && !sentinel_started) {
+        bool start_sentinel = !sentinel_started && p->spawns >= p->n;
+        int ready = poll(f, 2, start_sentinel ? 0 : -1);
+        if (ready == 0 && start_sentinel) {
             /* Once the first burst of spawns is done: its fork must not
              * delay the children's start (the tree shares one deadline). */
             zygote_start_sentinel(p);

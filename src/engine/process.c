@@ -262,12 +262,16 @@ static _Noreturn void zygote_die(pto_proc *p)
 {
     if (p->sentinel_pid > 0) kill(p->sentinel_pid, SIGKILL);
     for (int32_t i = 0; i < p->n; i++)
-        if (p->zpids[i] > 0) zygote_kill(p, i, atomic_load(&p->mbs[i]->kill_reason));
+        if (p->zpids[i] > 0) zygote_kill(p, i, atomic_load(&p->mbs[i]->kill_reason));   /* keeps its reason */
     kill_own_children();
     uint64_t deadline = pto_now_ns() + ORPHAN_REAP_MS * 1000000ull;
-    while (zygote_reap(p, WNOHANG) && pto_now_ns() < deadline) {
+    while (zygote_reap(p, WNOHANG)) {
+        uint64_t now = pto_now_ns();
+        if (now >= deadline) break;
         kill_own_children();   /* orphans of what just died */
-        usleep(1000);
+        struct pollfd f = {p->sfd, POLLIN, 0};   /* SIGCHLD: wakes at each death */
+        poll(&f, 1, (int)((deadline - now) / 1000000 + 1));
+        zygote_drain_signals(p);
     }
     _exit(0);
 }
@@ -362,15 +366,6 @@ static void zygote_handle(pto_proc *p, const zmsg *m)
     }
 }
 
-/* The sentinel: forked by the zygote once its first spawns are done, in a process group
- * of its own, it learns each child's pid from the zygote (a socket) and waits
- * for the parent to exit (a pidfd) or the zygote to go (the socket's end).
- * Either way it SIGKILLs every child's group and the zygote: SIGKILL is the
- * one signal a stopped zygote still obeys (its parent-death signal stays
- * pending). A zygote lost while its Worker lives in a child of another
- * Worker (an L3 host under an L4) takes that host down too, so that the
- * level above replaces it like any dead host. The zygote kills the
- * sentinel before it exits on its own. */
 /* Take the zygote's news; false once its end is closed (it exited or died). */
 static bool sentinel_read(pto_proc *p, int rfd)
 {
@@ -381,6 +376,15 @@ static bool sentinel_read(pto_proc *p, int rfd)
     return r != 0;
 }
 
+/* The sentinel: forked by the zygote once its first spawns are done, in a
+ * process group of its own, it learns each child's pid from the zygote (a socket) and waits
+ * for the parent to exit (a pidfd) or the zygote to go (the socket's end).
+ * Either way it SIGKILLs every child's group and the zygote: SIGKILL is the
+ * one signal a stopped zygote still obeys (its parent-death signal stays
+ * pending). A zygote lost while its Worker lives in a child of another
+ * Worker (an L3 host under an L4) takes that host down too, so that the
+ * level above replaces it like any dead host. The zygote kills the
+ * sentinel before it exits on its own. */
 static _Noreturn void sentinel_main(pto_proc *p, int rfd, int pidfd)
 {
     setpgid(0, 0);   /* not killed with the group of a host that is being replaced */
@@ -596,8 +600,14 @@ static void describe_end(char *buf, size_t cap, const pto_mailbox *mb)
 
 static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
 {
-    snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
-             "create a new one", (int)c->proc->zygote_pid, c->name);
+    /* A hosted Worker cannot be closed by its user: its sentinel has the
+     * host killed, and the level above replaces the whole subtree. */
+    if (c->proc->nested)
+        snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; the process hosting "
+                 "this Worker is killed and replaced by the Worker above", (int)c->proc->zygote_pid, c->name);
+    else
+        snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
+                 "create a new one", (int)c->proc->zygote_pid, c->name);
 }
 
 /* When a child asked for now must have started: start_timeout_ms from now,
@@ -956,8 +966,15 @@ void pto_proc_stop(pto_proc *p)
         zmsg m = {Z_EXIT, 0, 0};
         (void)send(p->sock, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
         uint64_t deadline = pto_now_ns() + STOP_BOUND_MS * 1000000ull;
+        int pidfd = (int)syscall(SYS_pidfd_open, p->zygote_pid, 0);   /* readable when it exits */
         pid_t r;
-        while ((r = waitpid(p->zygote_pid, NULL, WNOHANG)) == 0 && pto_now_ns() < deadline) usleep(1000);
+        while ((r = waitpid(p->zygote_pid, NULL, WNOHANG)) == 0) {
+            uint64_t now = pto_now_ns();
+            if (now >= deadline) break;
+            if (pidfd < 0) usleep(1000);
+            else poll(&(struct pollfd){pidfd, POLLIN, 0}, 1, (int)((deadline - now) / 1000000 + 1));
+        }
+        if (pidfd >= 0) close(pidfd);
         if (r == 0) {
             kill(p->zygote_pid, SIGKILL);
             while (waitpid(p->zygote_pid, NULL, 0) < 0 && errno == EINTR) {

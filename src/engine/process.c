@@ -311,6 +311,8 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
     for (int32_t i = 0; i < p->n; i++)
         if (i != slot) pto_mb_unmap(p->mbs[i]);
     munmap(p->closing, sizeof *p->closing);
+    /* Nor the mailbox of the process hosting this Worker, one level up. */
+    if (own_mailbox) pto_mb_unmap(own_mailbox);
     pto_mailbox *mb = p->mbs[slot];
     own_mailbox = mb;
     atomic_store(&mb->pid, (int32_t)getpid());

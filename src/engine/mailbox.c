@@ -114,7 +114,7 @@ typedef struct wait_arg {
 static bool parent_has_work(void *p)
 {
     wait_arg *a = p;
-    return !((1u << pto_mb_state(a->mb)) & a->mask) || (a->abort && a->abort(a->arg));
+    return !pto_mb_in(pto_mb_state(a->mb), a->mask) || (a->abort && a->abort(a->arg));
 }
 
 uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *), void *arg, int64_t spin_ns,

@@ -58,6 +58,8 @@ enum {
     PTO_KILL_INTERRUPT,        /* second interrupt of a run */
     PTO_KILL_SHUTDOWN,         /* pto_worker_shutdown / close */
     PTO_KILL_TASK_TIMEOUT,     /* a task ran past its deadline (pto_proc_timeout) */
+    PTO_KILL_CORRUPT,          /* its mailbox was in a state no protocol step leads to */
+    PTO_KILL_SUBTREE,          /* the Worker it hosts lost its forkserver (written by that Worker's sentinel) */
 };
 
 typedef struct pto_mailbox {
@@ -115,6 +117,13 @@ void pto_mb_unmap(pto_mailbox *mb);
 static inline uint32_t pto_mb_state(pto_mailbox *mb)
 {
     return atomic_load_explicit(&mb->state, memory_order_acquire);
+}
+
+/* Whether st is one of the states in mask (bit 1 << state); a state
+ * outside the protocol (a child wrote over its mailbox) is in no mask. */
+static inline bool pto_mb_in(uint32_t st, uint32_t mask)
+{
+    return st < PTO_MB_NSTATES && ((1u << st) & mask);
 }
 
 /* CAS from -> to (release); false, with the state seen in *seen, if the state was not from. */

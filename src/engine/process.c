@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +21,14 @@
 #define COLD_SPIN_NS 2000           /* while the orchestrator submits (pto_hot_spin) */
 #define TICK_NS PTO_PROC_TICK_NS   /* a blocked wait's look at the zygote: a timed futex wait */
 #define EXIT_GRACE_MS 1000          /* at close, idle children get this long to exit */
+/* At close the parent waits this much longer than the zygote's own grace
+ * for the zygote to exit, then SIGKILLs it: a stopped zygote cannot strand close. */
+#define STOP_BOUND_MS (EXIT_GRACE_MS + 1000)
+/* A message the zygote does not take within this long (its queue is full:
+ * it is stopped or stuck) counts as a lost forkserver. */
+#define SEND_BOUND_MS 2000
+/* Orphans the zygote adopted (subreaper) get this long to be reaped at its exit. */
+#define ORPHAN_REAP_MS 200
 /* Sent to the zygote when the thread that forked it exits (PR_SET_PDEATHSIG
  * counts threads): it then checks whether the whole parent is gone. */
 #define ZYGOTE_PDEATH_SIG SIGUSR2
@@ -47,10 +58,22 @@ struct pto_proc {
     _Atomic bool zygote_gone;
     _Atomic int32_t replacing;    /* replacements under way */
     pto_event settle_ev;          /* pto_proc_settle sleeps here */
+    pto_event *bell;              /* private copy: a child may scribble over its mailbox's pointer */
+    bool nested;                  /* this process is itself a child hosting a Worker (an L3 under an L4) */
+    /* One shared word for the parent, the zygote and its sentinel: set by
+     * pto_proc_stop, so the sentinel tells a close from a lost zygote. */
+    _Atomic uint32_t *closing;
     /* The zygote's own (its copy of this struct is private after the fork). */
-    pid_t *zpids;                 /* live child per slot, 0 if none */
+    pid_t *zpids;                 /* live child per slot, 0 if none; the sentinel's copy is its own table */
     int sfd;
+    pid_t sentinel_pid;
+    int32_t spawns;               /* forks so far: the sentinel comes after the first n */
+    int sentinel_fd;              /* the zygote's end of the socket that tells the sentinel each child */
 };
+
+/* The mailbox this process serves when it is itself a child, or NULL: the
+ * sentinel of a Worker hosted here says through it why it killed its host. */
+static pto_mailbox *own_mailbox;
 
 /* In a child that hosts a Worker of its own: when its parent stops waiting
  * for it to start (0: not such a child). Its own children must be up
@@ -114,7 +137,21 @@ static int32_t ship_find(const pto_ship_table *t, int32_t kind, uint64_t callabl
     return -1;
 }
 
-/* ---- the zygote (single-threaded: no locks, no allocation) ---- */
+/* Wake the parent side of slot through the private bell, never through the
+ * pointer in the mailbox, which its child can overwrite. */
+static void wake_parent(pto_proc *p, int32_t slot)
+{
+    pto_event_notify(&p->mbs[slot]->to_parent);
+    if (p->bell) pto_event_notify(p->bell);
+}
+
+/* ---- the zygote (single-threaded: no locks, no allocation) ----
+ * Besides forking, it contains what its children start: every child leads
+ * a process group of its own (what a task starts stays in it), the zygote is
+ * a subreaper (what leaves the group is adopted by it once orphaned), and a
+ * group is killed whenever its child is killed or reaped. A sentinel process
+ * covers the cases the zygote cannot act in (it is stopped or killed, or the
+ * parent dies while it is stopped): see sentinel_main. */
 
 static void zygote_mark_dead(pto_proc *p, int32_t slot, int status)
 {
@@ -127,7 +164,7 @@ static void zygote_mark_dead(pto_proc *p, int32_t slot, int status)
         atomic_store_explicit(&mb->died_in, prev, memory_order_relaxed);
     } while (!atomic_compare_exchange_weak_explicit(&mb->state, &prev, PTO_MB_DEAD, memory_order_release,
                                                     memory_order_relaxed));
-    pto_mb_wake_parent(mb);
+    wake_parent(p, slot);
 }
 
 static int32_t zygote_live(const pto_proc *p)
@@ -137,17 +174,66 @@ static int32_t zygote_live(const pto_proc *p)
     return n;
 }
 
-static void zygote_reap(pto_proc *p, int flags)
+/* State letter and parent of pid from /proc; false if it is gone. */
+static bool read_stat(pid_t pid, char *state, int *ppid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');   /* the command name may hold anything */
+    return rp && sscanf(rp + 1, " %c %d", state, ppid) == 2;
+}
+
+/* Tell the sentinel slot's child (0: none). Never blocks nor raises
+ * SIGPIPE: a stopped or dead sentinel must not stop the zygote. */
+static void tell_sentinel(pto_proc *p, int32_t slot, pid_t pid)
+{
+    int32_t m[2] = {slot, (int32_t)pid};
+    if (p->sentinel_fd >= 0) (void)send(p->sentinel_fd, m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Reap what has ended; returns false once no child is left (ECHILD). */
+static bool zygote_reap(pto_proc *p, int flags)
 {
     int st;
     pid_t pid;
     while ((pid = waitpid(-1, &st, flags)) > 0) {
+        if (pid == p->sentinel_pid) p->sentinel_pid = 0;
         for (int32_t i = 0; i < p->n; i++) {
             if (p->zpids[i] != pid) continue;
             p->zpids[i] = 0;
+            /* What the child started dies with it; the group id is not reused while members live. */
+            kill(-pid, SIGKILL);
+            /* Its pid may be reused from now on: the sentinel must not kill by it. */
+            tell_sentinel(p, i, 0);
             zygote_mark_dead(p, i, st);
             break;
         }
+    }
+    return !(pid < 0 && errno == ECHILD);
+}
+
+/* SIGKILL every process the zygote adopted or forked that is still its
+ * child (what escaped its group by setsid and was orphaned). */
+static void kill_own_children(void)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return;
+    buf[n] = 0;
+    for (char *s = buf, *end; *s; s = end) {
+        long pid = strtol(s, &end, 10);
+        if (end == s) break;
+        if (pid > 0) kill((pid_t)pid, SIGKILL);
     }
 }
 
@@ -165,15 +251,28 @@ static void zygote_kill(pto_proc *p, int32_t slot, uint32_t reason)
 {
     if (p->zpids[slot] <= 0) return;   /* already reaped: its pid may belong to someone else now */
     atomic_store_explicit(&p->mbs[slot]->kill_reason, reason, memory_order_relaxed);
-    kill(p->zpids[slot], SIGKILL);
+    kill(-p->zpids[slot], SIGKILL);    /* the child and what it started */
+    kill(p->zpids[slot], SIGKILL);     /* in case its group was never set */
 }
 
-/* The parent is gone (or lost us): take every child down now. */
+/* The parent is gone (or lost us), or the Worker closes: take every child
+ * and everything they started down now, within a bound. The sentinel goes
+ * first, so that it does not take our exit for a lost zygote. */
 static _Noreturn void zygote_die(pto_proc *p)
 {
+    if (p->sentinel_pid > 0) kill(p->sentinel_pid, SIGKILL);
     for (int32_t i = 0; i < p->n; i++)
-        if (p->zpids[i] > 0) kill(p->zpids[i], SIGKILL);
-    zygote_reap(p, 0);
+        if (p->zpids[i] > 0) zygote_kill(p, i, atomic_load(&p->mbs[i]->kill_reason));   /* keeps its reason */
+    kill_own_children();
+    uint64_t deadline = pto_now_ns() + ORPHAN_REAP_MS * 1000000ull;
+    while (zygote_reap(p, WNOHANG)) {
+        uint64_t now = pto_now_ns();
+        if (now >= deadline) break;
+        kill_own_children();   /* orphans of what just died */
+        struct pollfd f = {p->sfd, POLLIN, 0};   /* SIGCHLD: wakes at each death */
+        poll(&f, 1, (int)((deadline - now) / 1000000 + 1));
+        zygote_drain_signals(p);
+    }
     _exit(0);
 }
 
@@ -201,11 +300,21 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
 {
     /* Die with the zygote; it may already be gone by the time we ask. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != p->zygote_pid) _exit(1);
+    setpgid(0, 0);   /* the zygote does it too: whoever runs first */
     close(p->sock);
     close(p->sfd);
+    close(p->sentinel_fd);
     signal(ZYGOTE_PDEATH_SIG, SIG_DFL);
     sigprocmask(SIG_SETMASK, &p->child_mask, NULL);   /* SIGINT stays ignored */
+    /* A child sees only its own mailbox: whatever it scribbles on cannot
+     * reach the other workers or the sentinel's flag. */
+    for (int32_t i = 0; i < p->n; i++)
+        if (i != slot) pto_mb_unmap(p->mbs[i]);
+    munmap(p->closing, sizeof *p->closing);
+    /* Nor the mailbox of the process hosting this Worker, one level up. */
+    if (own_mailbox) pto_mb_unmap(own_mailbox);
     pto_mailbox *mb = p->mbs[slot];
+    own_mailbox = mb;
     atomic_store(&mb->pid, (int32_t)getpid());
     inherited_deadline_ns = mb->start_deadline_ns;
     const pto_leaf *leaf = p->leaves[slot];
@@ -222,6 +331,11 @@ static void zygote_spawn(pto_proc *p, int32_t slot)
     pto_mailbox *mb = p->mbs[slot];
     pid_t pid = fork();
     if (pid == 0) child_main(p, slot);
+    p->spawns++;
+    if (pid > 0) {
+        setpgid(pid, pid);
+        tell_sentinel(p, slot, pid);
+    }
     if (pid < 0) {
         snprintf(mb->err, PTO_MB_ERR_CAP, "the forkserver could not fork it (%s)", strerror(errno));
         mb->rc = -1;
@@ -254,6 +368,85 @@ static void zygote_handle(pto_proc *p, const zmsg *m)
     }
 }
 
+/* Take the zygote's news; false once its end is closed (it exited or died). */
+static bool sentinel_read(pto_proc *p, int rfd)
+{
+    int32_t m[2];
+    ssize_t r;
+    while ((r = recv(rfd, m, sizeof m, MSG_DONTWAIT)) == (ssize_t)sizeof m)
+        if (m[0] >= 0 && m[0] < p->n) p->zpids[m[0]] = m[1];
+    return r != 0;
+}
+
+/* The sentinel: forked by the zygote once its first spawns are done, in a
+ * process group of its own, it learns each child's pid from the zygote (a socket) and waits
+ * for the parent to exit (a pidfd) or the zygote to go (the socket's end).
+ * Either way it SIGKILLs every child's group and the zygote: SIGKILL is the
+ * one signal a stopped zygote still obeys (its parent-death signal stays
+ * pending). A zygote lost while its Worker lives in a child of another
+ * Worker (an L3 host under an L4) takes that host down too, so that the
+ * level above replaces it like any dead host. The zygote kills the
+ * sentinel before it exits on its own. */
+static _Noreturn void sentinel_main(pto_proc *p, int rfd, int pidfd)
+{
+    setpgid(0, 0);   /* not killed with the group of a host that is being replaced */
+    signal(ZYGOTE_PDEATH_SIG, SIG_DFL);
+    close(p->sock);
+    close(p->sfd);
+    pid_t zygote = getppid();
+    bool zygote_lives = zygote == p->zygote_pid, parent_lives = true;
+    while (zygote_lives && parent_lives) {
+        struct pollfd f[2] = {{rfd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+        if (poll(f, pidfd >= 0 ? 2 : 1, -1) < 0) continue;
+        parent_lives = !(f[1].revents & POLLIN);
+        zygote_lives = sentinel_read(p, rfd);
+    }
+    /* The parent went: a zygote that is not stopped cleans up better (it
+     * also kills the orphans it adopted), so it gets a moment first. */
+    char zst = 0;
+    int zpp;
+    if (!read_stat(zygote, &zst, &zpp) || zst == 'T' || zst == 't') zst = 0;
+    for (uint64_t t = pto_now_ns() + ORPHAN_REAP_MS * 1000000ull; zst && zygote_lives && pto_now_ns() < t;) {
+        poll(&(struct pollfd){rfd, POLLIN, 0}, 1, 10);
+        zygote_lives = sentinel_read(p, rfd);
+    }
+    if (getppid() == zygote) kill(zygote, SIGKILL);   /* still ours: its pid cannot be reused yet */
+    for (int32_t i = 0; i < p->n; i++)
+        if (p->zpids[i] > 0) kill(-p->zpids[i], SIGKILL);
+    parent_lives = parent_lives && pidfd >= 0 && poll(&(struct pollfd){pidfd, POLLIN, 0}, 1, 0) == 0;
+    if (parent_lives && p->nested && !atomic_load(p->closing) && own_mailbox) {
+        atomic_store(&own_mailbox->kill_reason, PTO_KILL_SUBTREE);
+        syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);   /* the pidfd cannot name a reused pid */
+    }
+    _exit(0);
+}
+
+/* Fork the sentinel; the zygote keeps its end of their socket (children
+ * close it). A zygote without one still works, with the weaker guarantees
+ * of before (docs/failures.md). */
+static void zygote_start_sentinel(pto_proc *p)
+{
+    p->sentinel_fd = -1;
+    int pfd[2];
+    /* Not a pipe: a send to a dead reader must not raise SIGPIPE in the zygote. */
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pfd) != 0) return;
+    int pidfd = (int)syscall(SYS_pidfd_open, p->parent_pid, 0);
+    if (getppid() != p->parent_pid) _exit(0);   /* the pidfd may name a reused pid */
+    pid_t s = fork();
+    if (s == 0) {
+        close(pfd[1]);
+        sentinel_main(p, pfd[0], pidfd);
+    }
+    close(pfd[0]);
+    if (pidfd >= 0) close(pidfd);
+    if (s < 0) {
+        close(pfd[1]);
+        return;
+    }
+    p->sentinel_pid = s;
+    p->sentinel_fd = pfd[1];
+}
+
 static _Noreturn void zygote_main(pto_proc *p, int sock)
 {
     p->sock = sock;
@@ -268,9 +461,21 @@ static _Noreturn void zygote_main(pto_proc *p, int sock)
     if (prctl(PR_SET_PDEATHSIG, ZYGOTE_PDEATH_SIG) != 0 || getppid() != p->parent_pid) _exit(0);
     p->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (p->sfd < 0) _exit(127);   /* the parent sees the hang-up and fails init */
+    /* Orphans of what the children start come to us, to be killed and reaped. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    bool sentinel_started = false;
     for (;;) {
         struct pollfd f[2] = {{sock, POLLIN, 0}, {p->sfd, POLLIN, 0}};
-        if (poll(f, 2, -1) < 0) continue;
+        bool start_sentinel = !sentinel_started && p->spawns >= p->n;
+        int ready = poll(f, 2, start_sentinel ? 0 : -1);
+        if (ready == 0 && start_sentinel) {
+            /* Once the first burst of spawns is done: its fork must not
+             * delay the children's start (the tree shares one deadline). */
+            zygote_start_sentinel(p);
+            sentinel_started = true;
+            continue;
+        }
+        if (ready < 0) continue;
         if (f[1].revents) {
             /* The forking thread may have exited while the process lives on:
              * only a changed parent means the parent is gone. */
@@ -289,13 +494,24 @@ static _Noreturn void zygote_main(pto_proc *p, int sock)
 
 /* ---- the parent side ---- */
 
+/* Within SEND_BOUND_MS: a zygote that takes nothing (stopped, its queue full) is as good as gone. */
 static bool send_msg(pto_proc *p, uint32_t op, int32_t slot, uint32_t reason)
 {
     zmsg m = {op, slot, reason};
+    uint64_t deadline = 0;
     for (;;) {
-        ssize_t r = send(p->sock, &m, sizeof m, MSG_NOSIGNAL);
+        ssize_t r = send(p->sock, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r == (ssize_t)sizeof m) return true;
         if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            uint64_t now = pto_now_ns();
+            if (!deadline) deadline = now + SEND_BOUND_MS * 1000000ull;
+            if (now < deadline) {
+                struct pollfd f = {p->sock, POLLOUT, 0};
+                poll(&f, 1, (int)((deadline - now) / 1000000 + 1));
+                continue;
+            }
+        }
         atomic_store(&p->zygote_gone, true);
         return false;
     }
@@ -332,7 +548,7 @@ static uint32_t await(pto_child *c, uint32_t mask, uint64_t deadline_ns, int64_t
             tick = now >= deadline_ns ? 0 : (int64_t)(deadline_ns - now) < tick ? (int64_t)(deadline_ns - now) : tick;
         }
         uint32_t st = pto_mb_wait(c->mb, mask, abortable ? is_stopping : NULL, p, spin_ns, tick);
-        if (!((1u << st) & mask)) return st;
+        if (!pto_mb_in(st, mask)) return st;
         if (abortable && is_stopping(p)) return W_ABORTED;
         if (!zygote_alive(p)) return W_ZYGOTE_GONE;
         if (deadline_ns && pto_now_ns() >= deadline_ns) return W_TIMEOUT;
@@ -359,6 +575,17 @@ static void describe_end(char *buf, size_t cap, const pto_mailbox *mb)
     case PTO_KILL_SHUTDOWN:
         snprintf(buf, cap, "was killed (SIGKILL) because the Worker was shut down");
         return;
+    case PTO_KILL_CORRUPT:
+        snprintf(buf, cap, "was killed (SIGKILL) because its mailbox was in an impossible state (state %u: "
+                 "memory of the child was overwritten); it is replaced", (unsigned)atomic_load(&mb->died_in));
+        return;
+    case PTO_KILL_SUBTREE:
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+            snprintf(buf, cap, "was killed (SIGKILL) because the forkserver of the Worker it hosts died; it is "
+                     "replaced with a whole new subtree");
+            return;
+        }
+        break;
     default:
         break;
     }
@@ -375,8 +602,14 @@ static void describe_end(char *buf, size_t cap, const pto_mailbox *mb)
 
 static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
 {
-    snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
-             "create a new one", (int)c->proc->zygote_pid, c->name);
+    /* A hosted Worker cannot be closed by its user: its sentinel has the
+     * host killed, and the level above replaces the whole subtree. */
+    if (c->proc->nested)
+        snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; the process hosting "
+                 "this Worker is killed and replaced by the Worker above", (int)c->proc->zygote_pid, c->name);
+    else
+        snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
+                 "create a new one", (int)c->proc->zygote_pid, c->name);
 }
 
 /* When a child asked for now must have started: start_timeout_ms from now,
@@ -511,7 +744,19 @@ bool pto_proc_tick(pto_child *c)
 
 bool pto_proc_actionable(const pto_child *c)
 {
-    return pto_mb_state(c->mb) != PTO_MB_STARTING || (!c->kill_sent && pto_now_ns() >= c->mb->start_deadline_ns);
+    uint32_t st = pto_mb_state(c->mb);
+    if (PTO_UNLIKELY(c->corrupt)) return st == PTO_MB_DEAD;
+    return st != PTO_MB_STARTING || (!c->kill_sent && pto_now_ns() >= c->mb->start_deadline_ns);
+}
+
+/* c's mailbox is in a state no step of the protocol leads to (its child
+ * wrote over it): kill that child; its DEAD, written by the zygote from
+ * whatever state, frees the slot for a replacement. */
+static void kill_corrupt(pto_child *c)
+{
+    c->corrupt = true;
+    c->timed_out_ms = 0;
+    send_msg(c->proc, Z_KILL, c->slot, PTO_KILL_CORRUPT);
 }
 
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
@@ -529,6 +774,11 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
         }
         if (c->replacing && !pto_proc_tick(c)) return 1;
         st = pto_mb_state(mb);
+        if (PTO_UNLIKELY(c->corrupt)) {
+            if (st != PTO_MB_DEAD) return 1;   /* the bell rings when it is reaped */
+            c->corrupt = false;
+            c->awaiting = false;
+        }
         if (st == PTO_MB_STARTING || (c->awaiting && st == PTO_MB_DEAD)) {
             bool up;
             if (!start_progress(c, why, sizeof why, &up)) return 1;
@@ -552,9 +802,13 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
             return -1;
         }
         if (st != PTO_MB_IDLE) {
-            snprintf(err, errlen, "%s has no live child process to run the task: unexpected mailbox state %u", c->name, st);
-            return -1;
+            kill_corrupt(c);
+            return 1;
         }
+        /* Up: a start it waited for may have ended without this function
+         * seeing STARTING; left set, the child's next death would be taken
+         * for a failed start and fail the task instead of replacing it. */
+        c->awaiting = false;
         int32_t e = ship_find(p->ships, c->kind, callable);
         const pto_shipped *sh = e >= 0 && !(c->loaded[e / 8] & (1u << (e % 8))) ? &p->ships->entries[e] : NULL;
         int r = pto_mb_post(mb, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0);
@@ -630,7 +884,9 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
             atomic_fetch_add(&p->replacing, 1);
         }
     } else {
-        snprintf(err, errlen, "%s: unexpected mailbox state %u after a task", who, st);
+        snprintf(err, errlen, "%s left its mailbox in an impossible state (%u) while running the task (memory of the "
+                 "child was overwritten); it was killed and is replaced", who, st);
+        kill_corrupt(c);
     }
     return 1;
 }
@@ -656,7 +912,7 @@ void pto_proc_hot(pto_proc *p, uint64_t until_ns, bool wake)
 
 void pto_proc_wake(pto_proc *p)
 {
-    for (int32_t i = 0; i < p->n; i++) pto_mb_wake_parent(p->mbs[i]);
+    for (int32_t i = 0; i < p->n; i++) wake_parent(p, i);
     pto_event_notify(&p->settle_ev);
 }
 
@@ -675,7 +931,12 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
     pto_mailbox *mb = p->mbs[slot];
     uint32_t st = pto_mb_state(mb);
     int pid = atomic_load(&mb->pid);
-    return st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0 ? pid : -1;
+    if (!(st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0)) return -1;
+    /* The pid is in memory its child can write: report it only if the kernel
+     * says it is one of the zygote's, so nobody is told to signal a stranger. */
+    char state;
+    int ppid = 0;
+    return read_stat(pid, &state, &ppid) && ppid == p->zygote_pid ? pid : -1;
 }
 
 
@@ -684,6 +945,7 @@ pto_child *pto_proc_child(pto_proc *p, int32_t slot) { return &p->children[slot]
 static void proc_free(pto_proc *p)
 {
     for (int32_t i = 0; i < p->n; i++) pto_mb_unmap(p->mbs[i]);
+    if (p->closing) munmap(p->closing, sizeof *p->closing);
     free(p->mbs);
     free(p->children);
     free(p->leaves);
@@ -699,9 +961,26 @@ void pto_proc_stop(pto_proc *p)
     if (p->zygote_pid > 0) {
         /* The zygote kills what did not take SHUTDOWN, reaps every child
          * (EXIT_GRACE_MS at most) and exits; without it, the children died
-         * with it (PR_SET_PDEATHSIG). */
-        send_msg(p, Z_EXIT, 0, 0);
-        while (waitpid(p->zygote_pid, NULL, 0) < 0 && errno == EINTR) {
+         * with it (PR_SET_PDEATHSIG). One that does not exit in time
+         * (stopped, stuck) is killed; its sentinel then kills the children's
+         * groups. */
+        atomic_store(p->closing, 1);
+        zmsg m = {Z_EXIT, 0, 0};
+        (void)send(p->sock, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        uint64_t deadline = pto_now_ns() + STOP_BOUND_MS * 1000000ull;
+        int pidfd = (int)syscall(SYS_pidfd_open, p->zygote_pid, 0);   /* readable when it exits */
+        pid_t r;
+        while ((r = waitpid(p->zygote_pid, NULL, WNOHANG)) == 0) {
+            uint64_t now = pto_now_ns();
+            if (now >= deadline) break;
+            if (pidfd < 0) usleep(1000);
+            else poll(&(struct pollfd){pidfd, POLLIN, 0}, 1, (int)((deadline - now) / 1000000 + 1));
+        }
+        if (pidfd >= 0) close(pidfd);
+        if (r == 0) {
+            kill(p->zygote_pid, SIGKILL);
+            while (waitpid(p->zygote_pid, NULL, 0) < 0 && errno == EINTR) {
+            }
         }
     }
     if (p->sock >= 0) close(p->sock);
@@ -754,6 +1033,15 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
     p->sock = -1;
     p->sfd = -1;
     p->parent_pid = getpid();
+    p->bell = cfg->bell;
+    p->nested = own_mailbox != NULL;
+    p->sentinel_fd = -1;
+    p->closing = mmap(NULL, sizeof *p->closing, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p->closing == MAP_FAILED) {
+        pto_set_error("cannot map the forkserver's control word (mmap: %s)", strerror(errno));
+        free(p);
+        return NULL;
+    }
     p->mbs = pto_xcalloc((size_t)p->n, sizeof *p->mbs);
     p->children = pto_xcalloc((size_t)p->n, sizeof *p->children);
     p->leaves = pto_xcalloc((size_t)p->n, sizeof *p->leaves);

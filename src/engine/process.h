@@ -12,11 +12,15 @@
  * the wait status, which wakes the scheduler (the mailbox's bell).
  *
  * Process tree and lifetimes:
- *   parent (threads) ── zygote ── child × N
+ *   parent (threads) ── zygote ─┬─ sentinel (own process group)
+ *                               └─ child × N (each leads its own process group)
  * The zygote dies with the parent (PR_SET_PDEATHSIG plus a getppid check,
  * so the exit of the thread that called init does not count); children die
- * with the zygote (PR_SET_PDEATHSIG, SIGKILL). Both ignore SIGINT: Ctrl-C
- * reaches the whole process group and the parent decides. */
+ * with the zygote (PR_SET_PDEATHSIG, SIGKILL). What a child starts stays in
+ * its group, killed whenever the child is killed or reaped; the zygote is a
+ * subreaper for what leaves a group. The sentinel covers a zygote that
+ * cannot act (stopped, killed): see sentinel_main in process.c. A child maps
+ * only its own mailbox. All ignore SIGINT: the parent decides. */
 #ifndef PTO_PROCESS_H
 #define PTO_PROCESS_H
 
@@ -69,6 +73,7 @@ typedef struct pto_child {
     bool kill_sent;                          /* the start-timeout kill of the current request */
     bool deadline_cut;                       /* its start deadline is the one this process inherited */
     uint32_t timed_out_ms;                   /* its task ran past this deadline and is being killed, or 0 */
+    bool corrupt;                            /* killed for an impossible mailbox state: awaiting its DEAD */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
 } pto_child;
 

@@ -11,15 +11,16 @@ local function script(text) return writefile(tmpname(".lua"), text) end
 local q = F.q
 
 -- Run ptolua with the given arguments (already shell words); opts.stdin is
--- the input text (default: none), opts.env a prefix like "VAR=x ".
+-- the input text (default: none), opts.env a prefix like "VAR=x ",
+-- opts.wrap shell commands to run first (like "ulimit -v N;").
 -- LUA_INIT is cleared so the caller's environment cannot change results.
 -- Returns stdout, stderr, exit status.
 local function run(args, opts)
   opts = opts or {}
   local inp = opts.stdin and writefile(tmpname(), opts.stdin) or "/dev/null"
   local err = tmpname()
-  local cmd = ("env -u LUA_INIT -u LUA_INIT_5_4 %s%s %s <%s 2>%s")
-    :format(opts.env or "", q(PTOLUA), args, q(inp), q(err))
+  local cmd = ("%senv -u LUA_INIT -u LUA_INIT_5_4 %s%s %s <%s 2>%s")
+    :format(opts.wrap or "", opts.env or "", q(PTOLUA), args, q(inp), q(err))
   local p = assert(io.popen(cmd, "r"))
   local out = p:read("a")
   local _, how, code = p:close()
@@ -388,5 +389,41 @@ describe("ptolua SIGINT", function()
     assert.are.equal(0, code)
     assert.matches("interrupted!", readfile(err), 1, true)
     assert.matches("back\n", readfile(out), 1, true)
+  end)
+end)
+
+-- A sanitizer runtime reserves terabytes of shadow memory, so a sanitizer
+-- build cannot run under `ulimit -v` at all; the plain build runs these.
+local SANITIZED = (os.getenv("PTO_SANITIZE") or "") ~= ""
+local function plain_only(name, fn)
+  if SANITIZED then
+    pending(name .. " [plain build only: a sanitizer runtime cannot run under ulimit -v]")
+  else
+    it(name, fn)
+  end
+end
+
+describe("ptolua under an address-space limit", function()
+  plain_only("fits a default Worker's heap rings to ulimit -v and says so", function()
+    local s = script([[
+      local w = pto.Worker{chips = 1}
+      local k = w:register(pto.chip_kernel("sleep_us"))
+      w:init()
+      w:run(function(o) o:submit_next_level(k, pto.args{scalars = {10}}) end)
+      w:close()
+      print("ran")
+    ]])
+    local out, err, code = run(q(s), {env = "", wrap = "ulimit -v 3000000;"})
+    assert.are.equal(0, code, err)
+    assert.are.equal("ran\n", out)
+    assert.matches("heap rings shrunk from 1 GiB to %d+ MiB each to fit the address%-space limit %(ulimit %-v%)", err)
+  end)
+
+  plain_only("keeps a heap_ring_size the script chose, and says nothing", function()
+    local out, err, code = run("-e " .. q("pto.Worker{heap_ring_size = 1 << 20}:close() print('ok')"),
+                               {wrap = "ulimit -v 3000000;"})
+    assert.are.equal(0, code, err)
+    assert.are.equal("ok\n", out)
+    assert.are.equal("", err)
   end)
 end)

@@ -3,8 +3,8 @@
  * Observable behaviour (options, the `arg` table, error reports, exit
  * status, the REPL) follows the stock `lua` program of Lua 5.4 so that
  * scripts and habits carry over. The differences: `pto` is preloaded
- * (package.preload.pto and the global `pto`), package.path finds the
- * lua/pto modules first, -h/--help exists, an error in a script piped on
+ * (package.preload.pto and the global `pto`; its Lua parts are compiled
+ * in, so package.path and package.cpath are exactly lua5.4's), -h/--help exists, an error in a script piped on
  * stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
  * chunk at the prompt shows its syntax error (lua5.4 prints "(null)"), and
  * --trace FILE / --dot FILE record every Worker (docs/tracing.md).
@@ -17,12 +17,10 @@
  * and to-be-closed values (pto Workers among them) run before the process
  * exits; only os.exit without its `close` argument skips that, as in Lua. */
 #include <errno.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lauxlib.h"
@@ -204,38 +202,6 @@ static int dolibrary(lua_State *L, const char *spec) {
 
 /* ---- setup ------------------------------------------------------------- */
 
-/* Prepend dir/?.lua;dir/?/init.lua to package.path. The installed tree
- * (<bindir>/../share/lua/5.4/pto) wins so an installed ptolua is
- * relocatable; a build-tree ptolua uses the sources. The rest of the path
- * came from LUA_PATH[_5_4] (";;" = default) or the default, as in lua5.4. */
-static void prepend_module_path(lua_State *L) {
-  char exe[PATH_MAX], share[PATH_MAX];
-  const char *dir = PTO_LUA_SOURCE_DIR;
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    char *slash;
-    exe[n] = '\0';
-    slash = strrchr(exe, '/');
-    if (slash) {
-      struct stat st;
-      const char *cand;
-      *slash = '\0';
-      cand = lua_pushfstring(L, "%s/../share/lua/5.4", exe);
-      if (realpath(cand, share)) {
-        lua_pushfstring(L, "%s/pto", share);
-        if (stat(lua_tostring(L, -1), &st) == 0 && S_ISDIR(st.st_mode)) dir = share;
-        lua_pop(L, 1);
-      }
-      lua_pop(L, 1);
-    }
-  }
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 2);
-}
-
 /* package.preload.pto = luaopen_pto; pto = require "pto". */
 static int open_pto(lua_State *L) {
   int status;
@@ -243,7 +209,6 @@ static int open_pto(lua_State *L) {
   lua_pushcfunction(L, luaopen_pto);
   lua_setfield(L, -2, "pto");
   lua_pop(L, 1);
-  prepend_module_path(L);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "pto");
   status = docall(L, 1, 1);

@@ -654,6 +654,87 @@ describe("ptolua SIGINT", function()
     assert.matches("interrupted!", readfile(err), 1, true)
     assert.matches("back\n", readfile(out), 1, true)
   end)
+
+  -- Run cmd in the background and send it SIGINT once per delay (seconds
+  -- since the previous one); returns whether it was still alive just
+  -- before each signal (a list of booleans) and its exit status as the
+  -- shell's `wait` reports it. A watchdog turns a hang into a failure.
+  local function signals(cmd, delays)
+    local steps = {}
+    for _, d in ipairs(delays) do
+      steps[#steps + 1] = ("sleep %s; if kill -0 $pid 2>/dev/null; then echo alive; else echo gone; fi; "
+        .. "kill -INT $pid 2>/dev/null;"):format(d)
+    end
+    local p = assert(io.popen(("sh -c %s"):format(q(cmd .. " & pid=$!; " .. table.concat(steps) ..
+      " (sleep 30; kill -9 $pid) >/dev/null 2>&1 & dog=$!; wait $pid; rc=$?; kill $dog 2>/dev/null; echo $rc"))))
+    local out = p:read("a")
+    p:close()
+    local alive = {}
+    for w in out:gmatch("(%a+)\n") do alive[#alive + 1] = w == "alive" end
+    return alive, tonumber(out:match("(%d+)%s*$"))
+  end
+
+  -- A process-mode run whose only chip child is stopped: its task never ends.
+  local STUCK = [[
+local w = pto.Worker{mode = "process", chips = 1}
+local sl = w:register(pto.chip_kernel("sleep_us"))
+w:init()
+os.execute("kill -STOP " .. w:child_pids().chips[1])
+w:run(function(orch) orch:submit_next_level(sl, pto.args{scalars = {1000}}) end)
+]]
+
+  it("lets running tasks finish at the first Ctrl-C of a run, and says so", function()
+    local err, done = tmpname(), tmpname()
+    os.remove(done)
+    local s = script(([[
+local w = pto.Worker{mode = "process", num_sub_workers = 1}
+local slow = w:register(function()
+  os.execute("sleep 1.5")
+  local f = io.open(%q, "w") f:write("finished") f:close()
+end)
+w:init()
+w:run(function(orch) orch:submit_sub(slow) orch:submit_sub(slow) end)
+]]):format(done))
+    local alive, code = signals(("%s %s 2>%s"):format(q(PTOLUA), q(s), q(err)), {0.8})
+    assert.are.same({true}, alive)
+    assert.are.equal(1, code)
+    local text = readfile(err)
+    assert.matches("ptolua: interrupted: no new task starts; running tasks finish", text, 1, true)
+    assert.matches("interrupted", text:gsub("ptolua: interrupted:[^\n]*", ""), 1, true)
+    assert.are.equal("finished", F.readfile(done))   -- the running task was not killed
+  end)
+
+  it("kills the busy children at the second Ctrl-C, failing the run, and says so", function()
+    local err = tmpname()
+    local alive, code = signals(("%s %s 2>%s"):format(q(PTOLUA), q(script(STUCK)), q(err)), {1, 1})
+    assert.are.same({true, true}, alive)   -- one Ctrl-C does not end a run whose task hangs
+    assert.are.equal(1, code)
+    local text = readfile(err)
+    assert.matches("ptolua: interrupted: no new task starts", text, 1, true)
+    assert.matches("ptolua: interrupted again: child processes busy with a task are killed", text, 1, true)
+    assert.matches("Worker:run: interrupted", text, 1, true)
+  end)
+
+  it("returns to the prompt after a second Ctrl-C, where the next run works", function()
+    local out, err = tmpname(), tmpname()
+    local feed = ("(cat %s; sleep 4; echo 'print(\"back\")'; "
+      .. "echo 'w:run(function(o) o:submit_next_level(sl, pto.args{scalars = {10}}) end) print(\"next run ok\")')")
+      :format(q(script(STUCK:gsub("local ", ""))))
+    local alive, code = signals(("%s | %s -i >%s 2>%s"):format(feed, q(PTOLUA), q(out), q(err)), {1.5, 1})
+    assert.are.same({true, true}, alive)
+    assert.are.equal(0, code, readfile(err))
+    assert.matches("Worker:run: interrupted", readfile(err), 1, true)
+    assert.matches("back\n.*next run ok\n", readfile(out))
+  end)
+
+  it("leaves ptolua only at the third Ctrl-C (status 130), saying so", function()
+    local err = tmpname()
+    local s = script("print(15); string.find(string.rep('a', 100000), '.*b')")
+    local alive, code = signals(("%s %s >/dev/null 2>%s"):format(q(PTOLUA), q(s), q(err)), {0.5, 0.5, 0.5})
+    assert.are.same({true, true, true}, alive)
+    assert.are.equal(130, code)
+    assert.matches("ptolua: interrupted a third time: leaving", readfile(err), 1, true)
+  end)
 end)
 
 -- A sanitizer runtime reserves terabytes of shadow memory, so a sanitizer

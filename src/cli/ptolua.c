@@ -121,15 +121,48 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted!");
 }
 
+/* Ctrl-C escalates, one step per press while a chunk runs (docall resets
+ * the count): the first stops dispatch and lets running tasks finish, the
+ * second kills the children busy with a task (their tasks fail, the run
+ * raises "interrupted"), only the third leaves ptolua, with the default
+ * action (exit status 130 to the shell). The first (and, without a run,
+ * the second) also arms the hook, so Lua code that is running stops with
+ * "interrupted!". The
+ * steps are announced on stderr whenever a run was in progress; Lua code
+ * alone is interrupted as quietly as by lua5.4. */
+static volatile sig_atomic_t sigint_count;
+
+static void say(const char *msg) {
+  ssize_t r = write(STDERR_FILENO, msg, strlen(msg));
+  (void)r; /* nothing to do about a closed stderr in a signal handler */
+}
+
 /* Async-signal-safe only: lua_sethook is documented as safe to call from a
- * signal handler, and lpto_interrupt promises the same. SA_RESETHAND has
- * already put back the default action, so a second Ctrl-C kills. */
+ * signal handler, and lpto_interrupt promises the same. */
 static void on_sigint(int sig) {
   int saved_errno = errno;
-  (void)sig;
-  lpto_interrupt();
-  lua_sethook(sigint_L, interrupt_hook,
-              LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
+  int step = ++sigint_count;
+  if (step >= 3) {
+    say("\nptolua: interrupted a third time: leaving\n");
+    signal(sig, SIG_DFL);
+    raise(sig); /* delivered when the handler returns */
+    errno = saved_errno;
+    return;
+  }
+  int runs = lpto_interrupt(); /* the engine kills busy children at a run's second */
+  if (runs > 0 && step == 1)
+    say("\nptolua: interrupted: no new task starts; running tasks finish "
+        "(Ctrl-C again stops them, a third time leaves ptolua)\n");
+  if (runs > 0 && step == 2) {
+    say("\nptolua: interrupted again: child processes busy with a task are killed and "
+        "their tasks fail; tasks in threads cannot be stopped (Ctrl-C again leaves ptolua)\n");
+    /* The run now fails by itself, naming the tasks it lost: a pending
+     * "interrupted!" from the first press would only hide that. */
+    lua_sethook(sigint_L, NULL, 0, 0);
+  } else {
+    lua_sethook(sigint_L, interrupt_hook,
+                LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
+  }
   errno = saved_errno;
 }
 
@@ -139,7 +172,8 @@ static void set_sigint(void (*handler)(int), struct sigaction *old) {
   sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   /* SA_RESTART: blocking reads resume as under lua5.4's signal(). */
-  if (handler != SIG_DFL) sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  if (handler != SIG_DFL) sa.sa_flags = SA_RESTART;
+  sigint_count = 0;
   sigaction(SIGINT, &sa, old);
 }
 

@@ -772,3 +772,54 @@ describe("ptolua under an address-space limit", function()
     assert.are.equal("", err)
   end)
 end)
+
+-- A thread-mode task shares the process: when it takes the process down it
+-- names itself on stderr first, and the exit status stays what the crash or
+-- exit made it (issue 19, item 8).
+describe("ptolua with a thread-mode task that ends the process", function()
+  -- Sanitizer runtimes would report the crash themselves, with their own
+  -- status: let the signal's default action decide, as in a plain build.
+  local NOSAN = "ASAN_OPTIONS=handle_segv=0:handle_abort=0:detect_leaks=0 TSAN_OPTIONS=handle_segv=0:handle_abort=0 "
+  local function status_of(code)
+    local err = tmpname()
+    local p = assert(io.popen(("env %s%s -e %s 2>%s; echo $?"):format(NOSAN, q(PTOLUA), q(code), q(err))))
+    local out = p:read("a")
+    p:close()
+    return tonumber(out:match("(%d+)%s*$")), readfile(err)
+  end
+
+  it("names the task, callable and worker of a crashing kernel and keeps the signal's status", function()
+    for how, want in pairs{[0] = {139, "SIGSEGV"}, [1] = {134, "SIGABRT"}} do
+      local code, err = status_of(([[
+        local w = pto.Worker{mode = "thread", chips = 1}
+        local ok = w:register(pto.chip_kernel("noop"))
+        local c = w:register(pto.chip_kernel("crash"))
+        w:run(function(o)
+          o:submit_next_level(ok, pto.args{})
+          o:submit_next_level(c, pto.args{scalars = {%d}})
+        end)]]):format(how))
+      assert.are.equal(want[1], code, err)
+      assert.matches("pto: task 1 (callable 'crash' on chip 1) crashed with " .. want[2] .. " in thread mode",
+                     err, 1, true)
+      assert.matches('process mode (mode = "process") contains such a failure', err, 1, true)
+    end
+  end)
+
+  it("names a sub that calls os.exit and keeps its status", function()
+    local code, err = status_of([[
+      local w = pto.Worker{mode = "thread", num_sub_workers = 1}
+      local quit = w:register(function() os.exit(7) end, "quitter")
+      w:run(function(o) o:submit_sub(quit) end)]])
+    assert.are.equal(7, code, err)
+    assert.matches("pto: task 0 (callable 'quitter' on sub 1) called exit in thread mode", err, 1, true)
+  end)
+
+  it("says nothing when the process ends outside a task", function()
+    local code, err = status_of([[
+      local w = pto.Worker{mode = "thread", num_sub_workers = 1}
+      w:run(function(o) o:submit_sub(w:register(function() end)) end)
+      os.exit(5)]])
+    assert.are.equal(5, code)
+    assert.are.equal("", err)
+  end)
+end)

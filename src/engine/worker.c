@@ -1,5 +1,6 @@
 #include "worker.h"
 #include "common.h"
+#include "crash.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -162,6 +163,8 @@ int pto_worker_init(pto_worker *w)
     /* Children (PROCESS mode) are forked inside pto_wm_start before its
      * threads exist, and have all started when it returns; the scheduler
      * thread comes last. */
+    /* A thread-mode task that takes the process down says which it was. */
+    if (w->cfg.mode == PTO_MODE_THREAD) pto_crash_install();
     if (!pto_wm_start(&w->wm, w->sched.ev)) return -1;
     pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
     w->orch.task_timeout_ms = w->cfg.task_timeout_ms;
@@ -226,7 +229,9 @@ void pto_worker_interrupt(pto_worker *w)
 
 void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
 {
-    if (w && name && (kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) pto_sched_name_callable(&w->sched, kind, callable, name);
+    if (!w || !name || !(kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) return;
+    pto_sched_name_callable(&w->sched, kind, callable, name);
+    if (w->cfg.mode == PTO_MODE_THREAD) pto_crash_name(&w->wm, kind, callable, name);
 }
 
 void pto_worker_shutdown(pto_worker *w)
@@ -251,6 +256,7 @@ void pto_worker_close(pto_worker *w)
         pto_wm_stop(&w->wm);
         pto_orch_destroy(&w->orch);
     }
+    pto_crash_forget(&w->wm);
     pto_sched_destroy(&w->sched);
     pto_wm_destroy(&w->wm);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_unmap(&w->rings[r]);

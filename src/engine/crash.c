@@ -12,6 +12,7 @@
  */
 #include "crash.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -51,8 +52,13 @@ void pto_crash_current(const pto_worker_thread *wt, const pto_slot *s)
 
 void pto_crash_name(const void *owner, int32_t kind, uint64_t callable, const char *name)
 {
-    int32_t i = atomic_fetch_add(&names_used, 1);
-    if (i >= NAMES_CAP) return; /* the message shows the callable's number instead */
+    /* Entries are never reused (a handler may be reading one), so a
+     * process names NAMES_CAP callables at most; later ones are shown by
+     * number. */
+    int32_t i = atomic_load(&names_used);
+    do {
+        if (i >= NAMES_CAP) return;
+    } while (!atomic_compare_exchange_weak(&names_used, &i, i + 1));
     crash_name *e = &names[i];
     e->kind = kind;
     e->callable = callable;
@@ -66,7 +72,6 @@ void pto_crash_name(const void *owner, int32_t kind, uint64_t callable, const ch
 void pto_crash_forget(const void *owner)
 {
     int32_t n = atomic_load(&names_used);
-    if (n > NAMES_CAP) n = NAMES_CAP;
     for (int32_t i = 0; i < n; i++)
         if (atomic_load_explicit(&names[i].owner, memory_order_acquire) == owner)
             atomic_store_explicit(&names[i].owner, NULL, memory_order_relaxed);
@@ -96,7 +101,6 @@ static const char *latest_name(const void *owner, int32_t kind, uint64_t callabl
 {
     const char *found = NULL;
     int32_t n = atomic_load(&names_used);
-    if (n > NAMES_CAP) n = NAMES_CAP;
     for (int32_t i = 0; i < n; i++)
         if (atomic_load_explicit(&names[i].owner, memory_order_acquire) == owner && names[i].kind == kind &&
             names[i].callable == callable)
@@ -148,12 +152,14 @@ static void last_words(const char *how, const char *what)
 
 static void on_crash(int sig)
 {
+    int saved_errno = errno; /* in case the signal came in the middle of a call that reads it */
     last_words("crashed with ", signal_name(sig));
     for (int i = 0; i < NSIG_CRASH; i++)
         if (crash_signals[i] == sig) sigaction(sig, &old_actions[i], NULL);
     /* Pending until this handler returns; a faulting instruction would
      * fault again anyway, a raised signal would not. */
     raise(sig);
+    errno = saved_errno;
 }
 
 static void on_exit_hook(void) { last_words("called exit", ""); }

@@ -12,6 +12,7 @@
  */
 #include "crash.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -166,6 +167,15 @@ static void on_exit_hook(void) { last_words("called exit", ""); }
 
 static void install(void)
 {
+    /* The handlers and the exit hook point into this object: a pto.so or
+     * libpto.so that its host unloads (lua_close, LuaJIT's ffi.load being
+     * collected) must stay mapped, or a later signal, or exit itself, would
+     * jump into nothing. */
+    Dl_info info;
+    if (dladdr((void *)install, &info) && info.dli_fname) {
+        void *self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+        (void)self; /* kept on purpose: never dlclose'd */
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_crash;

@@ -4,8 +4,9 @@
  * status, the REPL) follows the stock `lua` program of Lua 5.4 so that
  * scripts and habits carry over. The differences: `pto` is preloaded
  * (package.preload.pto and the global `pto`; its Lua parts are compiled
- * in, so package.path and package.cpath are exactly lua5.4's), -h/--help exists, an error in a script piped on
- * stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
+ * in, so package.path and package.cpath are exactly lua5.4's), -h/--help
+ * exists, Ctrl-C escalates in three steps during a run (on_sigint), an
+ * error in a script piped on stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
  * chunk at the prompt shows its syntax error (lua5.4 prints "(null)"), and
  * --trace FILE / --dot FILE record every Worker (docs/tracing.md).
  * On a terminal the prompt goes further than lua5.4 (docs/repl.md): values
@@ -127,9 +128,8 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
  * raises "interrupted"), only the third leaves ptolua, with the default
  * action (exit status 130 to the shell). The first (and, without a run,
  * the second) also arms the hook, so Lua code that is running stops with
- * "interrupted!". The
- * steps are announced on stderr whenever a run was in progress; Lua code
- * alone is interrupted as quietly as by lua5.4. */
+ * "interrupted!". The steps are announced on stderr whenever a run was in
+ * progress; Lua code alone is interrupted as quietly as by lua5.4. */
 static volatile sig_atomic_t sigint_count;
 
 static void say(const char *msg) {
@@ -156,8 +156,8 @@ static void on_sigint(int sig) {
   if (runs > 0 && step == 2) {
     say("\nptolua: interrupted again: child processes busy with a task are killed and "
         "their tasks fail; tasks in threads cannot be stopped (Ctrl-C again leaves ptolua)\n");
-    /* The run now fails by itself, naming the tasks it lost: a pending
-     * "interrupted!" from the first press would only hide that. */
+    /* The run now fails by itself with the run's own error: a pending
+     * "interrupted!" from the first press would replace it. */
     lua_sethook(sigint_L, NULL, 0, 0);
   } else {
     lua_sethook(sigint_L, interrupt_hook,

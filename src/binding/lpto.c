@@ -18,24 +18,50 @@
  *   lpto_trace.c    control, tracing and ptolua's --trace/--dot
  *   lpto_mpi.c      (lpto_level.c's) Worker children on other MPI ranks
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
- *                   the Lua parts (lua/pto)
+ *                   the Lua parts (lua/pto, compiled in: lpto_embed.h)
  * The engine under all of them never sees a Lua header. */
 #include "lpto.h"
+#include "lpto_embed.h"
 #include "lpto_priv.h"
 #include "lpto_trace.h"
 #include "pto_version.h"
 
-/* The pure-Lua parts (the files under lua/pto) extend the table: each is a function
- * of the module table. */
+/* package.preload loader of an embedded part: (module name, ":preload:")
+ * -> the chunk's result, as the file searcher would return it. */
+static int load_part(lua_State *L)
+{
+    const lpto_lua_part *p = lua_touserdata(L, lua_upvalueindex(1));
+    if (luaL_loadbufferx(L, p->text, p->len, p->chunkname, "t") != LUA_OK) return lua_error(L);
+    lua_pushvalue(L, 1);
+    lua_pushstring(L, p->chunkname + 1);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
+/* The pure-Lua parts come from the binary, never from package.path: pto
+ * adds nothing to the user's paths, so they mean what they mean in lua5.4,
+ * and no directory on them can supply pto.repl. An entry the user put in
+ * package.preload first is left alone. */
+static void preload_parts(lua_State *L)
+{
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    for (const lpto_lua_part *p = lpto_lua_parts; p->module; p++) {
+        if (lua_getfield(L, -1, p->module) == LUA_TNIL) {
+            lua_pushlightuserdata(L, (void *)p);
+            lua_pushcclosure(L, load_part, 1);
+            lua_setfield(L, -3, p->module);
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
+/* The pure-Lua parts that extend the table are each a function of it. */
 static void load_lua_part(lua_State *L, const char *name)
 {
     lua_getglobal(L, "require");
     lua_pushstring(L, name);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
-        luaL_error(L, "require \"pto\": cannot load its Lua part '%s' (%s); install ptolua with cmake --install or "
-                      "luarocks make, or put ptolua's lua/ directory on package.path",
-                   name, lua_tostring(L, -1));
-    }
+    lua_call(L, 1, 1);
     lua_pushvalue(L, -2);
     lua_call(L, 1, 0);
 }
@@ -55,6 +81,7 @@ int luaopen_pto(lua_State *L)
     lpto_open_debug(L);
     lpto_open_trace(L);
     lpto_open_mpi(L);
+    preload_parts(L);
     load_lua_part(L, "pto.inspect");
     return 1;
 }

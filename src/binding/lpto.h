@@ -6,8 +6,10 @@
 /* Open the pto module: returns 1 with the module table on the stack. */
 int luaopen_pto(lua_State *L);
 /* Async-signal-safe: make every pto call blocked in this process (a run's
- * drain, ring back-pressure) return with an "interrupted" error soon. */
-void lpto_interrupt(void);
+ * drain, ring back-pressure) return with an "interrupted" error soon; a
+ * second call in the same run kills its busy children. Returns how many
+ * Workers had a run in progress. */
+int lpto_interrupt(void);
 /* The host is about to wait for input: THREAD-mode sub callables may take
  * the interpreter lock meanwhile. Returns the token lpto_idle_end needs
  * (NULL when pto is not loaded); L must not be touched until then. */

@@ -155,12 +155,17 @@ void lpto_active_remove(pto_worker *w)
     }
 }
 
-void lpto_active_interrupt(void)
+int lpto_active_interrupt(void)
 {
+    int n = 0;
     for (int i = 0; i < MAX_ACTIVE; i++) {
         pto_worker *w = atomic_load(&active[i]);
-        if (w) pto_worker_interrupt(w);
+        if (w) {
+            pto_worker_interrupt(w);
+            n++;
+        }
     }
+    return n;
 }
 
 /* ---- small helpers ----------------------------------------------------------------------- */

@@ -63,8 +63,8 @@ lpto_gil *lpto_gil_of(lua_State *L);
  * Workers blocked in a wait of this process; async-signal-safe to interrupt. */
 void lpto_active_add(pto_worker *w);
 void lpto_active_remove(pto_worker *w);
-/* Async-signal-safe: pto_worker_interrupt every active Worker. */
-void lpto_active_interrupt(void);
+/* Async-signal-safe: pto_worker_interrupt every active Worker; returns how many. */
+int lpto_active_interrupt(void);
 
 /* ---- small helpers ------------------------------------------------------------------- */
 

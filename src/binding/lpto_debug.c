@@ -14,10 +14,11 @@
 static const char WORKERS_KEY = 'W';
 static _Atomic unsigned interrupt_gen;
 
-void lpto_interrupt(void)
+int lpto_interrupt(void)
 {
-    lpto_active_interrupt();
+    int n = lpto_active_interrupt();
     atomic_fetch_add(&interrupt_gen, 1);   /* a step's wait returns */
+    return n;
 }
 
 void *lpto_idle_begin(lua_State *L)

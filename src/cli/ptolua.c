@@ -3,9 +3,10 @@
  * Observable behaviour (options, the `arg` table, error reports, exit
  * status, the REPL) follows the stock `lua` program of Lua 5.4 so that
  * scripts and habits carry over. The differences: `pto` is preloaded
- * (package.preload.pto and the global `pto`), package.path finds the
- * lua/pto modules first, -h/--help exists, an error in a script piped on
- * stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
+ * (package.preload.pto and the global `pto`; its Lua parts are compiled
+ * in, so package.path and package.cpath are exactly lua5.4's), -h/--help
+ * exists, Ctrl-C escalates in three steps during a run (on_sigint), an
+ * error in a script piped on stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
  * chunk at the prompt shows its syntax error (lua5.4 prints "(null)"), and
  * --trace FILE / --dot FILE record every Worker (docs/tracing.md).
  * On a terminal the prompt goes further than lua5.4 (docs/repl.md): values
@@ -17,12 +18,10 @@
  * and to-be-closed values (pto Workers among them) run before the process
  * exits; only os.exit without its `close` argument skips that, as in Lua. */
 #include <errno.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lauxlib.h"
@@ -123,15 +122,47 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted!");
 }
 
+/* Ctrl-C escalates, one step per press while a chunk runs (docall resets
+ * the count): the first stops dispatch and lets running tasks finish, the
+ * second kills the children busy with a task (their tasks fail, the run
+ * raises "interrupted"), only the third leaves ptolua, with the default
+ * action (exit status 130 to the shell). The first (and, without a run,
+ * the second) also arms the hook, so Lua code that is running stops with
+ * "interrupted!". The steps are announced on stderr whenever a run was in
+ * progress; Lua code alone is interrupted as quietly as by lua5.4. */
+static volatile sig_atomic_t sigint_count;
+
+static void say(const char *msg) {
+  ssize_t r = write(STDERR_FILENO, msg, strlen(msg));
+  (void)r; /* nothing to do about a closed stderr in a signal handler */
+}
+
 /* Async-signal-safe only: lua_sethook is documented as safe to call from a
- * signal handler, and lpto_interrupt promises the same. SA_RESETHAND has
- * already put back the default action, so a second Ctrl-C kills. */
+ * signal handler, and lpto_interrupt promises the same. */
 static void on_sigint(int sig) {
   int saved_errno = errno;
-  (void)sig;
-  lpto_interrupt();
-  lua_sethook(sigint_L, interrupt_hook,
-              LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
+  int step = ++sigint_count;
+  if (step >= 3) {
+    say("\nptolua: interrupted a third time: leaving\n");
+    signal(sig, SIG_DFL);
+    raise(sig); /* delivered when the handler returns */
+    errno = saved_errno;
+    return;
+  }
+  int runs = lpto_interrupt(); /* the engine kills busy children at a run's second */
+  if (runs > 0 && step == 1)
+    say("\nptolua: interrupted: no new task starts; running tasks finish "
+        "(Ctrl-C again stops them, a third time leaves ptolua)\n");
+  if (runs > 0 && step == 2) {
+    say("\nptolua: interrupted again: child processes busy with a task are killed and "
+        "their tasks fail; tasks in threads cannot be stopped (Ctrl-C again leaves ptolua)\n");
+    /* The run now fails by itself with the run's own error: a pending
+     * "interrupted!" from the first press would replace it. */
+    lua_sethook(sigint_L, NULL, 0, 0);
+  } else {
+    lua_sethook(sigint_L, interrupt_hook,
+                LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
+  }
   errno = saved_errno;
 }
 
@@ -141,7 +172,8 @@ static void set_sigint(void (*handler)(int), struct sigaction *old) {
   sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   /* SA_RESTART: blocking reads resume as under lua5.4's signal(). */
-  if (handler != SIG_DFL) sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  if (handler != SIG_DFL) sa.sa_flags = SA_RESTART;
+  sigint_count = 0;
   sigaction(SIGINT, &sa, old);
 }
 
@@ -204,38 +236,6 @@ static int dolibrary(lua_State *L, const char *spec) {
 
 /* ---- setup ------------------------------------------------------------- */
 
-/* Prepend dir/?.lua;dir/?/init.lua to package.path. The installed tree
- * (<bindir>/../share/lua/5.4/pto) wins so an installed ptolua is
- * relocatable; a build-tree ptolua uses the sources. The rest of the path
- * came from LUA_PATH[_5_4] (";;" = default) or the default, as in lua5.4. */
-static void prepend_module_path(lua_State *L) {
-  char exe[PATH_MAX], share[PATH_MAX];
-  const char *dir = PTO_LUA_SOURCE_DIR;
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    char *slash;
-    exe[n] = '\0';
-    slash = strrchr(exe, '/');
-    if (slash) {
-      struct stat st;
-      const char *cand;
-      *slash = '\0';
-      cand = lua_pushfstring(L, "%s/../share/lua/5.4", exe);
-      if (realpath(cand, share)) {
-        lua_pushfstring(L, "%s/pto", share);
-        if (stat(lua_tostring(L, -1), &st) == 0 && S_ISDIR(st.st_mode)) dir = share;
-        lua_pop(L, 1);
-      }
-      lua_pop(L, 1);
-    }
-  }
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
-  lua_setfield(L, -3, "path");
-  lua_pop(L, 2);
-}
-
 /* package.preload.pto = luaopen_pto; pto = require "pto". */
 static int open_pto(lua_State *L) {
   int status;
@@ -243,7 +243,6 @@ static int open_pto(lua_State *L) {
   lua_pushcfunction(L, luaopen_pto);
   lua_setfield(L, -2, "pto");
   lua_pop(L, 1);
-  prepend_module_path(L);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "pto");
   status = docall(L, 1, 1);

@@ -54,6 +54,28 @@ static char *existing(const char *p)
     return realpath(p, buf) ? pto_xstrdup(buf) : NULL;
 }
 
+/* Whether dir (absolute, resolved) is the build tree or inside it. */
+static bool in_build_tree(const char *dir)
+{
+#ifdef PTO_CHIPSIM_BUILD_DIR
+    char build[PATH_MAX];
+    if (!realpath(PTO_CHIPSIM_BUILD_DIR, build)) return false;
+    size_t n = strlen(build);
+    return strncmp(dir, build, n) == 0 && (dir[n] == '\0' || dir[n] == '/');
+#else
+    (void)dir;
+    return false;
+#endif
+}
+
+/* The built-in runtime is code this process will run, so it is looked for
+ * only where whoever installed this very binary put it: a binary in the
+ * build tree uses the build tree's library, an installed one only paths
+ * relative to its own location (its directory, and the install layout's
+ * way from bindir or from the Lua C module directory to libdir). Never an
+ * absolute path compiled in: a build directory under /tmp may later be
+ * recreated by someone else, and an installed binary must not run their
+ * library. */
 static void find_chipsim(void)
 {
     /* Set but missing is still the answer: dlopen then says what is wrong
@@ -63,25 +85,35 @@ static void find_chipsim(void)
         chipsim_path = pto_xstrdup(env);
         return;
     }
-    /* Next to the code that holds this function: an installed libpto.so, or
-     * ptolua in the build tree. A static function cannot be interposed, so
-     * its address is in the object we want. */
+    /* The object holding this function: ptolua, pto.so, libpto.so or a
+     * program linked with the static library. A static function cannot be
+     * interposed, so its address is in the object we want. */
     Dl_info info;
-    if (dladdr((void *)find_chipsim, &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash) {
-            char *p = pto_xasprintf("%.*s/libpto_chipsim.so", (int)(slash - info.dli_fname), info.dli_fname);
-            chipsim_path = existing(p);
-            free(p);
-            if (chipsim_path) return;
-        }
-    }
+    char obj[PATH_MAX];
+    if (!dladdr((void *)find_chipsim, &info) || !info.dli_fname || !realpath(info.dli_fname, obj)) return;
+    char *slash = strrchr(obj, '/');
+    if (!slash) return;
+    *slash = '\0';
+    if (in_build_tree(obj)) {
 #ifdef PTO_CHIPSIM_BUILD_PATH
-    if ((chipsim_path = existing(PTO_CHIPSIM_BUILD_PATH))) return;
+        chipsim_path = existing(PTO_CHIPSIM_BUILD_PATH);
 #endif
-#ifdef PTO_CHIPSIM_INSTALL_PATH
-    chipsim_path = existing(PTO_CHIPSIM_INSTALL_PATH);
+        return;
+    }
+    static const char *const rel[] = {
+        ".",
+#ifdef PTO_CHIPSIM_FROM_BINDIR
+        PTO_CHIPSIM_FROM_BINDIR,
 #endif
+#ifdef PTO_CHIPSIM_FROM_CMODDIR
+        PTO_CHIPSIM_FROM_CMODDIR,
+#endif
+    };
+    for (size_t i = 0; i < sizeof rel / sizeof *rel && !chipsim_path; i++) {
+        char *p = pto_xasprintf("%s/%s/libpto_chipsim.so", obj, rel[i]);
+        chipsim_path = existing(p);
+        free(p);
+    }
 }
 
 const char *pto_chipsim_path(void)
@@ -174,8 +206,9 @@ int64_t pto_kernel_register(const char *lib, const char *symbol)
     }
     bool builtin = lib == NULL;
     if (builtin && !(lib = pto_chipsim_path())) {
-        pto_set_error("the built-in chip runtime libpto_chipsim.so was not found (next to libpto, in the "
-                      "build tree or the install prefix); set $PTO_CHIP_RUNTIME to its path or pass `lib`");
+        pto_set_error("the built-in chip runtime libpto_chipsim.so was not found (a build-tree binary "
+                      "looks in its build tree, an installed one only where its own install put it); set "
+                      "$PTO_CHIP_RUNTIME to its path or pass `lib`");
         return -1;
     }
     char *path = lib_key(lib);

@@ -1,10 +1,13 @@
 #include "worker.h"
 #include "common.h"
+#include "crash.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* Lock order, coarse to fine, for every lock the engine takes: callable
@@ -29,6 +32,47 @@ static void fork_hygiene(void)
     setenv("BLIS_NUM_THREADS", "1", 0);
 }
 
+/* ---- default heap ring size ----
+ * The rings are reserved, not committed, so 1 GiB each costs nothing but
+ * address space; under an address-space limit (ulimit -v) four of them may
+ * not fit next to the arena, which has already halved itself to fit. The
+ * default then shrinks, as the arena does, to a power of two that leaves
+ * half of the space still free for threads, forks and malloc. A size the
+ * user chose is never changed. */
+#define RING_DEFAULT (1ull << 30)
+#define RING_MIN (1ull << 20)
+
+/* Address space still free under RLIMIT_AS in bytes, or UINT64_MAX. */
+static uint64_t as_headroom(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    uint64_t used = 0, pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        unsigned long long v;
+        if (fscanf(f, "%llu", &v) == 1) pages = v;
+        fclose(f);
+    }
+    long pg = sysconf(_SC_PAGESIZE);
+    used = pages * (uint64_t)(pg > 0 ? pg : 4096);
+    return (uint64_t)rl.rlim_cur > used ? (uint64_t)rl.rlim_cur - used : 0;
+}
+
+static uint64_t ring_default_size(void)
+{
+    uint64_t free_as = as_headroom(), size = RING_DEFAULT;
+    while (size > RING_MIN && size * PTO_MAX_RING_DEPTH > free_as / 2) size /= 2;
+    if (size < RING_DEFAULT) {
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            fprintf(stderr, "pto: heap rings shrunk from 1 GiB to %llu MiB each to fit the address-space limit "
+                            "(ulimit -v); set heap_ring_size to choose their size\n",
+                    (unsigned long long)(size >> 20));
+    }
+    return size;
+}
+
 pto_worker *pto_worker_new(const pto_worker_config *cfg)
 {
     pto_worker_config c = {.level = 3, .mode = PTO_MODE_THREAD};
@@ -41,7 +85,7 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
         pto_set_error("unknown mode %d (use \"thread\" or \"process\")", c.mode);
         return NULL;
     }
-    if (c.heap_ring_size == 0) c.heap_ring_size = 1ull << 30;
+    if (c.heap_ring_size == 0) c.heap_ring_size = ring_default_size();
     if (c.heap_ring_size < PTO_HEAP_ALIGN || c.heap_ring_size > (1ull << 46)) {
         pto_set_error("heap_ring_size must be between %d bytes and 64 TiB (got %llu)", PTO_HEAP_ALIGN,
                       (unsigned long long)c.heap_ring_size);
@@ -143,6 +187,8 @@ int pto_worker_init(pto_worker *w)
     /* Children (PROCESS mode) are forked inside pto_wm_start before its
      * threads exist, and have all started when it returns; the scheduler
      * thread comes last. */
+    /* A thread-mode task that takes the process down says which it was. */
+    if (w->cfg.mode == PTO_MODE_THREAD) pto_crash_install();
     if (!pto_wm_start(&w->wm, w->sched.ev)) return -1;
     pto_orch_init(&w->orch, w, &w->sched, w->rings, w->cfg.alloc_timeout_ms, &w->shutdown);
     w->orch.task_timeout_ms = w->cfg.task_timeout_ms;
@@ -207,7 +253,9 @@ void pto_worker_interrupt(pto_worker *w)
 
 void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
 {
-    if (w && name && (kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) pto_sched_name_callable(&w->sched, kind, callable, name);
+    if (!w || !name || !(kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) return;
+    pto_sched_name_callable(&w->sched, kind, callable, name);
+    if (w->cfg.mode == PTO_MODE_THREAD) pto_crash_name(&w->wm, kind, callable, name);
 }
 
 void pto_worker_shutdown(pto_worker *w)
@@ -232,6 +280,7 @@ void pto_worker_close(pto_worker *w)
         pto_wm_stop(&w->wm);
         pto_orch_destroy(&w->orch);
     }
+    pto_crash_forget(&w->wm);
     pto_sched_destroy(&w->sched);
     pto_wm_destroy(&w->wm);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_unmap(&w->rings[r]);

@@ -1,5 +1,6 @@
 #include "worker_manager.h"
 #include "common.h"
+#include "crash.h"
 #include "slot.h"
 #include "trace.h"
 
@@ -178,7 +179,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         started(wt, s, member, now);
         uint64_t t0 = tracing ? now : 0;
         leaf_tags = m->tags;
+        pto_crash_current(wt, s);   /* crash.c: last words if the task takes the process down */
         int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        pto_crash_current(wt, NULL);
         leaf_tags = NULL;
         ran(wt, &c, t0, rc, err);
     }

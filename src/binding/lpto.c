@@ -15,7 +15,8 @@
  *   lpto_worker.c   the Worker type, in four files that call each other: its
  *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
  *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch
- *   lpto_trace.c    control, tracing and ptolua's --trace/--dot
+ *   lpto_trace.c    control, tracing and ptolua's --trace/--dot;
+ *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any)
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto)
  * The engine under all of them never sees a Lua header. */
@@ -53,6 +54,7 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     lpto_open_debug(L);
     lpto_open_trace(L);
+    lpto_open_run(L);
     load_lua_part(L, "pto.inspect");
     return 1;
 }

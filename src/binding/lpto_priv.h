@@ -12,6 +12,7 @@
 #ifndef LPTO_PRIV_H
 #define LPTO_PRIV_H
 
+#include <pthread.h>
 #include <sys/types.h>
 
 #include "lpto_aux.h"
@@ -121,7 +122,7 @@ enum { W_NEW, W_READY, W_CLOSED };
  * function run by Worker children) or a chip kernel. */
 enum { LPTO_HANDLE_FUNCTION, LPTO_HANDLE_KERNEL };
 /* Worker user values. */
-enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_COUNT = UV_HANDLES };
+enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_RUNS, UV_COUNT = UV_RUNS };
 /* Orchestrator user values. */
 enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
 
@@ -160,6 +161,10 @@ struct lworker {
     bool driven;               /* its parent's leaf is initialising or running it now */
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
     int32_t pins_hint;         /* storages the last run pinned: the next run's pin list starts that size */
+    /* Submitted runs (lpto_run.c). */
+    bool runs_open;            /* the engine's session of submitted runs is open */
+    int64_t run_lo, run_hi;    /* ids of the handles UV_RUNS may hold (0: none) */
+    pthread_t home;            /* the thread that initialised it: the only one that may submit runs */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they
@@ -231,6 +236,19 @@ void lpto_worker_free(lua_State *L, lworker *W);
 /* lua_CFunction: Worker:run as a Worker child's leaf runs it (no Lua
  * function was called: its messages stand alone). */
 int lpto_worker_run_child(lua_State *L);
+
+/* Raise unless W may start a run now. */
+void lpto_worker_check_can_run(lua_State *L, lworker *W, const char *who);
+/* Push a run's failure message, named for W's level in a tree of Workers. */
+void lpto_push_run_failure(lua_State *L, lworker *W, const char *fail);
+
+/* lpto_run.c: run handles (Worker:submit, Worker:wait_all, pto.Run, pto.wait_any). */
+void lpto_open_run(lua_State *L);
+extern const luaL_Reg lpto_run_methods[];
+/* Worker:run while submitted runs are outstanding: submit, then wait (Worker at 1, fn at 2). */
+int lpto_run_blocking(lua_State *L, const char *who);
+/* Wait for every submitted run of W (at idx); 1 with the first failure nobody observed pushed, or 0. */
+int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
 
 /* lpto_level.c: Workers of Workers. */
 int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */

@@ -13,7 +13,9 @@
  *     nobody asked about still surfaces at wait_all, and a dropped handle's
  *     run still completes;
  *   - once no submitted run is live, the session ends (rings and task ids
- *     reset), and a plain Worker:run is a blocking run again. */
+ *     reset), and a plain Worker:run is a blocking run again;
+ *   - while the session is open the Worker is on the list Ctrl-C
+ *     interrupts, so an interrupted script's outstanding runs stop too. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -52,6 +54,7 @@ static void settle(lua_State *L, lworker *W, const char *who)
     if (!W->runs_open || W->in_run || W->state != W_READY || pto_runs_live(W->w) > 0) return;
     int rc = pto_runs_end(W->w);
     W->runs_open = false;
+    lpto_active_remove(W->w);
     if (rc < 0) lpto_engine_error(L, who);
 }
 
@@ -175,10 +178,10 @@ static int r_cancel(lua_State *L)
 {
     const char *who = "Run:cancel";
     lrun *R = check_run(L, 1, who);
+    check_worker_open(L, R, who);
     pto_run_info in;
     pto_run_info_get(R->r, &in);
     if (in.state != PTO_RUN_RUNNING) return lua_pushboolean(L, 0), 1;
-    check_worker_open(L, R, who);
     pto_run_cancel(R->W->w, R->r);
     lua_pushboolean(L, 1);
     return 1;
@@ -245,6 +248,8 @@ static int submit_run(lua_State *L, const char *who)
     pto_run *run;
     pto_orch *o = pto_run_submit(W->w, &run);
     if (!o) return lpto_engine_error(L, who);
+    /* While runs are outstanding, Ctrl-C interrupts them, waited for or not. */
+    if (!W->runs_open) lpto_active_add(W->w);
     W->runs_open = true;
     W->in_run = true;
     lpto_active_add(W->w);

@@ -157,6 +157,8 @@ void lpto_worker_free(lua_State *L, lworker *W)
         W->w = NULL;
         return;
     }
+    if (W->runs_open) lpto_active_remove(W->w);   /* before the engine goes: Ctrl-C must not find it */
+    W->runs_open = false;
     pto_worker_close(W->w);   /* children processes first: they may be running the Worker children */
     lpto_level_free(L, W);
     W->w = NULL;

@@ -34,9 +34,12 @@ void pto_run_task_finished(pto_run *r, const pto_slot *s, bool failed)
     if (f == atomic_load_explicit(&r->submitted, memory_order_seq_cst)) run_done(r);
 }
 
-char *pto_run_cancel_message(const pto_run *r, int64_t task)
+char *pto_run_cancel_message(const pto_run *r, int64_t task, int64_t producer)
 {
-    return pto_xasprintf("task %lld was not run: its run %lld was cancelled", (long long)task, (long long)r->id);
+    if (producer < 0)
+        return pto_xasprintf("task %lld was not run: its run %lld was cancelled", (long long)task, (long long)r->id);
+    return pto_xasprintf("task %lld was not run: its producer task %lld failed, as run %lld was cancelled",
+                         (long long)task, (long long)producer, (long long)r->id);
 }
 
 static void run_unref(pto_run *r)

@@ -94,8 +94,15 @@ static void make_ready(pto_scheduler *s, pto_slot *c)
 /* A task of a cancelled submitted run: it fails instead of running. */
 static void run_cancel_task(pto_slot *x)
 {
-    if (!x->error) x->error = pto_run_cancel_message(x->run, x->id);
+    if (!x->error) x->error = pto_run_cancel_message(x->run, x->id, -1);
     pto_slot_poison(x, -1);
+}
+
+/* c is not run: its producer p failed (or, p's run cancelled, was not run). */
+static void poison_consumer(pto_slot *c, const pto_slot *p)
+{
+    if (p->run && !c->error && pto_run_cancelled(p->run)) c->error = pto_run_cancel_message(p->run, c->id, p->id);
+    pto_slot_poison(c, p->id);
 }
 
 static void work_push(pto_scheduler *s, pto_slot *slot)
@@ -127,7 +134,7 @@ static void finish_all(pto_scheduler *s)
         atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
-            if (failed) pto_slot_poison(c, x->id);
+            if (failed) poison_consumer(c, x);
             if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
                 if (c->poisoned) work_push(s, c);
@@ -157,7 +164,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
          * the group's own failure is not yet recorded as the run's error. */
         int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
         if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {
-            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) pto_slot_poison(c, p->id);
+            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison_consumer(c, p);
             continue;
         }
         pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);

@@ -332,7 +332,7 @@ describe("Ctrl-C with runs outstanding", function()
     local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
     local pids, err, out = F.tmpname(), F.tmpname(), F.tmpname()
     local s = F.writefile(F.tmpname(".lua"), text:gsub("PIDS", pids))
-    local cmd = interactive and ("(cat %s; sleep 3; echo 'print(\"back\")') | %s -i >%s"):format(F.q(s), F.q(PTOLUA), F.q(out))
+    local cmd = interactive and ("(cat %s; sleep 2; echo 'print(\"back\")') | %s -i >%s"):format(F.q(s), F.q(PTOLUA), F.q(out))
                               or ("%s %s >%s"):format(F.q(PTOLUA), F.q(s), F.q(out))
     local p = assert(io.popen(("sh -c %s"):format(F.q(
       cmd .. " 2>" .. F.q(err) .. " & pid=$!; " ..
@@ -354,7 +354,7 @@ describe("Ctrl-C with runs outstanding", function()
     return st ~= "Z"
   end
 
-  -- Long runs queued behind each other (a chain of 3 s tasks), then the
+  -- Long runs queued behind each other (a chain of 1.5 s tasks), then the
   -- script waits; the children's pids and "ready" go to the file PIDS.
   local BODY = [[
 local w = pto.Worker{chips = 2}
@@ -365,7 +365,7 @@ local hs = {}
 for i = 1, 5 do
   hs[i] = w:submit(function(orch)
     local a = pto.args{{t, "inout"}}
-    a:add_scalar(3000000)
+    a:add_scalar(1500000)
     orch:submit_next_level(k, a)
   end)
 end
@@ -396,5 +396,57 @@ f:close()
     assert.truthy(err:find("interrupted!", 1, true), err)
     assert.truthy(out:find("Run:wait: task %d+ was not run"), out)   -- the last run did not run
     assert.truthy(out:find("back\n", 1, true), out)
+  end)
+end)
+
+describe("results from every level", function()
+  local w4, L3FN, BAD
+  setup(function()
+    w4 = pto.Worker{level = 4}
+    L3FN = w4:register(function(_, args)
+      return {tensors = args:tensor_count(), scalars = args:scalar_count(), s = "q\"uote\n\0end", f = 0.5,
+              nested = {1, 2, {true}}}, 42, nil, "last"
+    end, "l3fn")
+    BAD = w4:register(function() return coroutine.create(print) end, "bad_result")
+    w4:add_worker(pto.Worker{level = 3, chips = 1})
+    w4:add_worker(pto.Worker{level = 3, chips = 1})
+  end)
+  teardown(function() if w4 then w4:close() end end)
+
+  local function check(n, t, a, b, c)
+    assert.are.equal(4, n)
+    -- the function saw exactly the arguments the L4 gave: no result box
+    assert.are.same({tensors = 1, scalars = 1, s = "q\"uote\n\0end", f = 0.5, nested = {1, 2, {true}}}, t)
+    assert.are.equal(42, a)
+    assert.is_nil(b)
+    assert.are.equal("last", c)
+  end
+
+  it("an L3 orchestration function's results reach the L4 per task: orch:result in the run, h:result after", function()
+    local t = pto.tensor{4}
+    local args = pto.TaskArgs()
+    args:add_tensor(t, pto.INPUT)
+    args:add_scalar(7)
+    local r = w4:run(function(orch)
+      local id = orch:submit_next_level(L3FN, args)
+      H.assert_error(function() orch:result(id + 100) end, "orch:result: ", "not a task this run submitted")
+      orch:drain()
+      return table.pack(orch:result(id))
+    end)
+    check(r.n, table.unpack(r, 1, r.n))
+    local ids = {}
+    local h = w4:submit(function(orch)
+      for i = 1, 3 do ids[i] = orch:submit_next_level(L3FN, args) end
+    end)
+    h:wait()
+    for i = 1, 3 do check(select("#", h:result(ids[i])), h:result(ids[i])) end
+  end)
+
+  it("results that cannot travel fail their task, saying what can", function()
+    local id
+    local h = w4:submit(function(orch) id = orch:submit_next_level(BAD, pto.args{}) end)
+    H.assert_error(function() h:wait() end, "Run:wait: ", "returned a thread; results that travel")
+    H.assert_error(function() h:result(id) end, "Run:result: ", "has no results")
+    w4:wait_all()
   end)
 end)

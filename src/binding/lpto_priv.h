@@ -124,7 +124,7 @@ enum { LPTO_HANDLE_FUNCTION, LPTO_HANDLE_KERNEL };
 /* Worker user values. */
 enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_RUNS, UV_COUNT = UV_RUNS };
 /* Orchestrator user values. */
-enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
+enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_RESULTS, OUV_COUNT = OUV_RESULTS };
 
 typedef struct lworker lworker;
 typedef struct wchild wchild;
@@ -249,6 +249,19 @@ extern const luaL_Reg lpto_run_methods[];
 int lpto_run_blocking(lua_State *L, const char *who);
 /* Wait for every submitted run of W (at idx); 1 with the first failure nobody observed pushed, or 0. */
 int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
+
+/* lpto_result.c: results of orchestration functions, from a Worker child to its parent. */
+/* Level >= 4 submit to a Worker child: extend ta with a result box (pushes 2 values; returns the box's index). */
+int lpto_result_attach(lua_State *L, pto_task_args *ta);
+/* After that submit (task id): keep the box at index box for orch:result, pinned for the run. */
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box);
+/* In the child: the arguments without the box into out; returns the box, or NULL if there is none. */
+void *lpto_result_unwrap(const pto_args_view *in, pto_args_view *out);
+/* Write the n values from stack index first into box (raises if they cannot travel). */
+void lpto_result_write(lua_State *L, void *box, int first, int n);
+/* Push task id's results from the results table at tidx (o: to say why there are none); returns their count. */
+int lpto_result_push(lua_State *L, int tidx, int64_t id, pto_orch *o, const char *who);
+int lpto_orch_result(lua_State *L);           /* orch:result */
 
 /* lpto_level.c: Workers of Workers. */
 int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */

@@ -28,7 +28,7 @@
 #define WAIT_ANY_SLICE_MS 2
 
 /* Handle user values. */
-enum { RUV_WORKER = 1, RUV_RESULTS, RUV_PINS, RUV_COUNT = RUV_PINS };
+enum { RUV_WORKER = 1, RUV_RESULTS, RUV_PINS, RUV_TASKS, RUV_COUNT = RUV_TASKS };   /* RUV_TASKS: its tasks' result boxes */
 
 typedef struct lrun {
     pto_run *r;
@@ -156,6 +156,19 @@ static int r_done(lua_State *L)
     return 1;
 }
 
+/* h:result(id) -> what the orchestration function of its task id (submitted
+ * to a Worker child) returned, once that task completed. */
+static int r_result(lua_State *L)
+{
+    const char *who = "Run:result";
+    lrun *R = check_run(L, 1, who);
+    lua_Integer id = luaL_checkinteger(L, 2);
+    lua_settop(L, 2);
+    lua_getiuservalue(L, 1, RUV_TASKS);
+    return lpto_result_push(L, 3, id, NULL, who);
+    (void)R;
+}
+
 static const char *const STATES[] = {"running", "ok", "failed", "cancelled"};
 
 /* h:status() -> "running" | "ok" | "failed" | "cancelled", {id, submitted, completed, failed} */
@@ -270,6 +283,8 @@ static int submit_run(lua_State *L, const char *who)
     W->in_run = false;
     lua_getiuservalue(L, 5, OUV_PINS);   /* its arena storages live until its tasks have run */
     int pins = lua_gettop(L);
+    lua_getiuservalue(L, 5, OUV_RESULTS);
+    int tasks = lua_gettop(L);
     lpto_orch_end(L, 5);
     lua_pushnil(L);
     lua_setiuservalue(L, 1, UV_ORCH);
@@ -298,6 +313,8 @@ static int submit_run(lua_State *L, const char *who)
     lua_setiuservalue(L, -2, RUV_RESULTS);
     lua_pushvalue(L, pins);
     lua_setiuservalue(L, -2, RUV_PINS);
+    lua_pushvalue(L, tasks);
+    lua_setiuservalue(L, -2, RUV_TASKS);
     lua_getiuservalue(L, 1, UV_RUNS);
     lua_pushvalue(L, -2);
     lua_rawseti(L, -2, R->id);
@@ -433,7 +450,7 @@ void lpto_open_run(lua_State *L)
                                     {"__tostring", r_tostring}, {NULL, NULL}};
     luaL_setfuncs(L, meta, 0);
     static const luaL_Reg methods[] = {{"wait", r_wait}, {"done", r_done}, {"status", r_status},
-                                       {"cancel", r_cancel}, {NULL, NULL}};
+                                       {"cancel", r_cancel}, {"result", r_result}, {NULL, NULL}};
     luaL_newlib(L, methods);
     lua_setfield(L, -2, "methods");
     lua_pop(L, 1);

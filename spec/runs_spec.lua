@@ -167,6 +167,33 @@ describe("Worker:submit and the run handle", function()
   end)
 end)
 
+describe("runs in a trace", function()
+  it("every task span names its submitted run, and independent runs' spans interleave", function()
+    local json = require "dkjson"
+    local F = require "files"
+    local path = F.tmpname(".json")
+    local a, b = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    W:trace_start(path)
+    local slow = W:submit(function(orch) sleep(orch, 300000, {a, "inout"}) end)
+    local fast = W:submit(function(orch) fill(orch, b, 1) end)
+    W:wait_all()
+    W:trace_stop()
+    local doc = assert(json.decode(assert(F.readfile(path))))
+    F.cleanup()
+    local spans = {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.cat == "task" then
+        assert.is_number(e.args.submitted_run, "a task span without its submitted run")
+        spans[e.args.submitted_run] = e
+      end
+    end
+    local s, f = assert(spans[slow.id], "no span of the slow run"), assert(spans[fast.id], "no span of the fast run")
+    assert.is_true(f.ts + f.dur < s.ts + s.dur,
+      ("the later, independent run's task did not end before the earlier run's task: %s vs %s"):format(
+        json.encode(f), json.encode(s)))
+  end)
+end)
+
 describe("failures and cancellation across runs", function()
   it("run 3 of 10 fails: only the run that depends on it fails, naming its task", function()
     local bad = pto.tensor({16}, "f32")
@@ -396,6 +423,36 @@ f:close()
     assert.truthy(err:find("interrupted!", 1, true), err)
     assert.truthy(out:find("Run:wait: task %d+ was not run"), out)   -- the last run did not run
     assert.truthy(out:find("back\n", 1, true), out)
+  end)
+end)
+
+describe("the prompt's :runs", function()
+  it("lists the submitted runs not yet waited for, with their state and counts", function()
+    local F = require "files"
+    local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+    local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
+    local steps = {
+      "send w = pto.Worker{chips = 1}; k = w:register(pto.chip_kernel('sleep_us')); t = pto.tensor{4}\\n",
+      "line > ",
+      "send for i = 1, 2 do w:submit(function(orch) local a = pto.args{{t, 'inout'}} a:add_scalar(300000) " ..
+        "orch:submit_next_level(k, a) end) end\\n",
+      "line > ",
+      "send :runs\\n", "expect running", "line > ",
+      "send w:wait_all()\\n", "line > ",
+      "send :runs\\n", "expect no submitted runs outstanding", "line > ",
+      "send os.exit(0)\\n", "wait",
+    }
+    local script = F.writefile(F.tmpname(), table.concat(steps, "\n") .. "\n")
+    local p = assert(io.popen(("env -u LUA_INIT -u LUA_INIT_5_4 TERM=xterm PTOLUA_HISTORY=%s %s %s %s 2>&1")
+      :format(F.q(F.tmpname()), F.q(PTYDRIVE), F.q(script), F.q(PTOLUA))))
+    local out = p:read("a")
+    p:close()
+    F.cleanup()
+    local block = assert(out:match(":runs\n(.-)\n> "), out)
+    assert.truthy(block:find("run%s+state%s+submitted%s+completed%s+failed"), block)
+    assert.truthy(block:find("1%s+running%s+1%s+0%s+0"), block)
+    assert.truthy(block:find("2%s+running%s+1%s+0%s+0"), block)
+    assert.truthy(out:find("has no submitted runs outstanding", 1, true), out)
   end)
 end)
 

@@ -244,6 +244,38 @@ static int r_index(lua_State *L)
 
 /* ---- Worker:submit --------------------------------------------------------------- */
 
+/* Runs that finished without a failure have nothing left to report: the
+ * Worker lets go of them (their handles still answer), from the oldest up to
+ * the first one still running, so UV_RUNS holds what is in flight and the
+ * failures nobody has seen. */
+static void prune(lua_State *L, int widx, lworker *W)
+{
+    lua_getiuservalue(L, widx, UV_RUNS);
+    int t = lua_gettop(L);
+    bool lead = true;   /* run_lo advances over the leading entries let go of */
+    for (int64_t id = W->run_lo; id > 0 && id <= W->run_hi; id++) {
+        if (lua_rawgeti(L, t, id) == LUA_TNIL) {
+            lua_pop(L, 1);
+            if (lead) W->run_lo = id + 1;
+            continue;
+        }
+        lrun *R = lua_touserdata(L, -1);
+        lua_pop(L, 1);
+        pto_run_info in;
+        pto_run_info_get(R->r, &in);
+        if (in.state == PTO_RUN_RUNNING) break;
+        if (in.state != PTO_RUN_OK) {
+            lead = false;
+            continue;
+        }
+        lua_pushnil(L);
+        lua_rawseti(L, t, id);
+        if (lead) W->run_lo = id + 1;
+    }
+    if (W->run_lo > W->run_hi) W->run_lo = W->run_hi = 0;
+    lua_pop(L, 1);
+}
+
 /* Run fn(orch, args, cfg) (at 2, 3, 4 of the Worker at 1) as a submitted
  * run; push its handle. A failing function raises here, unchanged (its
  * tasks already submitted still run, as no one waits for them). */
@@ -256,6 +288,7 @@ static int submit_run(lua_State *L, const char *who)
                            "submit tasks from its orchestration function instead");
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);
+    if (W->run_lo) prune(L, 1, W);
     /* A new session once the last one went quiet: ids and rings restart. */
     if (W->runs_open && pto_runs_live(W->w) == 0) settle(L, W, who);
     pto_run *run;
@@ -391,6 +424,26 @@ static int w_wait_all(lua_State *L)
     return 0;
 }
 
+/* w:runs() -> {handle, ...}: the submitted runs whose outcome nobody has
+ * observed yet (running, or finished and not waited for), oldest first. */
+static int w_runs(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, "Worker:runs");
+    lua_settop(L, 1);
+    lua_newtable(L);
+    lua_getiuservalue(L, 1, UV_RUNS);
+    lua_Integer n = 0;
+    for (int64_t id = W->run_lo; id > 0 && id <= W->run_hi; id++) {
+        if (lua_rawgeti(L, 3, id) == LUA_TNIL) {
+            lua_pop(L, 1);
+            continue;
+        }
+        lua_rawseti(L, 2, ++n);
+    }
+    lua_pop(L, 1);
+    return 1;
+}
+
 /* pto.wait_any({h1, h2, ...} [, timeout_s]) -> the first finished handle and its index, or nil on timeout. */
 static int l_wait_any(lua_State *L)
 {
@@ -458,4 +511,4 @@ void lpto_open_run(lua_State *L)
     luaL_setfuncs(L, fns, 0);
 }
 
-const luaL_Reg lpto_run_methods[] = {{"submit", w_submit}, {"wait_all", w_wait_all}, {NULL, NULL}};
+const luaL_Reg lpto_run_methods[] = {{"submit", w_submit}, {"wait_all", w_wait_all}, {"runs", w_runs}, {NULL, NULL}};

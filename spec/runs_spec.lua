@@ -339,6 +339,15 @@ describe("misuse of run handles", function()
     h:wait()
   end)
 
+  it("Worker:open_run while submitted runs are outstanding says to wait for them", function()
+    local h = W:submit(function(orch) sleep(orch, 200000) end)
+    H.assert_error(function() W:open_run() end, "Worker:open_run: ", "Worker:wait_all")
+    h:wait()
+    local orch = W:open_run()   -- none outstanding: an interactive run opens as before
+    assert.is_not_nil(orch)
+    W:close_run()
+  end)
+
   it("a closed Worker refuses submit and wait_all", function()
     local w = pto.Worker{chips = 1}
     w:init()

@@ -247,6 +247,8 @@ void lpto_open_run(lua_State *L);
 extern const luaL_Reg lpto_run_methods[];
 /* Worker:run while submitted runs are outstanding: submit, then wait (Worker at 1, fn at 2). */
 int lpto_run_blocking(lua_State *L, const char *who);
+/* Before a blocking run that cannot join submitted ones (Worker:open_run): end their session, or raise. */
+void lpto_runs_before_blocking(lua_State *L, lworker *W, const char *who);
 /* Wait for every submitted run of W (at idx); 1 with the first failure nobody observed pushed, or 0. */
 int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
 

@@ -58,6 +58,15 @@ static void settle(lua_State *L, lworker *W, const char *who)
     if (rc < 0) lpto_engine_error(L, who);
 }
 
+void lpto_runs_before_blocking(lua_State *L, lworker *W, const char *who)
+{
+    if (!W->runs_open) return;
+    settle(L, W, who);
+    if (W->runs_open)
+        lpto_error(L, who, "runs submitted with Worker:submit are still running on this Worker; wait for them "
+                           "(Worker:wait_all) first");
+}
+
 /* Block until R's tasks have all finished, the interpreter lock given up. */
 static void wait_engine(lua_State *L, lrun *R, const char *who)
 {

@@ -138,8 +138,8 @@ pto_orch *pto_run_begin(pto_worker *w)
         return NULL;
     }
     if (w->runs_out.open) {
-        pto_set_error("submitted runs are outstanding on this Worker; wait for them (pto_run_wait, pto_runs_end) "
-                      "before a blocking run");
+        pto_set_error("submitted runs are outstanding on this Worker; wait for them and end their session "
+                      "(pto_runs_end) before a blocking run");
         return NULL;
     }
     return pto_run_begin_session(w) ? &w->orch : NULL;

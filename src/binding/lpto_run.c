@@ -394,6 +394,15 @@ int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who)
     if (!W->runs_open && W->run_lo == 0) return 0;
     lua_pushnil(L);   /* m: the first failure */
     int m = lua_gettop(L);
+    /* One wait for all of them, then each handle's outcome (all known by then). */
+    if (W->runs_open && W->state == W_READY && pto_run_wait(W->w, NULL, 0) != 1) {
+        lpto_active_add(W->w);
+        lpto_gil_release(W->gil);
+        int rc = pto_run_wait(W->w, NULL, -1);
+        lpto_gil_acquire(W->gil);
+        lpto_active_remove(W->w);
+        if (rc < 0) lpto_engine_error(L, who);
+    }
     lua_getiuservalue(L, idx, UV_RUNS);
     int t = lua_gettop(L);
     for (int64_t id = W->run_lo; id > 0 && id <= W->run_hi; id++) {

@@ -127,20 +127,33 @@ int pto_run_submitted(pto_worker *w, pto_run *r)
     return 0;
 }
 
+/* What a wait waits for: run r done, or (r NULL) no submitted run live. */
+typedef struct wait_for {
+    pto_worker *w;
+    pto_run *r;
+} wait_for;
+
+static bool wait_done(const wait_for *f)
+{
+    if (f->r) return atomic_load_explicit(&f->r->done, memory_order_acquire);
+    return atomic_load_explicit(&f->w->runs_out.live, memory_order_acquire) == 0;
+}
+
 static bool run_waitable(void *arg)
 {
-    pto_run *r = arg;
-    return atomic_load_explicit(&r->done, memory_order_acquire) ||
-           atomic_load_explicit(r->o->shutdown, memory_order_relaxed);
+    const wait_for *f = arg;
+    return wait_done(f) || atomic_load_explicit(&f->w->shutdown, memory_order_relaxed);
 }
 
 int pto_run_wait(pto_worker *w, pto_run *r, int32_t timeout_ms)
 {
-    if (atomic_load_explicit(&r->done, memory_order_acquire)) return 1;
+    if (r && atomic_load_explicit(&r->done, memory_order_acquire)) return 1;
     if (!w || atomic_load(&w->shutdown)) {
         pto_set_error("the Worker is shut down");
         return -1;
     }
+    wait_for f = {w, r};
+    if (wait_done(&f)) return 1;
     if (timeout_ms == 0) return 0;
     pto_orch *o = &w->orch;
     uint64_t t0 = pto_now_ns(), limit = timeout_ms < 0 ? UINT64_MAX : (uint64_t)timeout_ms * 1000000ull;
@@ -148,7 +161,7 @@ int pto_run_wait(pto_worker *w, pto_run *r, int32_t timeout_ms)
     pto_sched_draining(&w->sched, true);
     pto_wm_hot(&w->wm, UINT64_MAX, false);
     int rc = 1;
-    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    while (!wait_done(&f)) {
         if (atomic_load(&w->shutdown)) {
             pto_set_error("the Worker is shut down");
             rc = -1;
@@ -160,7 +173,7 @@ int pto_run_wait(pto_worker *w, pto_run *r, int32_t timeout_ms)
             break;
         }
         uint64_t left = limit - spent;
-        pto_event_wait(&o->ev, run_waitable, r, RUN_WAIT_SPIN_NS, left < 100000000 ? (int64_t)left : 100000000);
+        pto_event_wait(&o->ev, run_waitable, &f, RUN_WAIT_SPIN_NS, left < 100000000 ? (int64_t)left : 100000000);
         pto_orch_reclaim(o);
     }
     pto_wm_hot(&w->wm, pto_now_ns() + PTO_HOT_NS, false);

@@ -286,7 +286,8 @@ enum { PTO_RUN_RUNNING = 0, PTO_RUN_OK = 1, PTO_RUN_FAILED = 2, PTO_RUN_CANCELLE
 pto_orch *pto_run_submit(pto_worker *w, pto_run **run);
 /* Its function returned: end its outer scope without waiting; 0 or -1. */
 int pto_run_submitted(pto_worker *w, pto_run *run);
-/* Wait up to timeout_ms (< 0: no limit) for run's tasks; 1 done, 0 not yet, -1 shut down. */
+/* Wait up to timeout_ms (< 0: no limit) for run's tasks (run NULL: every submitted run's); 1 done,
+ * 0 not yet, -1 shut down. */
 int pto_run_wait(pto_worker *w, pto_run *run, int32_t timeout_ms);
 /* Counts and state of run now (any time, no wait). */
 void pto_run_info_get(pto_run *run, pto_run_info *out);

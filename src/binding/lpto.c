@@ -16,7 +16,8 @@
  *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
  *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch
  *   lpto_trace.c    control, tracing and ptolua's --trace/--dot;
- *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any)
+ *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any),
+ *   lpto_result.c   and what a Worker child's orchestration function returns
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto)
  * The engine under all of them never sees a Lua header. */

@@ -530,7 +530,9 @@ static int worker_run(lua_State *L, const char *who)
 {
     lworker *W = lpto_check_worker(L, 1, who);
     lpto_worker_check_can_run(L, W, who);
-    /* Submitted runs outstanding: this one joins them (ordered after them by the tag rules). */
+    /* Submitted runs outstanding: this one joins them (ordered after them by the tag rules); all
+     * finished: their session ends and this is a blocking run again. */
+    if (W->runs_open && pto_runs_live(W->w) == 0) lpto_runs_before_blocking(L, W, who);
     if (W->runs_open) return lpto_run_blocking(L, who);
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);

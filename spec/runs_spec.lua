@@ -217,7 +217,8 @@ describe("failures and cancellation across runs", function()
         H.assert_error(function() hs[i]:wait() end, "Run:wait: ", "fail kernel called")
         assert.are.equal("failed", (hs[i]:status()))
       elseif i == 6 then
-        H.assert_error(function() hs[i]:wait() end, "Run:wait: ", ("producer task %d failed"):format(failing))
+        H.assert_error(function() hs[i]:wait() end, "Run:wait: ",
+                       ("producer task %d of run %d failed"):format(failing, hs[3].id))
         assert.are.equal("failed", (hs[i]:status()))
       else
         hs[i]:wait()

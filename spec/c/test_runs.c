@@ -119,7 +119,7 @@ static void test_failure_poisons_only_dependants(void)
     pto_run_info_get(r2, &in);
     CHECK_EQ(in.state, PTO_RUN_FAILED);
     char want[64];
-    snprintf(want, sizeof want, "producer task %lld failed", (long long)failing);
+    snprintf(want, sizeof want, "producer task %lld of run 1 failed", (long long)failing);
     CHECK(pto_run_failure(r2, msg, sizeof msg) && strstr(msg, want));
     pto_run_info_get(r3, &in);
     CHECK_EQ(in.state, PTO_RUN_OK);

@@ -38,6 +38,9 @@ char *pto_run_cancel_message(const pto_run *r, int64_t task, int64_t producer)
 {
     if (producer < 0)
         return pto_xasprintf("task %lld was not run: its run %lld was cancelled", (long long)task, (long long)r->id);
+    if (!pto_run_cancelled(r))
+        return pto_xasprintf("task %lld was not run: its producer task %lld of run %lld failed", (long long)task,
+                             (long long)producer, (long long)r->id);
     return pto_xasprintf("task %lld was not run: its producer task %lld failed, as run %lld was cancelled",
                          (long long)task, (long long)producer, (long long)r->id);
 }

@@ -66,8 +66,9 @@ static inline bool pto_run_cancelled(const struct pto_run *r)
 {
     return atomic_load_explicit(&r->cancelled, memory_order_relaxed);
 }
-/* The message of a task that is not run because r was cancelled: a task of
- * r (producer < 0), or a consumer of r's task producer. */
+/* The message of a task that is not run because of run r: r was cancelled
+ * and the task is r's (producer < 0), or the task consumes r's task
+ * producer, which failed (r cancelled or not). */
 char *pto_run_cancel_message(const struct pto_run *r, int64_t task, int64_t producer);
 /* Worker close: drop the session's references (every thread is stopped). */
 void pto_runs_destroy(pto_runs *rs);

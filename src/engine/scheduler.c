@@ -98,10 +98,12 @@ static void run_cancel_task(pto_slot *x)
     pto_slot_poison(x, -1);
 }
 
-/* c is not run: its producer p failed (or, p's run cancelled, was not run). */
+/* c is not run: its producer p failed (or, p's run cancelled, was not run);
+ * a producer of another submitted run is named with its run. */
 static void poison_consumer(pto_slot *c, const pto_slot *p)
 {
-    if (p->run && !c->error && pto_run_cancelled(p->run)) c->error = pto_run_cancel_message(p->run, c->id, p->id);
+    if (p->run && !c->error && (p->run != c->run || pto_run_cancelled(p->run)))
+        c->error = pto_run_cancel_message(p->run, c->id, p->id);
     pto_slot_poison(c, p->id);
 }
 

@@ -1,6 +1,6 @@
 -- pto.commands: the prompt's engine commands (docs/repl.md): dispatch
 -- control (:hold, :step, :release, :break), inspection of the open run
--- (:dag, :task, :ready, :tensormap, :rings, :stats, :workers), exports
+-- (:dag, :task, :ready, :tensormap, :rings, :stats, :workers, :runs), exports
 -- (:dot, :trace) and the end of an interactive run (:finish).
 --
 -- Every command acts on the current Worker: the one chosen with :use, else
@@ -487,6 +487,18 @@ return function(repl)
   add("stats", nil, "the flow-control report with sizing advice", function()
     local w = worker()
     io.stdout:write(w:stats_report())
+  end)
+
+  add("runs", nil, "the submitted runs not yet waited for: id, state, tasks submitted / completed / failed", function()
+    local w = worker()
+    local runs = try(w.runs, w)
+    if #runs == 0 then out("%s has no submitted runs outstanding", tostring(w)) return end
+    local rows = { { "run", "state", "submitted", "completed", "failed" } }
+    for _, h in ipairs(runs) do
+      local state, c = h:status()
+      rows[#rows + 1] = { tostring(h.id), state, tostring(c.submitted), tostring(c.completed), tostring(c.failed) }
+    end
+    columns(rows)
   end)
 
   add("workers", nil, "each child: kind, pid, what it runs now, tasks run", function()

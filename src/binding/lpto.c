@@ -15,7 +15,9 @@
  *   lpto_worker.c   the Worker type, in four files that call each other: its
  *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
  *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch
- *   lpto_trace.c    control, tracing and ptolua's --trace/--dot
+ *   lpto_trace.c    control, tracing and ptolua's --trace/--dot;
+ *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any),
+ *   lpto_result.c   and what a Worker child's orchestration function returns
  *   lpto_mpi.c      (lpto_level.c's) Worker children on other MPI ranks
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto, compiled in: lpto_embed.h)
@@ -82,6 +84,7 @@ int luaopen_pto(lua_State *L)
     lpto_open_trace(L);
     lpto_open_mpi(L);
     preload_parts(L);
+    lpto_open_run(L);
     load_lua_part(L, "pto.inspect");
     return 1;
 }

@@ -97,6 +97,7 @@ static int w_open_run(lua_State *L)
     if (W->in_run) return lpto_error(L, who, "a run of this Worker is in progress (runs do not nest)");
     lua_settop(L, 3);
     lpto_worker_init(L, 1, W, who);
+    lpto_runs_before_blocking(L, W, who);
     pto_orch *o = pto_run_begin(W->w);
     if (!o) return lpto_engine_error(L, who);
     W->in_run = true;

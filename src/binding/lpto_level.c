@@ -364,19 +364,21 @@ static int traced_call(lua_State *L)
     lua_insert(L, 1);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 2);
-    if (lua_pcall(L, n, 0, 1) != LUA_OK) {
+    if (lua_pcall(L, n, LUA_MULTRET, 1) != LUA_OK) {
         lworker *C = lua_touserdata(L, lua_upvalueindex(2));
         const char *m = lua_tostring(L, -1);
         lua_pushfstring(L, "L%d orchestration function failed: %s", C->level, m ? m : "(error object is not a string)");
         return lua_error(L);
     }
-    return 0;
+    return lua_gettop(L) - 1;   /* its results, for the level above (lpto_result.c) */
 }
 
 static int run_protected(lua_State *L)
 {
     wchild *C = lua_touserdata(L, 1);
-    const pto_args_view *args = lua_touserdata(L, 2);
+    pto_args_view view;
+    void *box = lpto_result_unwrap(lua_touserdata(L, 2), &view);   /* the function does not see its result box */
+    const pto_args_view *args = &view;
     const pto_call_config *cfg = lua_touserdata(L, 3);
     lua_Integer callable = lua_tointeger(L, 4);
     lua_settop(L, 0);
@@ -394,9 +396,10 @@ static int run_protected(lua_State *L)
     lpto_push_args_view(L, args, 1);                                    /* 5 */
     lpto_push_config(L, cfg);                                           /* 6 */
     C->child->driven = true;
-    int status = lua_pcall(L, 4, 0, 0);
+    int status = lua_pcall(L, 4, LUA_MULTRET, 0);
     C->child->driven = false;
     st->valid = false;
+    if (status == LUA_OK && box) lpto_result_write(L, box, 2, lua_gettop(L) - 1);
     if (status == LUA_OK) return 0;
     if (!lua_isstring(L, -1)) lua_pushliteral(L, "(error object is not a string)");
     return lua_error(L);   /* "L3 task 2 ...": the level above names its own task and this child */

@@ -238,6 +238,8 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         off += as[i]->nt;
     }
     if (timeout_ms >= 0 && pto_submit_timeout(O->o, timeout_ms) != 0) return lpto_engine_error(L, who);
+    /* A Worker child's task brings its function's results back (lpto_result.c). */
+    int box = W->level >= 4 && kind == PTO_NEXT_LEVEL && n == 1 && !pins ? lpto_result_attach(L, &targs[0]) : 0;
     /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
     bool release = lpto_releases_gil(W);
     if (release) lpto_gil_release(W->gil);
@@ -254,6 +256,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         after_submit(L, oidx, O, aidx[i], as[i], descs + off, unset + off);
         off += as[i]->nt;
     }
+    if (box) lpto_result_track(L, oidx, O, id, box);
     lpto_trace_submitted(L, oidx, id);
     lua_pushinteger(L, id);
     return 1;
@@ -750,7 +753,7 @@ void lpto_open_orch(lua_State *L)
         {"submit_next_level", o_submit_next_level}, {"submit_next_level_group", o_submit_next_level_group},
         {"submit_sub", o_submit_sub}, {"submit_sub_group", o_submit_sub_group}, {"alloc", o_alloc},
         {"scope", o_scope}, {"scope_begin", o_scope_begin}, {"scope_end", o_scope_end},
-        {"scope_depth", o_scope_depth}, {"task", lpto_orch_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", lpto_orch_tensormap}, {"worker", o_worker},
+        {"scope_depth", o_scope_depth}, {"task", lpto_orch_task}, {"task_count", o_task_count}, {"drain", o_drain}, {"tensormap", lpto_orch_tensormap}, {"result", lpto_orch_result}, {"worker", o_worker},
         {"prepare_next_level", o_prepare_next_level}, {"prepare_sub", o_prepare_sub},
         {NULL, NULL}};
     lua_newtable(L);

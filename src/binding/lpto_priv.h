@@ -12,6 +12,7 @@
 #ifndef LPTO_PRIV_H
 #define LPTO_PRIV_H
 
+#include <pthread.h>
 #include <sys/types.h>
 
 #include "lpto_aux.h"
@@ -121,9 +122,9 @@ enum { W_NEW, W_READY, W_CLOSED };
  * function run by Worker children) or a chip kernel. */
 enum { LPTO_HANDLE_FUNCTION, LPTO_HANDLE_KERNEL };
 /* Worker user values. */
-enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_COUNT = UV_HANDLES };
+enum { UV_FNS = 1, UV_THREADS, UV_ORCH, UV_CHILDREN, UV_HANDLES, UV_RUNS, UV_COUNT = UV_RUNS };
 /* Orchestrator user values. */
-enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_COUNT = OUV_PINS };
+enum { OUV_WORKER = 1, OUV_SCOPES, OUV_PINS, OUV_RESULTS, OUV_COUNT = OUV_RESULTS };
 
 typedef struct lworker lworker;
 typedef struct wchild wchild;
@@ -161,6 +162,10 @@ struct lworker {
     bool gil_shared;           /* runs on a THREAD-mode parent's thread: give the lock up in waits */
     int32_t pins_hint;         /* storages the last run pinned: the next run's pin list starts that size */
     int rank;                  /* MPI (lpto_mpi.c): the rank it lives on (pto.Worker{rank}); 0: this process */
+    /* Submitted runs (lpto_run.c). */
+    bool runs_open;            /* the engine's session of submitted runs is open */
+    int64_t run_lo, run_hi;    /* ids of the handles UV_RUNS may hold (0: none) */
+    pthread_t home;            /* the thread that initialised it: the only one that may submit runs */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they
@@ -232,6 +237,34 @@ void lpto_worker_free(lua_State *L, lworker *W);
 /* lua_CFunction: Worker:run as a Worker child's leaf runs it (no Lua
  * function was called: its messages stand alone). */
 int lpto_worker_run_child(lua_State *L);
+
+/* Raise unless W may start a run now. */
+void lpto_worker_check_can_run(lua_State *L, lworker *W, const char *who);
+/* Push a run's failure message, named for W's level in a tree of Workers. */
+void lpto_push_run_failure(lua_State *L, lworker *W, const char *fail);
+
+/* lpto_run.c: run handles (Worker:submit, Worker:wait_all, pto.Run, pto.wait_any). */
+void lpto_open_run(lua_State *L);
+extern const luaL_Reg lpto_run_methods[];
+/* Worker:run while submitted runs are outstanding: submit, then wait (Worker at 1, fn at 2). */
+int lpto_run_blocking(lua_State *L, const char *who);
+/* Before a blocking run that cannot join submitted ones (Worker:open_run): end their session, or raise. */
+void lpto_runs_before_blocking(lua_State *L, lworker *W, const char *who);
+/* Wait for every submitted run of W (at idx); 1 with the first failure nobody observed pushed, or 0. */
+int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
+
+/* lpto_result.c: results of orchestration functions, from a Worker child to its parent. */
+/* Level >= 4 submit to a Worker child: extend ta with a result box (pushes 2 values; returns the box's index). */
+int lpto_result_attach(lua_State *L, pto_task_args *ta);
+/* After that submit (task id): keep the box at index box for orch:result, pinned for the run. */
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box);
+/* In the child: the arguments without the box into out; returns the box, or NULL if there is none. */
+void *lpto_result_unwrap(const pto_args_view *in, pto_args_view *out);
+/* Write the n values from stack index first into box (raises if they cannot travel). */
+void lpto_result_write(lua_State *L, void *box, int first, int n);
+/* Push task id's results from the results table at tidx (o: to say why there are none); returns their count. */
+int lpto_result_push(lua_State *L, int tidx, int64_t id, pto_orch *o, const char *who);
+int lpto_orch_result(lua_State *L);           /* orch:result */
 
 /* lpto_level.c: Workers of Workers. */
 int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */

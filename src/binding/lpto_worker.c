@@ -105,6 +105,8 @@ static lworker *push_worker(lua_State *L, pto_worker *w)
     lua_setiuservalue(L, -2, UV_CHILDREN);
     lua_newtable(L);
     lua_setiuservalue(L, -2, UV_HANDLES);
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, UV_RUNS);
     return W;
 }
 
@@ -158,6 +160,8 @@ void lpto_worker_free(lua_State *L, lworker *W)
         W->w = NULL;
         return;
     }
+    if (W->runs_open) lpto_active_remove(W->w);   /* before the engine goes: Ctrl-C must not find it */
+    W->runs_open = false;
     pto_worker_close(W->w);   /* children processes first: they may be running the Worker children */
     lpto_level_free(L, W);
     W->w = NULL;
@@ -189,6 +193,10 @@ static void worker_close(lua_State *L, lworker *W)
     if (W->parent && !W->driven)
         lpto_error(L, who, "this Worker is a child of a level-%d Worker; closing that Worker closes it",
                    W->parent->level);
+    /* Submitted runs outstanding: close waits for them (their failures stay on their handles). */
+    if (W->runs_open && W->owner == getpid()) {
+        if (lpto_runs_wait_all(L, 1, W, who)) lua_pop(L, 1);
+    }
     lpto_worker_free(L, W);
 }
 
@@ -277,6 +285,7 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
     lua_pop(L, 1);
     if (W->level >= 4) lpto_level_init(L, idx, W, who);
     if (pto_worker_init(W->w) != 0) lpto_engine_error(L, init);
+    W->home = pthread_self();
     W->state = W_READY;
 }
 
@@ -388,8 +397,7 @@ static int w_register(lua_State *L)
     return 1;
 }
 
-/* Raise unless W may start a run now. */
-static void check_can_run(lua_State *L, lworker *W, const char *who)
+void lpto_worker_check_can_run(lua_State *L, lworker *W, const char *who)
 {
     if (W->parent && !W->driven)
         lpto_error(L, who, "this Worker is a child of a level-%d Worker, which runs it: submit an orchestration "
@@ -516,7 +524,7 @@ static char *end_run(lua_State *L, lworker *W, int oidx, progress *p)
 /* Push the engine's failure of W's run. In a tree of Workers each level's
  * failure names its level: "L4 task 0 (... on L3 worker 1 (pid 7)) failed:
  * L3 task 2 ...". */
-static void push_run_failure(lua_State *L, lworker *W, const char *fail)
+void lpto_push_run_failure(lua_State *L, lworker *W, const char *fail)
 {
     if (W->level >= 4 || W->parent) lua_pushfstring(L, "L%d %s", W->level, fail);
     else lua_pushstring(L, fail);
@@ -527,7 +535,11 @@ static void push_run_failure(lua_State *L, lworker *W, const char *fail)
 static int worker_run(lua_State *L, const char *who)
 {
     lworker *W = lpto_check_worker(L, 1, who);
-    check_can_run(L, W, who);
+    lpto_worker_check_can_run(L, W, who);
+    /* Submitted runs outstanding: this one joins them (ordered after them by the tag rules); all
+     * finished: their session ends and this is a blocking run again. */
+    if (W->runs_open && pto_runs_live(W->w) == 0) lpto_runs_before_blocking(L, W, who);
+    if (W->runs_open) return lpto_run_blocking(L, who);
     lua_settop(L, 4);
     lpto_worker_init(L, 1, W, who);
     pto_orch *o = pto_run_begin(W->w);
@@ -557,7 +569,7 @@ static int worker_run(lua_State *L, const char *who)
         return nres;
     }
     if (status == LUA_OK) {   /* else the function's own error passes unchanged */
-        push_run_failure(L, W, fail);
+        lpto_push_run_failure(L, W, fail);
         lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
         if (who) lua_pushfstring(L, "%s: %s", who, lua_tostring(L, -1));   /* who NULL: the level above names it */
     } else {
@@ -756,6 +768,7 @@ void lpto_open_worker(lua_State *L)
         {"trace_start", lpto_trace_start}, {"trace_stop", lpto_trace_stop}, {NULL, NULL}};
     luaL_newlib(L, wmethods);
     luaL_setfuncs(L, lpto_debug_methods, 0);   /* open_run, hold, step, ... */
+    luaL_setfuncs(L, lpto_run_methods, 0);     /* submit, wait_all */
     lua_setfield(L, -2, "methods");
     lua_pop(L, 1);
 

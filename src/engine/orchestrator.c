@@ -488,6 +488,7 @@ static pto_slot *build_slot(pto_orch *o, const submit_req *q, int32_t total_tens
     s->timeout_ms = timeout_ms >= 0 ? (uint32_t)timeout_ms : o->task_timeout_ms;
     s->callable = q->callable;
     s->cfg = cfg_intern(o, q->cfg);
+    s->run = o->cur_run;
     s->group_size = q->n;
     pto_slot_arrays arr = pto_slot_carve(s, q->n, total_tensors, total_scalars, o->ntmp);
     if (o->ntmp) memcpy(s->refs, o->tmp_refs, sizeof(pto_ref) * (size_t)o->ntmp);
@@ -693,6 +694,15 @@ int pto_scope_end(pto_orch *o)
     scope_close(o);
     drain_retired(o);
     return 0;
+}
+
+void pto_orch_reclaim(pto_orch *o) { drain_retired(o); }
+
+void pto_orch_outer_scope_renew(pto_orch *o)
+{
+    while (o->scope.top > 0) scope_close(o);
+    pto_scope_push(&o->scope);
+    drain_retired(o);
 }
 
 int pto_scope_depth(pto_orch *o) { return o && o->open ? pto_scope_nested(&o->scope) : 0; }

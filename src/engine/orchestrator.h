@@ -40,6 +40,7 @@ struct pto_orch {
     _Atomic int32_t waiting_for;
     _Atomic bool *shutdown;
 
+    struct pto_run *cur_run;         /* the submitted run whose tasks this is adding (run.h), or NULL */
     bool open;                       /* a run is in progress */
     bool ending;                     /* run end: TensorMap, rings and configs are reset wholesale */
     int64_t submitted;               /* tasks (not allocs) this run */
@@ -60,6 +61,10 @@ int pto_orch_end(struct pto_orch *o);
 /* Whether o may be used now (a run is open, no shutdown or interrupt); if
  * not, pto_errmsg() says why. */
 bool pto_orch_check_open(struct pto_orch *o);
+/* Submitted runs (run.c): reclaim what the scheduler handed back; end every
+ * scope of the run whose function returned and open a fresh outer one. */
+void pto_orch_reclaim(struct pto_orch *o);
+void pto_orch_outer_scope_renew(struct pto_orch *o);
 /* The heap ring holding addr, or -1. */
 int32_t pto_orch_ring_of(struct pto_orch *o, uint64_t addr);
 

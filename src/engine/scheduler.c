@@ -1,4 +1,5 @@
 #include "scheduler.h"
+#include "run.h"
 #include "common.h"
 #include "slot.h"
 
@@ -90,6 +91,22 @@ static void make_ready(pto_scheduler *s, pto_slot *c)
         atomic_store_explicit(&s->ready_hwm, s->ready_len, memory_order_relaxed);
 }
 
+/* A task of a cancelled submitted run: it fails instead of running. */
+static void run_cancel_task(pto_slot *x)
+{
+    if (!x->error) x->error = pto_run_cancel_message(x->run, x->id, -1);
+    pto_slot_poison(x, -1);
+}
+
+/* c is not run: its producer p failed (or, p's run cancelled, was not run);
+ * a producer of another submitted run is named with its run. */
+static void poison_consumer(pto_slot *c, const pto_slot *p)
+{
+    if (p->run && !c->error && (p->run != c->run || pto_run_cancelled(p->run)))
+        c->error = pto_run_cancel_message(p->run, c->id, p->id);
+    pto_slot_poison(c, p->id);
+}
+
 static void work_push(pto_scheduler *s, pto_slot *slot)
 {
     pto_grow((void **)&s->work, &s->work_cap, s->nwork + 1, sizeof *s->work);
@@ -119,12 +136,16 @@ static void finish_all(pto_scheduler *s)
         atomic_store_explicit(&x->state, failed ? PTO_TASK_FAILED : PTO_TASK_COMPLETED, memory_order_release);
         for (int32_t i = 0; i < x->nconsumers; i++) {
             pto_slot *c = x->consumers[i];
-            if (failed) pto_slot_poison(c, x->id);
+            if (failed) poison_consumer(c, x);
+            if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
                 if (c->poisoned) work_push(s, c);
                 else make_ready(s, c);
             }
         }
+        /* Before its releases, which may recycle x; before `finished`, so a
+         * drained session has no hook left to run. */
+        if (x->run) pto_run_task_finished(x->run, x, failed);
         for (int32_t i = 0; i < x->nrefs; i++) release_ref(s, x->refs[i].slot);
         release_ref(s, x);
         /* Counted last: when drain sees every task finished, every release
@@ -136,6 +157,7 @@ static void finish_all(pto_scheduler *s)
 static void wire(pto_scheduler *s, pto_slot *c)
 {
     int32_t live = 0;
+    if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
     for (int32_t i = 0; i < c->nrefs; i++) {
         if (!c->refs[i].dep) continue;
         pto_slot *p = c->refs[i].slot;
@@ -144,7 +166,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
          * the group's own failure is not yet recorded as the run's error. */
         int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
         if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {
-            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) pto_slot_poison(c, p->id);
+            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison_consumer(c, p);
             continue;
         }
         pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);
@@ -297,6 +319,36 @@ static void cancel_ready(pto_scheduler *s)
     finish_all(s);
 }
 
+/* Submitted runs were cancelled (pto_run_cancel): their ready tasks fail
+ * instead of running; their later ones are caught as they are wired or
+ * become ready. */
+static void sweep_queue(pto_scheduler *s, pto_ready_queue *q)
+{
+    pto_slot *x = q->head;
+    q->head = q->tail = NULL;
+    while (x) {
+        pto_slot *next = x->next_ready;
+        if (x->run && pto_run_cancelled(x->run)) {
+            s->ready_len--;
+            run_cancel_task(x);
+            work_push(s, x);
+        } else {
+            queue_push(q, x);
+        }
+        x = next;
+    }
+}
+
+static void sweep_cancelled_runs(pto_scheduler *s)
+{
+    s->run_cancels_seen = atomic_load_explicit(&s->run_cancels, memory_order_acquire);
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
+        sweep_queue(s, &s->ready[kind]);
+        for (int32_t i = 0; i < s->wm->count[kind]; i++) sweep_queue(s, &s->wm->threads[kind][i]->pinned);
+    }
+    finish_all(s);
+}
+
 /* ---- dispatch control ---- */
 
 static bool is_break(pto_scheduler *s, const pto_slot *slot)
@@ -429,6 +481,7 @@ static void dispatch_ready(pto_scheduler *s)
         cancel_ready(s);
         return;
     }
+    if (atomic_load_explicit(&s->run_cancels, memory_order_relaxed) != s->run_cancels_seen) sweep_cancelled_runs(s);
     bool gated = atomic_load_explicit(&s->gated, memory_order_relaxed) &&
                  !atomic_load_explicit(&s->draining, memory_order_relaxed);
     for (int32_t kind = 0; kind < PTO_KINDS; kind++) {

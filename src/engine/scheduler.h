@@ -53,6 +53,9 @@ typedef struct pto_scheduler {
     /* Set by pto_worker_interrupt (a signal handler may call it): tasks not
      * yet dispatched fail instead of running, so the run drains quickly. */
     _Atomic bool cancel;
+    /* Bumped by pto_run_cancel: one submitted run's ready tasks fail (run.h). */
+    _Atomic uint32_t run_cancels;
+    uint32_t run_cancels_seen;              /* scheduler-only */
 
     /* Dispatch control (the REPL's :hold, :step, :break). The hot path reads
      * only `gated`, false unless dispatch is held or a breakpoint is set;

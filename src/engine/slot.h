@@ -59,6 +59,7 @@ struct pto_slot {
     _Atomic int32_t worker;           /* index of the worker that runs it (member 0), -1 before it starts */
     uint64_t callable;
     pto_cfg_ref *cfg;
+    struct pto_run *run;              /* its submitted run (run.h), NULL in a blocking run */
 
     pto_member *members;              /* == &member0 unless a group */
     pto_member member0;

@@ -36,6 +36,10 @@ static pto_trace_event *claim(pto_trace *t)
 
 static void release(pto_trace *t) { atomic_fetch_sub_explicit(&t->active, 1, memory_order_release); }
 
+/* Submitted runs share one engine run (run.h): `run` stays the engine's, so
+ * flows still pair by (run, task), and this names the run handle's. */
+static inline int32_t submitted_run(const pto_slot *s) { return s->run ? (int32_t)s->run->id : 0; }
+
 void pto_trace_task(pto_trace *t, const pto_worker_thread *wt, const pto_slot *s, int32_t member, uint64_t t0,
                     int status)
 {
@@ -46,7 +50,7 @@ void pto_trace_task(pto_trace *t, const pto_worker_thread *wt, const pto_slot *s
                            .arg = s->group_size, .run = atomic_load_explicit(&t->run, memory_order_relaxed),
                            .index = (int16_t)wt->index,
                            .member = (int16_t)member, .type = PTO_TEV_TASK, .kind = (int8_t)wt->kind,
-                           .status = status ? PTO_TEV_FAILED : PTO_TEV_OK};
+                           .status = status ? PTO_TEV_FAILED : PTO_TEV_OK, .submitted_run = submitted_run(s)};
     release(t);
 }
 
@@ -67,7 +71,7 @@ void pto_trace_submit(pto_trace *t, const pto_slot *s, uint64_t t0)
     pto_trace_event *e = claim(t);
     if (!e) return;
     *e = (pto_trace_event){.t0 = t0, .t1 = t1, .id = s->id, .arg = producers, .callable = s->callable, .run = run,
-                           .type = PTO_TEV_SUBMIT, .kind = s->kind};
+                           .type = PTO_TEV_SUBMIT, .kind = s->kind, .submitted_run = submitted_run(s)};
     release(t);
 }
 
@@ -420,10 +424,12 @@ static void format_slice(pto_worker *w, const pto_trace_event *e, int32_t pid, u
         sb_str(b, w->wm.threads[e->kind][e->index]->name);
         sb_printf(b, ",\"status\":\"%s\"", e->status == PTO_TEV_OK ? "ok" : "failed");
         if (e->arg > 1) sb_printf(b, ",\"member\":%d,\"group_size\":%" PRId64, e->member, e->arg);
+        if (e->submitted_run) sb_printf(b, ",\"submitted_run\":%d", e->submitted_run);
         break;
     case PTO_TEV_SUBMIT:
         sb_printf(b, ",\"task\":%" PRId64 ",\"kind\":\"%s\",\"producers\":%" PRId64, e->id,
                   e->kind == PTO_SUB ? "sub" : "next_level", e->arg);
+        if (e->submitted_run) sb_printf(b, ",\"submitted_run\":%d", e->submitted_run);
         break;
     case PTO_TEV_STALL:
         sb_printf(b, ",\"ring\":%d,\"bytes\":%" PRId64, e->ring, e->arg);

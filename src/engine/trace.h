@@ -33,6 +33,7 @@ typedef struct pto_trace_event {
     int8_t kind;                 /* pto_worker_kind of the task */
     uint8_t status;              /* TASK: PTO_TEV_OK / FAILED */
     int8_t ring;                 /* STALL */
+    int32_t submitted_run;       /* TASK, SUBMIT: its submitted run's id (run.h), 0 in a blocking run */
 } pto_trace_event;
 
 typedef struct pto_trace {

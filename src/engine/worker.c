@@ -207,6 +207,16 @@ pto_orch *pto_run_begin(pto_worker *w)
         pto_set_error("the Worker is not initialised; call pto_worker_init first");
         return NULL;
     }
+    if (w->runs_out.open) {
+        pto_set_error("submitted runs are outstanding on this Worker; wait for them and end their session "
+                      "(pto_runs_end) before a blocking run");
+        return NULL;
+    }
+    return pto_run_begin_session(w) ? &w->orch : NULL;
+}
+
+bool pto_run_begin_session(pto_worker *w)
+{
     if (w->orch.open) {
         pto_set_error("a run is already open on this Worker; runs do not nest (submit to the open "
                       "run's orchestrator instead)");
@@ -214,7 +224,7 @@ pto_orch *pto_run_begin(pto_worker *w)
     }
     if (atomic_load(&w->shutdown)) {
         pto_set_error("the Worker is shut down");
-        return NULL;
+        return false;
     }
     pto_orch_begin(&w->orch);
     /* Wake whoever sleeps now, while the first submits are made, rather
@@ -223,13 +233,17 @@ pto_orch *pto_run_begin(pto_worker *w)
     pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
-    return &w->orch;
+    return true;
 }
 
 int pto_run_end(pto_worker *w)
 {
     if (!w || !w->inited || !w->orch.open) {
         pto_set_error("no run is open on this Worker");
+        return -1;
+    }
+    if (w->runs_out.open && (w->runs_out.cur || atomic_load(&w->runs_out.live) > 0)) {
+        pto_set_error("the open run is shared by submitted runs; wait for them (pto_run_wait, pto_runs_end)");
         return -1;
     }
     int rc = pto_orch_end(&w->orch);
@@ -281,6 +295,7 @@ void pto_worker_close(pto_worker *w)
         pto_orch_destroy(&w->orch);
     }
     pto_crash_forget(&w->wm);
+    pto_runs_destroy(&w->runs_out);
     pto_sched_destroy(&w->sched);
     pto_wm_destroy(&w->wm);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) pto_ring_unmap(&w->rings[r]);

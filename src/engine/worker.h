@@ -9,6 +9,7 @@
 #include <sys/types.h>
 #include "orchestrator.h"
 #include "ring.h"
+#include "run.h"
 #include "scheduler.h"
 #include "worker_manager.h"
 
@@ -23,6 +24,10 @@ struct pto_worker {
     _Atomic bool shutdown;
     _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;
+    pto_runs runs_out;            /* submitted runs (run.h) */
 };
+
+/* Open the engine run (pto_run_begin's work, which a session of submitted runs shares). */
+bool pto_run_begin_session(pto_worker *w);
 
 #endif

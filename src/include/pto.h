@@ -277,6 +277,36 @@ pto_orch *pto_run_begin(pto_worker *w);
 /* Close the outer scope, drain, reset the rings; 0, or -1 with the run's first failure in
  * pto_errmsg(). */
 int pto_run_end(pto_worker *w);
+/* Submitted runs (run handles): several runs of one Worker in flight, ordered across runs by the
+ * same tag rules as within a run. A blocking run cannot open while submitted runs are outstanding. */
+typedef struct pto_run pto_run;
+typedef struct pto_run_info {
+    int64_t id;                       /* 1, 2, ... per Worker */
+    int64_t submitted, completed, failed;   /* tasks; submitted counts so far while its function runs */
+    int32_t state;                    /* PTO_RUN_RUNNING, _OK, _FAILED, _CANCELLED */
+} pto_run_info;
+enum { PTO_RUN_RUNNING = 0, PTO_RUN_OK = 1, PTO_RUN_FAILED = 2, PTO_RUN_CANCELLED = 3 };
+/* Open a submitted run (its outer scope) beside the outstanding ones; returns its orchestrator and
+ * its record in *run, or NULL. */
+pto_orch *pto_run_submit(pto_worker *w, pto_run **run);
+/* Its function returned: end its outer scope without waiting; 0 or -1. */
+int pto_run_submitted(pto_worker *w, pto_run *run);
+/* Wait up to timeout_ms (< 0: no limit) for run's tasks (run NULL: every submitted run's); 1 done,
+ * 0 not yet, -1 shut down. */
+int pto_run_wait(pto_worker *w, pto_run *run, int32_t timeout_ms);
+/* Counts and state of run now (any time, no wait). */
+void pto_run_info_get(pto_run *run, pto_run_info *out);
+/* Its first failed task's message into buf (truncated to len); 0 if none failed. */
+int pto_run_failure(pto_run *run, char *buf, size_t len);
+/* Dispatch no further task of run: what is not running fails as cancelled. */
+void pto_run_cancel(pto_worker *w, pto_run *run);
+/* The handle lets go of run (it is freed once its tasks no longer point to it). */
+void pto_run_free(pto_run *run);
+/* Submitted runs whose tasks have not all finished. */
+int64_t pto_runs_live(pto_worker *w);
+/* With none live, end the engine run they shared (rings and task ids reset): 1 ended, 0 none was
+ * open, -1 runs still live or shut down. */
+int pto_runs_end(pto_worker *w);
 /* Stop threads, unmap rings and free w; safe on NULL and on a blocked run. */
 void pto_worker_close(pto_worker *w);
 /* Ask a run blocked in submit/alloc/drain to fail now (any thread); the Worker is unusable

@@ -1,0 +1,519 @@
+-- runs_spec.lua: run handles (docs/lua.md, "Run handles"): Worker:submit,
+-- h:wait/done/status/cancel, Worker:wait_all, pto.wait_any, to-be-closed
+-- handles, close with runs outstanding, and the ordering of tasks across
+-- runs in flight. Runs in both modes ($PTO_MODE decides).
+--
+-- Cross-run dependencies are observed exactly through orch:task(id).producers,
+-- recorded at submit: a later run's task that must wait for an earlier run's
+-- writer lists it, provided that writer is still running then, which the
+-- tests make sure of (helpers.wait_state) rather than assume.
+local pto = require "pto"
+local H = require "helpers"
+
+local W, K           -- the shared Worker (2 chips, 1 sub worker) and its kernels
+local SUBMITTER      -- a sub that tries to submit a run of W from inside a task
+
+-- A sub reaches W through a global: in process mode it runs in a forked copy
+-- made at init, which has this global but is not the Worker's process.
+setup(function()
+  W = pto.Worker{chips = 2, num_sub_workers = 1}
+  K = H.kernels(W)
+  RUNS_SPEC_W = W
+  SUBMITTER = W:register(function() RUNS_SPEC_W:submit(function() end) end, "submitter")
+  W:init()
+end)
+
+teardown(function()
+  if W then W:close() end
+  RUNS_SPEC_W = nil
+end)
+
+local function ones(n)
+  local t = pto.tensor({n}, "f32")
+  t:fill(1)
+  return t
+end
+
+local function sleep(orch, us, ...)
+  local a = pto.args{...}
+  a:add_scalar(us)
+  return orch:submit_next_level(K.sleep_us, a)
+end
+
+-- fill t with v: the kernel reads its value as a double's bits.
+local function fill(orch, t, v, k)
+  local a = pto.args{{t, "out"}}
+  a:add_scalar(v + 0.0)
+  return orch:submit_next_level(k or K.fill, a)
+end
+
+local function producers(orch, id) return H.sorted(orch:task(id).producers) end
+
+describe("Worker:submit and the run handle", function()
+  it("returns a handle at once; wait returns what the function returned", function()
+    local t = pto.tensor({16}, "f32")
+    local h = W:submit(function(orch, args, cfg)
+      fill(orch, t, 3.0)
+      return args.x, nil, cfg, {k = "v"}
+    end, {x = 7}, "cfg")
+    local a, b, c, d = h:wait()
+    assert.are.equal(7, a)
+    assert.is_nil(b)
+    assert.are.equal("cfg", c)
+    assert.are.same({k = "v"}, d)
+    assert.are.equal(3, t[16])
+    assert.is_true(h:done())
+    local state, counts = h:status()
+    assert.are.equal("ok", state)
+    assert.are.equal(1, counts.submitted)
+    assert.are.equal(1, counts.completed)
+    assert.are.equal(0, counts.failed)
+    assert.are.equal(h.id, counts.id)
+    -- waiting again gives the same results
+    assert.are.equal(7, (h:wait()))
+  end)
+
+  it("does not wait for the drain: the handle is running while its task is", function()
+    local h = W:submit(function(orch) sleep(orch, 300000) end)
+    assert.is_false(h:done())
+    assert.are.equal("running", (h:status()))
+    h:wait()
+    assert.is_true(h:done())
+  end)
+
+  it("Worker:run still works, and joins outstanding runs as submit():wait()", function()
+    local t = pto.tensor({16}, "f32")
+    local one = ones(16)
+    local h = W:submit(function(orch)
+      local id = sleep(orch, 100000, {t, "inout"})
+      orch:submit_next_level(K.tile_add, pto.args{{t, "inout"}, one})
+      return id
+    end)
+    local r = W:run(function(orch)
+      orch:submit_next_level(K.tile_add, pto.args{{t, "inout"}, one})
+      return "ran"
+    end)
+    assert.are.equal("ran", r)
+    assert.are.equal(2, t[1])
+    h:wait()
+    assert.are.equal("ok", (W:run(function() return "ok" end)))
+  end)
+
+  it("a chain of INOUT steps over 100 submitted runs gives the sequential result", function()
+    local t = pto.tensor({64}, "f32")
+    local one = ones(64)
+    local hs = {}
+    for step = 1, 100 do
+      hs[step] = W:submit(function(orch)
+        orch:submit_next_level(K.tile_add, pto.args{{t, "inout"}, one})
+        return step
+      end)
+    end
+    W:wait_all()
+    for i = 1, 64 do assert.are.equal(100, t[i]) end
+    for step = 1, 100 do
+      assert.is_true(hs[step]:done())
+      assert.are.equal(step, (hs[step]:wait()))
+    end
+  end)
+
+  it("orders a later run's reader after an earlier run's writer (RAW across runs)", function()
+    local t, u = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    local writer
+    local h1 = W:submit(function(orch)
+      local s = sleep(orch, 200000, {t, "out"})
+      H.wait_state(orch, s, {"running"})
+      writer = fill(orch, t, 5.0)
+    end)
+    local got
+    local h2 = W:submit(function(orch)
+      local c = orch:submit_next_level(K.copy, pto.args{t, {u, "out"}})
+      got = producers(orch, c)
+    end)
+    h2:wait()
+    h1:wait()
+    assert.are.same({writer}, got)
+    assert.are.equal(5, u[16])
+  end)
+
+  it("WAR and WAW across runs are as within a run: a writer does not wait for readers or earlier writers", function()
+    local t = pto.tensor({16}, "f32")
+    local h1 = W:submit(function(orch)
+      local s = sleep(orch, 200000, {t, "out"})
+      H.wait_state(orch, s, {"running"})
+      sleep(orch, 1000, t)
+    end)
+    local war, waw
+    local h2 = W:submit(function(orch)
+      waw = producers(orch, fill(orch, t, 1.0))
+      war = producers(orch, fill(orch, t, 2.0))
+    end)
+    W:wait_all()
+    assert.are.same({}, war)
+    assert.are.same({}, waw)
+    assert.are.equal("ok", (h1:status()))
+    assert.are.equal("ok", (h2:status()))
+  end)
+
+  it("independent runs overlap: a later run finishes while an earlier one still runs", function()
+    local a, b = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    local slow = W:submit(function(orch) sleep(orch, 600000, {a, "inout"}) end)
+    local fast = W:submit(function(orch) fill(orch, b, 1.0) end)
+    local first, i = pto.wait_any{slow, fast}
+    assert.are.equal(fast, first)
+    assert.are.equal(2, i)
+    assert.is_false(slow:done())
+    slow:wait()
+  end)
+end)
+
+describe("runs in a trace", function()
+  it("every task span names its submitted run, and independent runs' spans interleave", function()
+    local json = require "dkjson"
+    local F = require "files"
+    local path = F.tmpname(".json")
+    local a, b = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    W:trace_start(path)
+    local slow = W:submit(function(orch) sleep(orch, 300000, {a, "inout"}) end)
+    local fast = W:submit(function(orch) fill(orch, b, 1) end)
+    W:wait_all()
+    W:trace_stop()
+    local doc = assert(json.decode(assert(F.readfile(path))))
+    F.cleanup()
+    local spans = {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.cat == "task" then
+        assert.is_number(e.args.submitted_run, "a task span without its submitted run")
+        spans[e.args.submitted_run] = e
+      end
+    end
+    local s, f = assert(spans[slow.id], "no span of the slow run"), assert(spans[fast.id], "no span of the fast run")
+    assert.is_true(f.ts + f.dur < s.ts + s.dur,
+      ("the later, independent run's task did not end before the earlier run's task: %s vs %s"):format(
+        json.encode(f), json.encode(s)))
+  end)
+end)
+
+describe("failures and cancellation across runs", function()
+  it("run 3 of 10 fails: only the run that depends on it fails, naming its task", function()
+    local bad = pto.tensor({16}, "f32")
+    local own = {}
+    for i = 1, 10 do own[i] = pto.tensor({16}, "f32") end
+    local failing
+    local hs = {}
+    for i = 1, 10 do
+      hs[i] = W:submit(function(orch)
+        if i == 3 then
+          failing = orch:submit_next_level(K.fail, pto.args{{bad, "out"}})
+        elseif i == 6 then
+          orch:submit_next_level(K.copy, pto.args{bad, {own[i], "out"}})
+        else
+          fill(orch, own[i], i)
+        end
+      end)
+    end
+    for i = 1, 10 do
+      if i == 3 then
+        H.assert_error(function() hs[i]:wait() end, "Run:wait: ", "fail kernel called")
+        assert.are.equal("failed", (hs[i]:status()))
+      elseif i == 6 then
+        H.assert_error(function() hs[i]:wait() end, "Run:wait: ",
+                       ("producer task %d of run %d failed"):format(failing, hs[3].id))
+        assert.are.equal("failed", (hs[i]:status()))
+      else
+        hs[i]:wait()
+        assert.are.equal(i, own[i][1])
+      end
+    end
+    W:wait_all()   -- every failure was observed by a wait: nothing left to raise
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("wait_all raises the first failure nobody waited for, naming its run; the Worker is usable after", function()
+    local h1 = W:submit(function() end)
+    local h2 = W:submit(function(orch) orch:submit_next_level(K.fail, pto.args{{pto.tensor{4}, "out"}}) end)
+    local msg = H.assert_error(function() W:wait_all() end, "Worker:wait_all: ", "run " .. h2.id .. ": ")
+    assert.truthy(msg:find("fail kernel called", 1, true))
+    assert.are.equal("ok", (h1:status()))
+    W:wait_all()   -- reported once
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("cancel stops a long run's dispatch while other runs go on; its dependants fail as cancelled", function()
+    local t, other = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    local long = W:submit(function(orch)
+      for _ = 1, 20 do sleep(orch, 50000, {t, "inout"}) end
+    end)
+    local queued = W:submit(function(orch) fill(orch, other, 4.0) end)
+    local dependant = W:submit(function(orch) orch:submit_next_level(K.copy, pto.args{t, {other, "out"}}) end)
+    assert.is_true(long:cancel())
+    H.assert_error(function() long:wait() end, "Run:wait: ", "cancelled")
+    local state, counts = long:status()
+    assert.are.equal("cancelled", state)
+    assert.is_true(counts.failed >= 1 and counts.completed < 20)
+    queued:wait()
+    H.assert_error(function() dependant:wait() end, "Run:wait: ", "cancelled")
+    assert.is_false(long:cancel())   -- a finished run: nothing to cancel
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("a failing run function raises from submit, unchanged; the Worker is usable after", function()
+    local ok, err = pcall(W.submit, W, function(orch)
+      sleep(orch, 1000)
+      error("boom in the run function")
+    end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("boom in the run function", 1, true))
+    W:wait_all()
+    H.check_vector_add(W, K.vector_add)
+  end)
+end)
+
+describe("handles as values", function()
+  it("a to-be-closed handle waits for its run when it goes out of scope", function()
+    local t = pto.tensor({16}, "f32")
+    local h0
+    do
+      local h <close> = W:submit(function(orch)
+        sleep(orch, 100000, {t, "out"})
+        fill(orch, t, 9.0)
+      end)
+      h0 = h
+    end
+    assert.is_true(h0:done())
+    assert.are.equal(9, t[1])
+  end)
+
+  it("pto.wait_any returns a finished handle and its index, or nothing after its timeout", function()
+    local slow = W:submit(function(orch) sleep(orch, 400000) end)
+    assert.is_nil(pto.wait_any({slow}, 0))
+    local h, i = pto.wait_any{slow}
+    assert.are.equal(slow, h)
+    assert.are.equal(1, i)
+  end)
+
+  it("close with runs outstanding waits for them; their handles then say the Worker is closed", function()
+    local w = pto.Worker{chips = 1}
+    local k = w:register(pto.chip_kernel("fill"))
+    local s = w:register(pto.chip_kernel("sleep_us"))
+    local t = pto.tensor({16}, "f32")
+    local h = w:submit(function(orch)
+      local a = pto.args{{t, "out"}}
+      a:add_scalar(200000)
+      orch:submit_next_level(s, a)
+      fill(orch, t, 6.0, k)
+    end)
+    w:close()
+    assert.are.equal(6, t[1])
+    assert.are.equal("ok", (h:status()))
+    H.assert_error(function() h:wait() end, "Run:wait: ", "is closed")
+    H.assert_error(function() h:cancel() end, "Run:cancel: ", "is closed")
+  end)
+end)
+
+describe("misuse of run handles", function()
+  it("submit inside a run's function: runs do not nest", function()
+    H.assert_error(function()
+      W:run(function() W:submit(function() end) end)
+    end, "Worker:submit: ", "runs do not nest")
+    H.assert_error(function()
+      W:submit(function() W:submit(function() end) end)
+    end, "Worker:submit: ", "runs do not nest")
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("submit from inside a sub callable fails that task, saying so", function()
+    local h = W:submit(function(orch) orch:submit_sub(SUBMITTER) end)
+    H.assert_error(function() h:wait() end, "Run:wait: ", "not from a sub callable")
+    H.check_vector_add(W, K.vector_add)
+  end)
+
+  it("bad arguments name the function and say what to give", function()
+    H.assert_error(function() W:submit(42) end, "Worker:submit: ", "expected the function to run")
+    H.assert_error(function() W.submit({}, function() end) end, "Worker:submit: ", "expected a Worker")
+    local h = W:submit(function() end)
+    H.assert_error(function() h.wait({}) end, "Run:wait: ", "expected a run handle")
+    H.assert_error(function() pto.wait_any(h) end, "pto.wait_any: ", "list of run handles")
+    H.assert_error(function() pto.wait_any{} end, "pto.wait_any: ", "at least one")
+    H.assert_error(function() pto.wait_any{h, 3} end, "pto.wait_any: ", "item 2 is not a run handle")
+    H.assert_error(function() pto.wait_any({h}, -1) end, "pto.wait_any: ", "seconds >= 0")
+    h:wait()
+  end)
+
+  it("Worker:open_run while submitted runs are outstanding says to wait for them", function()
+    local h = W:submit(function(orch) sleep(orch, 200000) end)
+    H.assert_error(function() W:open_run() end, "Worker:open_run: ", "Worker:wait_all")
+    h:wait()
+    local orch = W:open_run()   -- none outstanding: an interactive run opens as before
+    assert.is_not_nil(orch)
+    W:close_run()
+  end)
+
+  it("a closed Worker refuses submit and wait_all", function()
+    local w = pto.Worker{chips = 1}
+    w:init()
+    w:close()
+    H.assert_error(function() w:submit(function() end) end, "Worker:submit: ", "create a new one")
+    H.assert_error(function() w:wait_all() end, "Worker:wait_all: ", "create a new one")
+  end)
+end)
+
+describe("Ctrl-C with runs outstanding", function()
+  local F = require "files"
+  teardown(F.cleanup)
+
+  -- Start ptolua on text (a script, or with -i the prompt's input), SIGINT it
+  -- once the script has written its children's pids, and return its exit
+  -- status, its stderr and those pids.
+  local function interrupted(text, interactive)
+    local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+    local pids, err, out = F.tmpname(), F.tmpname(), F.tmpname()
+    local s = F.writefile(F.tmpname(".lua"), text:gsub("PIDS", pids))
+    local cmd = interactive and ("(cat %s; sleep 2; echo 'print(\"back\")') | %s -i >%s"):format(F.q(s), F.q(PTOLUA), F.q(out))
+                              or ("%s %s >%s"):format(F.q(PTOLUA), F.q(s), F.q(out))
+    local p = assert(io.popen(("sh -c %s"):format(F.q(
+      cmd .. " 2>" .. F.q(err) .. " & pid=$!; " ..
+      "n=0; while ! grep -q ready " .. F.q(pids) .. " 2>/dev/null && [ $n -lt 200 ]; do sleep 0.05; n=$((n+1)); done; " ..
+      "sleep 0.3; " ..
+      "kill -INT $pid; (sleep 20; kill -9 $pid) >/dev/null 2>&1 & dog=$!; wait $pid; rc=$?; kill $dog 2>/dev/null; echo $rc"))))
+    local rc = tonumber(p:read("a"):match("(%d+)%s*$"))
+    p:close()
+    local list = {}
+    for pid in (F.readfile(pids) or ""):gmatch("%d+") do list[#list + 1] = tonumber(pid) end
+    return rc, F.readfile(err) or "", F.readfile(out) or "", list
+  end
+
+  local function alive(pid)
+    local f = io.open("/proc/" .. pid .. "/stat")
+    if not f then return false end
+    local st = f:read("a"):match("^%d+ %b() (%a)")
+    f:close()
+    return st ~= "Z"
+  end
+
+  -- Long runs queued behind each other (a chain of 1.5 s tasks), then the
+  -- script waits; the children's pids and "ready" go to the file PIDS.
+  local BODY = [[
+local w = pto.Worker{chips = 2}
+local k = w:register(pto.chip_kernel("sleep_us"))
+w:init()
+local t = pto.tensor{4}
+local hs = {}
+for i = 1, 5 do
+  hs[i] = w:submit(function(orch)
+    local a = pto.args{{t, "inout"}}
+    a:add_scalar(1500000)
+    orch:submit_next_level(k, a)
+  end)
+end
+local f = io.open("PIDS", "w")
+for _, p in ipairs(w:child_pids().chips) do f:write(p, "\n") end
+f:write("ready\n")
+f:close()
+]]
+
+  it("stops a script waiting for its runs: 'interrupted', no child process left", function()
+    local rc, err, _, pids = interrupted(BODY .. "w:wait_all()\n")
+    assert.are.equal(1, rc)
+    assert.truthy(err:find("interrupted", 1, true), err)
+    assert.are.equal(H.MODE == "process" and 2 or 0, #pids)   -- thread mode: chips are threads
+    local deadline = H.clock() + 5
+    for _, pid in ipairs(pids) do
+      while alive(pid) and H.clock() < deadline do os.execute("sleep 0.05") end
+      assert.is_false(alive(pid), "child " .. pid .. " outlived ptolua")
+    end
+  end)
+
+  it("at the prompt, cancels the outstanding runs and returns to the prompt", function()
+    -- one line, globals: each line at the prompt is a chunk of its own
+    local text = BODY:gsub("local ", ""):gsub("\n", " ") .. "\nwhile true do local x = {} end\n" ..
+      "print(select(2, pcall(hs[5].wait, hs[5])))\n"
+    local rc, err, out = interrupted(text, true)
+    assert.are.equal(0, rc)
+    assert.truthy(err:find("interrupted!", 1, true), err)
+    assert.truthy(out:find("Run:wait: task %d+ was not run"), out)   -- the last run did not run
+    assert.truthy(out:find("back\n", 1, true), out)
+  end)
+end)
+
+describe("the prompt's :runs", function()
+  it("lists the submitted runs not yet waited for, with their state and counts", function()
+    local F = require "files"
+    local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+    local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
+    local steps = {
+      "send w = pto.Worker{chips = 1}; k = w:register(pto.chip_kernel('sleep_us')); t = pto.tensor{4}\\n",
+      "line > ",
+      "send for i = 1, 2 do w:submit(function(orch) local a = pto.args{{t, 'inout'}} a:add_scalar(300000) " ..
+        "orch:submit_next_level(k, a) end) end\\n",
+      "line > ",
+      "send :runs\\n", "expect running", "line > ",
+      "send w:wait_all()\\n", "line > ",
+      "send :runs\\n", "expect no submitted runs outstanding", "line > ",
+      "send os.exit(0)\\n", "wait",
+    }
+    local script = F.writefile(F.tmpname(), table.concat(steps, "\n") .. "\n")
+    local p = assert(io.popen(("env -u LUA_INIT -u LUA_INIT_5_4 TERM=xterm PTOLUA_HISTORY=%s %s %s %s 2>&1")
+      :format(F.q(F.tmpname()), F.q(PTYDRIVE), F.q(script), F.q(PTOLUA))))
+    local out = p:read("a")
+    p:close()
+    F.cleanup()
+    local block = assert(out:match(":runs\n(.-)\n> "), out)
+    assert.truthy(block:find("run%s+state%s+submitted%s+completed%s+failed"), block)
+    assert.truthy(block:find("1%s+running%s+1%s+0%s+0"), block)
+    assert.truthy(block:find("2%s+running%s+1%s+0%s+0"), block)
+    assert.truthy(out:find("has no submitted runs outstanding", 1, true), out)
+  end)
+end)
+
+describe("results from every level", function()
+  local w4, L3FN, BAD
+  setup(function()
+    w4 = pto.Worker{level = 4}
+    L3FN = w4:register(function(_, args)
+      return {tensors = args:tensor_count(), scalars = args:scalar_count(), s = "q\"uote\n\0end", f = 0.5,
+              nested = {1, 2, {true}}}, 42, nil, "last"
+    end, "l3fn")
+    BAD = w4:register(function() return coroutine.create(print) end, "bad_result")
+    w4:add_worker(pto.Worker{level = 3, chips = 1})
+    w4:add_worker(pto.Worker{level = 3, chips = 1})
+  end)
+  teardown(function() if w4 then w4:close() end end)
+
+  local function check(n, t, a, b, c)
+    assert.are.equal(4, n)
+    -- the function saw exactly the arguments the L4 gave: no result box
+    assert.are.same({tensors = 1, scalars = 1, s = "q\"uote\n\0end", f = 0.5, nested = {1, 2, {true}}}, t)
+    assert.are.equal(42, a)
+    assert.is_nil(b)
+    assert.are.equal("last", c)
+  end
+
+  it("an L3 orchestration function's results reach the L4 per task: orch:result in the run, h:result after", function()
+    local t = pto.tensor{4}
+    local args = pto.TaskArgs()
+    args:add_tensor(t, pto.INPUT)
+    args:add_scalar(7)
+    local r = w4:run(function(orch)
+      local id = orch:submit_next_level(L3FN, args)
+      H.assert_error(function() orch:result(id + 100) end, "orch:result: ", "not a task this run submitted")
+      orch:drain()
+      return table.pack(orch:result(id))
+    end)
+    check(r.n, table.unpack(r, 1, r.n))
+    local ids = {}
+    local h = w4:submit(function(orch)
+      for i = 1, 3 do ids[i] = orch:submit_next_level(L3FN, args) end
+    end)
+    h:wait()
+    for i = 1, 3 do check(select("#", h:result(ids[i])), h:result(ids[i])) end
+  end)
+
+  it("results that cannot travel fail their task, saying what can", function()
+    local id
+    local h = w4:submit(function(orch) id = orch:submit_next_level(BAD, pto.args{}) end)
+    H.assert_error(function() h:wait() end, "Run:wait: ", "returned a thread; results that travel")
+    H.assert_error(function() h:result(id) end, "Run:result: ", "has no results")
+    w4:wait_all()
+  end)
+end)

@@ -180,6 +180,18 @@ static int w_release(lua_State *L)
     return 0;
 }
 
+/* w:set_check(on): check mode (docs/check.md) for the runs that begin from now on. */
+static int w_set_check(lua_State *L)
+{
+    const char *who = "Worker:set_check";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (lua_type(L, 2) != LUA_TBOOLEAN)
+        return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
+    if (!W->w) return lpto_error(L, who, "the Worker is closed");
+    pto_worker_check_set(W->w, lua_toboolean(L, 2));
+    return 0;
+}
+
 /* Wait until dispatch is quiet, in slices, so Ctrl-C gets through and
  * THREAD-mode subs can take the interpreter lock. */
 static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *who)
@@ -398,7 +410,7 @@ static int w_trace_status(lua_State *L)
 
 const luaL_Reg lpto_debug_methods[] = {
     {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
-    {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
+    {"hold", w_hold}, {"set_check", w_set_check}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
     {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
     {"callables", w_callables}, {"children", w_children}, {"trace_status", w_trace_status}, {NULL, NULL}};
 

@@ -40,7 +40,7 @@ static int default_mode(lua_State *L, const char *who)
 
 /* pto.Worker{...}'s fields, in the order the "unknown field" message lists
  * them; the integer ones are read in this order too, with these ranges. */
-enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_COUNT };
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_CHECK, F_COUNT };
 static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_LEVEL] = {"level", 3, 64},
     [F_MODE] = {"mode", 1, 0},
@@ -53,6 +53,7 @@ static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_START_TIMEOUT] = {"start_timeout_ms", 1, 24 * 3600 * 1000},
     [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
     [F_TASK_TIMEOUT] = {"task_timeout_ms", 0, 24 * 3600 * 1000},
+    [F_CHECK] = {"check", 1, 0},
     [F_COUNT] = {NULL, 0, 0},
 };
 
@@ -83,6 +84,22 @@ static int worker_mode_field(lua_State *L, const char *who)
     }
     lua_pop(L, 1);
     return mode;
+}
+
+/* check = true | false, else $PTO_CHECK ("1" on; "0" or unset off), so `ptolua --check` reaches every Worker. */
+static bool worker_check_field(lua_State *L, const char *who)
+{
+    lua_getfield(L, 1, "check");
+    int t = lua_type(L, -1);
+    bool on = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (t == LUA_TBOOLEAN) return on;
+    if (t != LUA_TNIL)
+        return lpto_error(L, who, "check must be true or false (got %s)", lua_typename(L, t));
+    const char *e = getenv("PTO_CHECK");
+    if (!e || !*e || strcmp(e, "0") == 0) return false;
+    if (strcmp(e, "1") == 0) return true;
+    return lpto_error(L, who, "the environment variable PTO_CHECK is '%s'; set it to 1 (check mode) or 0, or unset it", e);
 }
 
 /* Push a new Worker userdata over w, with its user values. */
@@ -121,6 +138,7 @@ static int l_worker(lua_State *L)
     lua_Integer v[F_COUNT];
     worker_int_fields(L, v, who);
     int mode = worker_mode_field(L, who);
+    bool check = worker_check_field(L, who);
     lua_getfield(L, 1, "chip_runtime");
     if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
         return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
@@ -132,6 +150,7 @@ static int l_worker(lua_State *L)
                              .task_timeout_ms = (uint32_t)v[F_TASK_TIMEOUT]};
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) return lpto_engine_error(L, who);
+    pto_worker_check_set(w, check);
     lworker *W = push_worker(L, w);
     W->shm_size = (uint64_t)v[F_SHM];
     W->level = (int)v[F_LEVEL];
@@ -657,6 +676,7 @@ static int w_index(lua_State *L)
     if (k && strcmp(k, "num_sub_workers") == 0) return lua_pushinteger(L, W->nsubs), 1;
     if (k && strcmp(k, "workers") == 0) return lua_pushinteger(L, W->nworkers), 1;
     if (k && strcmp(k, "mode") == 0) return lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process"), 1;
+    if (k && strcmp(k, "check") == 0) return lua_pushboolean(L, W->w && pto_worker_check(W->w)), 1;
     if (k && strcmp(k, "initialized") == 0) return lua_pushboolean(L, W->state == W_READY), 1;
     luaL_getmetafield(L, 1, "methods");
     lua_getfield(L, -1, k);

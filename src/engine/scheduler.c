@@ -480,17 +480,25 @@ void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, 
 }
 
 /* "task 7 (callable 'gemm_tile' on chip 2) failed: ..." */
+static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
+                              const char *why);
 static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *why)
+{
+    return describe_outcome(s, x, wt, " failed", why);
+}
+
+static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
+                              const char *why)
 {
     pthread_mutex_lock(&s->fail_mu);
     const char *name = NULL;
     for (int32_t i = 0; i < s->nnames; i++)
         if (s->names[i].kind == wt->kind && s->names[i].callable == x->callable) name = s->names[i].name;
-    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s) failed: %s", (long long)x->id, name, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", why)
-                     : pto_xasprintf("task %lld (callable %llu on %s%s) failed: %s", (long long)x->id,
+    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s)%s: %s", (long long)x->id, name, wt->name,
+                                     x->group_size > 1 ? ", group member" : "", verb, why)
+                     : pto_xasprintf("task %lld (callable %llu on %s%s)%s: %s", (long long)x->id,
                                      (unsigned long long)x->callable, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", why);
+                                     x->group_size > 1 ? ", group member" : "", verb, why);
     pthread_mutex_unlock(&s->fail_mu);
     return msg;
 }
@@ -500,6 +508,12 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     pto_slot *x = c->slot;
     if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
+    if (PTO_UNLIKELY(c->status == PTO_DONE_OK && c->error)) {   /* check mode's warnings (check.c) */
+        char *msg = describe_outcome(s, x, wt, "", c->error);
+        fprintf(stderr, "ptolua: %s\n", msg);
+        free(msg);
+        free(c->error);
+    }
     if (c->status == PTO_DONE_FAILED) {
         if (!x->error) x->error = describe_failure(s, x, wt, c->error);
         free(c->error);

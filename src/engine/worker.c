@@ -1,5 +1,6 @@
 #include "worker.h"
 #include "common.h"
+#include "check.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -147,6 +148,7 @@ pto_orch *pto_run_begin(pto_worker *w)
         return NULL;
     }
     pto_orch_begin(&w->orch);
+    pto_check_run_begin(&w->orch, &w->wm, w->check);
     /* Wake whoever sleeps now, while the first submits are made, rather
      * than one after another as the first task reaches each of them. */
     pto_wm_hot(&w->wm, pto_now_ns() + PTO_HOT_NS, true);
@@ -352,3 +354,15 @@ void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
     out->break_task = atomic_load(&s->break_task);
     out->running = atomic_load(&s->nrunning);
 }
+
+int pto_worker_check_set(pto_worker *w, int32_t on)
+{
+    if (!w) {
+        pto_set_error("no Worker");
+        return -1;
+    }
+    w->check = on != 0;
+    return 0;
+}
+
+int32_t pto_worker_check(pto_worker *w) { return w && w->check ? 1 : 0; }

@@ -23,6 +23,7 @@ struct pto_worker {
     _Atomic bool shutdown;
     _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;
+    bool check;                   /* the next runs run under check mode (check.c) */
 };
 
 #endif

@@ -309,6 +309,13 @@ int pto_worker_count(pto_worker *w, int32_t kind);
 /* Fill out for child index of kind; 0, or -1 if there is no such child. */
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
 
+/* Check mode (docs/check.md) for the runs that begin from now on: 1 runs every task under checks
+ * of its tags (it may run twice) and reports unordered OUTPUT overwrites at submit; 0 turns it off.
+ * 0 or -1. */
+int pto_worker_check_set(pto_worker *w, int32_t on);
+/* 1 if w's next run has check mode on, else 0. */
+int32_t pto_worker_check(pto_worker *w);
+
 /* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain
  * still runs everything. 0 or -1. */
 int pto_dispatch_hold(pto_worker *w, int32_t hold);

@@ -27,10 +27,15 @@
 #include "common.h"
 #include "mailbox.h"
 #include "orchestrator.h"
+#include "ring.h"
+#include "shm.h"
 #include "worker_manager.h"
 #include "slot.h"
 
 #include <inttypes.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +71,151 @@ typedef struct ccall {
     const uint8_t *tags;
     region *r;
     int32_t n;
+    bool protect;          /* PROCESS mode, in a plain child: page protection around each run */
 } ccall;
+
+/* ---- page protection (PROCESS mode, in the child) ----
+ * While a checked task runs, the shared tensor memory and the heap rings
+ * are read-only in this process except for the pages holding its writable
+ * arguments. The first write elsewhere faults; the handler notes the page,
+ * makes it writable and returns, so the task runs to its end (no longjmp
+ * out of a Lua sub) and fails afterwards. A fault anywhere else gets the
+ * previous action back and recurs: crashes stay crashes.
+ *
+ * mprotect costs in proportion to the pages it touches (~0.3 ms for 40 MB
+ * in use), so the areas stay read-only between checked tasks and only the
+ * arguments' pages open and close per task; an area is protected as far as
+ * the parent has handed memory out (its top), and grows with it. The
+ * parent's mailbox flag 2 (an unchecked run follows a checked one) lifts
+ * the protection. */
+
+#define MAX_FAULT_PAGES 64
+
+typedef struct area {
+    uintptr_t lo, hi;      /* hi: protected up to here */
+    int ring;              /* -1: the shared tensor memory */
+} area;
+
+static struct {
+    area a[1 + PTO_MAX_RING_DEPTH];
+    int n;
+    bool on;               /* the areas are read-only now */
+    uintptr_t page;
+    struct sigaction old;
+    volatile sig_atomic_t nfaults;
+    volatile uintptr_t fault;                 /* the first address of this run */
+    volatile uintptr_t pages[MAX_FAULT_PAGES];
+} P;
+
+static const area *area_of(uintptr_t x)
+{
+    for (int i = 0; i < P.n; i++)
+        if (x >= P.a[i].lo && x < P.a[i].hi) return &P.a[i];
+    return NULL;
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    uintptr_t x = (uintptr_t)si->si_addr;
+    if (P.on && si->si_code == SEGV_ACCERR && area_of(x)) {
+        uintptr_t pg = x & ~(P.page - 1);
+        if (!P.fault) P.fault = x;
+        if (P.nfaults < MAX_FAULT_PAGES) P.pages[P.nfaults] = pg;
+        P.nfaults++;
+        mprotect((void *)pg, P.page, PROT_READ | PROT_WRITE);
+        return;
+    }
+    sigaction(SIGSEGV, &P.old, NULL);
+    if (si->si_code <= 0) raise(sig);   /* sent, not a fault: returning would not repeat it */
+}
+
+static void set_prot(uintptr_t lo, uintptr_t hi, int prot)
+{
+    if (hi > lo) mprotect((void *)lo, hi - lo, prot);
+}
+
+/* Protect every area up to its current top (mb's: the parent's view is current, this child's copy
+ * of the allocators is as old as the fork); false if this child may not (it hosts a Worker). */
+static bool protect_areas(const pto_mailbox *mb)
+{
+    uintptr_t base;
+    uint64_t stale;
+    if (!pto_shm_reservation(&base, &stale)) return false;
+    if (!P.page) P.page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    area want[1 + PTO_MAX_RING_DEPTH];
+    int n = 0;
+    want[n++] = (area){base, base + pto_align_up(mb->check_shm_top, P.page), -1};
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++)
+        if (mb->check_ring_base[r])
+            want[n++] = (area){(uintptr_t)mb->check_ring_base[r],
+                               (uintptr_t)mb->check_ring_base[r] + pto_align_up(mb->check_ring_size[r], P.page), r};
+    for (int i = 0; i < n; i++) {
+        const area *had = NULL;
+        for (int k = 0; P.on && k < P.n; k++)
+            if (P.a[k].lo == want[i].lo) had = &P.a[k];
+        set_prot(had && had->hi < want[i].hi ? had->hi : had ? want[i].hi : want[i].lo, want[i].hi, PROT_READ);
+        if (had && had->hi > want[i].hi) want[i].hi = had->hi;   /* never shrinks */
+    }
+    memcpy(P.a, want, sizeof want);
+    P.n = n;
+    if (!P.on) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &P.old);
+        P.on = true;
+    }
+    return true;
+}
+
+/* Lift the protection (an unchecked task follows). */
+static void unprotect_areas(void)
+{
+    if (!P.on) return;
+    P.on = false;
+    sigaction(SIGSEGV, &P.old, NULL);
+    for (int i = 0; i < P.n; i++) set_prot(P.a[i].lo, P.a[i].hi, PROT_READ | PROT_WRITE);
+}
+
+/* Open (prot RW) or close (RO) the pages of the task's writable arguments. */
+static void args_pages(ccall *c, int prot)
+{
+    for (int32_t k = 0; k < c->n; k++) {
+        const region *r = &c->r[k];
+        if (!r->p || !may_write(c->tags[k]) || !area_of((uintptr_t)r->p)) continue;
+        set_prot((uintptr_t)r->p & ~(P.page - 1), pto_align_up((uintptr_t)r->p + r->n, P.page), prot);
+    }
+}
+
+/* Close again what faults opened during the task. */
+static void reclose_faults(void)
+{
+    if (P.nfaults > MAX_FAULT_PAGES) {
+        for (int i = 0; i < P.n; i++) set_prot(P.a[i].lo, P.a[i].hi, PROT_READ);
+    } else {
+        for (int i = 0; i < P.nfaults; i++) set_prot(P.pages[i], P.pages[i] + P.page, PROT_READ);
+    }
+    P.nfaults = 0;
+}
+
+/* "wrote address 0x... in heap ring 1 (offset 4096) ..." for a fault at x. */
+static void outside_msg(ccall *c, uintptr_t x, char *err, size_t errlen)
+{
+    const area *a = area_of(x);
+    char where[96];
+    if (a && a->ring >= 0)
+        snprintf(where, sizeof where, "heap ring %d, offset %" PRIu64, a->ring, (uint64_t)(x - a->lo));
+    else
+        snprintf(where, sizeof where, "shared tensor memory");
+    size_t k = (size_t)snprintf(err, errlen, "check: wrote address 0x%" PRIxPTR " (%s), which none of its "
+                                "%d arguments covers: it wrote a tensor it did not declare (compare the address with "
+                                "your tensors' .address); pass it as an argument tagged INOUT or OUTPUT",
+                                x, where, c->n);
+    (void)k;
+}
 
 static bool ranges_overlap(const region *a, const region *b)
 {
@@ -113,10 +262,26 @@ static void reset(ccall *c, unsigned char pat)
     }
 }
 
+/* A fault in an INPUT's bytes is the INPUT check's to report (it names the argument). */
+static bool in_an_input(const ccall *c, uintptr_t x)
+{
+    for (int32_t k = 0; k < c->n; k++) {
+        const region *r = &c->r[k];
+        if (r->p && c->tags[k] == PTO_INPUT && x >= (uintptr_t)r->p && x < (uintptr_t)r->p + r->n) return true;
+    }
+    return false;
+}
+
 static int run(ccall *c, char *err, size_t errlen)
 {
     err[0] = 0;
-    return c->fn(c->ctx, c->callable, c->args, c->cfg, err, errlen);
+    P.fault = 0;
+    int rc = c->fn(c->ctx, c->callable, c->args, c->cfg, err, errlen);
+    if (c->protect && P.fault && !in_an_input(c, P.fault)) {
+        outside_msg(c, P.fault, err, errlen);
+        return 1;
+    }
+    return rc;
 }
 
 static void free_regions(ccall *c)
@@ -275,12 +440,17 @@ static void warn(ccall *c, const verdict *v, bool nondet_out, char *err, size_t 
 }
 
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
-                   const pto_call_config *cfg, char *err, size_t errlen)
+                   const pto_call_config *cfg, char *err, size_t errlen, const pto_mailbox *mb)
 {
-    ccall c = {fn, ctx, callable, args, cfg, tags, NULL, args->tensor_count};
-    if (!tags || args->tensor_count > PTO_CHECK_MAX_TAGS || !prepare(&c)) {
+    ccall c = {fn, ctx, callable, args, cfg, tags, NULL, args->tensor_count, false};
+    if (mb && mb->check == 2) unprotect_areas();
+    if ((mb && mb->check == 2) || !tags || args->tensor_count > PTO_CHECK_MAX_TAGS || !prepare(&c)) {
         free(c.r);
         return run(&c, err, errlen);
+    }
+    if (mb && protect_areas(mb)) {
+        c.protect = true;
+        args_pages(&c, PROT_READ | PROT_WRITE);
     }
     char d[160];
     reset(&c, PAT_A);
@@ -325,21 +495,25 @@ int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_
     warn(&c, &v, nondet_out, err, errlen);
 out:
     err[errlen - 1] = 0;
+    if (c.protect) {
+        args_pages(&c, PROT_READ);
+        reclose_faults();
+    }
     free_regions(&c);
     return rc;
 }
 
 /* ---- the submit check ---- */
 
-typedef struct access {
+typedef struct use {
     pto_slot *s;
     int64_t id;
     uint64_t lo, hi;
     bool writes;
-} access;
+} use;
 
 struct pto_check_log {
-    access *a;
+    use *a;
     int32_t n, cap;
     pto_slot **stack;      /* the ancestor walk's */
     int32_t nstack, stack_cap;
@@ -420,7 +594,7 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
             if (!is_out(a->tags[i]) || !t->base) continue;   /* an unset OUTPUT is fresh memory */
             uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
             for (int32_t k = 0; k < lg->n; k++) {
-                access *x = &lg->a[k];
+                use *x = &lg->a[k];
                 if (x->hi <= lo || hi <= x->lo || ordered_after(o, lg, x->s, x->id)) continue;
                 char mine[128], theirs[128], d[160];
                 name_of(o, kind, callable, mine, sizeof mine);
@@ -449,7 +623,7 @@ void pto_check_record(pto_orch *o, pto_slot *s)
             if (mb->tags[i] == PTO_NO_DEP || !t->base) continue;
             pto_grow((void **)&lg->a, &lg->cap, lg->n + 1, sizeof *lg->a);
             uint64_t lo = t->base + t->offset;
-            lg->a[lg->n++] = (access){s, s->id, lo, lo + pto_tensor_nbytes(t), mb->tags[i] != PTO_INPUT};
+            lg->a[lg->n++] = (use){s, s->id, lo, lo + pto_tensor_nbytes(t), mb->tags[i] != PTO_INPUT};
         }
     }
 }
@@ -458,16 +632,26 @@ void pto_check_record(pto_orch *o, pto_slot *s)
 
 void pto_check_run_begin(pto_orch *o, pto_worker_manager *wm, bool on)
 {
+    wm->check_rings = o->rings;
     if (on && !o->check_log) o->check_log = pto_check_log_new();
     pto_check_log_clear(o->check_log);   /* ids restart with the run */
     o->check = on ? o->check_log : NULL;
     atomic_store_explicit(&wm->check, on ? 1 : 0, memory_order_relaxed);
 }
 
-void pto_check_stage(pto_mailbox *mb, bool on, const uint8_t *tags, int32_t n)
+void pto_check_stage(pto_mailbox *mb, const pto_worker_manager *wm, const uint8_t *tags, int32_t n)
 {
-    mb->check = on && n <= PTO_CHECK_MAX_TAGS;
-    if (!mb->check) return;
+    bool on = atomic_load_explicit(&wm->check, memory_order_relaxed) && n <= PTO_CHECK_MAX_TAGS;
+    /* 2: the child lifts the page protection a checked task left, then runs this one as usual. */
+    mb->check = on ? 1 : mb->check == 1 ? 2 : 0;
+    if (!on) return;
+    /* Only what has been handed out: mprotect costs ~0.2 ms per GiB of mostly empty reservation. */
+    for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
+        mb->check_ring_base[r] = (uint64_t)(uintptr_t)wm->check_rings[r].base;
+        mb->check_ring_size[r] = wm->check_rings[r].base ? atomic_load_explicit(&wm->check_rings[r].top, memory_order_relaxed) : 0;
+    }
+    uintptr_t base;
+    pto_shm_reservation(&base, &mb->check_shm_top);
     mb->check_ntags = (uint32_t)n;
     if (n) memcpy(mb->check_tags, tags, (size_t)n);
 }

@@ -26,16 +26,19 @@ struct pto_worker_manager;
 
 /* Run fn like a leaf, under the checks for args tagged tags. Returns the
  * leaf's result, or non-zero with a "check: ..." reason in err when the task
- * read an OUTPUT or wrote an INPUT. On success err may hold warnings
+ * read an OUTPUT, wrote an INPUT or (mb != NULL: PROCESS mode, in the child
+ * serving mb) wrote a page of shared tensor memory or of a heap ring that
+ * holds none of its writable arguments. On success err may hold warnings
  * (incomplete OUTPUT, non-determinism): "" when there are none. */
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
-                   const pto_call_config *cfg, char *err, size_t errlen);
+                   const pto_call_config *cfg, char *err, size_t errlen, const struct pto_mailbox *mb);
 
 /* At run begin: check mode on or off for the run about to open. */
 void pto_check_run_begin(struct pto_orch *o, struct pto_worker_manager *wm, bool on);
 
-/* PROCESS mode, parent, before a post: mark mb's next task as checked (on) with its n tags, or not. */
-void pto_check_stage(struct pto_mailbox *mb, bool on, const uint8_t *tags, int32_t n);
+/* PROCESS mode, parent, before a post: mark mb's next task as checked (if wm's run is) with its n
+ * tags and the heap rings, or not. */
+void pto_check_stage(struct pto_mailbox *mb, const struct pto_worker_manager *wm, const uint8_t *tags, int32_t n);
 /* PROCESS mode, child: the staged tags if they match args (else NULL: the task runs unchecked). */
 const uint8_t *pto_check_tags(const struct pto_mailbox *mb, const pto_args_view *args);
 

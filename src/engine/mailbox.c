@@ -208,7 +208,7 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
         }
         mb->loaded = 1;
     }
-    int rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, pto_check_tags(mb, &view), &cfg, err, PTO_MB_ERR_CAP)
+    int rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, pto_check_tags(mb, &view), &cfg, err, PTO_MB_ERR_CAP, mb)
                                      : leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
     err[PTO_MB_ERR_CAP - 1] = 0;
     return rc;

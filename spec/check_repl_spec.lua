@@ -79,11 +79,64 @@ describe(":why", function()
       send("orch = w:open_run()\n"), PROMPT,
       send("orch:submit_next_level(slow, pto.args{scalars = {1500000}})\n"), PROMPT,
       send("orch:submit_next_level(fill, pto.args{{c, 'out'}, scalars = {2.0}})\n"), PROMPT,
-      send(":why 1\n"), expect("chip 1"), expect("task 0"), PROMPT,
+      -- the sleep has started on chip 1 (a loaded machine may take a moment to start it)
+      send("repeat local k = w:children()[1] until k.task == 0\n"), PROMPT,
+      send(":why 1\n"), expect("chip 1 runs task 0"), PROMPT,
       send("w:wait(10000)\n"), PROMPT,
       send(":why 1\n"), expect("  it has run: "), PROMPT,
       send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT,
     })
+  end)
+end)
+
+local CATCH_SETUP = [[
+w = pto.Worker{chips = 1, num_sub_workers = 1}
+x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")
+x[1] = -1
+need = w:register(function(a)
+  local i, o = a:tensor(1), a:tensor(2)
+  if i[1] < 0 then error("x[1] is negative") end
+  for k = 1, #o do o[k] = i[k] * 2 end
+end, "need")
+copy = w:register(pto.chip_kernel("copy"), "copy")
+]]
+
+local SUBMIT = {
+  send("orch = w:open_run()\n"), PROMPT,
+  send("orch:submit_sub(need, pto.args{{x, 'in'}, {y, 'out'}})\n"), expect("\n0\n"), PROMPT,
+  send("orch:submit_next_level(copy, pto.args{{y, 'in'}, {z, 'out'}})\n"), expect("\n1\n"), PROMPT,
+  send("w:wait()\n"), expect("\ntrue\n"), PROMPT,
+}
+
+local function steps(...)
+  local t = {}
+  for _, part in ipairs{...} do for _, s in ipairs(part) do t[#t + 1] = s end end
+  return t
+end
+
+describe(":catch", function()
+  it("holds dispatch at a failure before its consumer is poisoned; :retry after fixing the input succeeds", function()
+    local out = session(CATCH_SETUP, steps(
+      { PROMPT, send(":catch on\n"), expect("failures are caught"), PROMPT },
+      SUBMIT,
+      { send(":why 1\n"), expect("producer task 0 need (sub) failed and is caught (dispatch held): fix it, then :retry 0"),
+        PROMPT, send(":task 0\n"), expect("task 0 need (sub): failed"), expect("x[1] is negative"), PROMPT,
+        send(":retry 1\n"), expect("Worker:retry: task 1 is not a caught failure"), PROMPT,
+        send("x[1] = 5\n"), PROMPT,
+        send(":retry 0\n"), expect("task 0 need (sub): failed -> completed"), expect("(dispatch free)"), PROMPT,
+        send("z[1]\n"), expect("\n10.0\n"), PROMPT,
+        send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT }))
+    assert(out:find("task 1 copy (chip): pending -> completed", 1, true), out)
+  end)
+
+  it(":release accepts the failure, which then poisons its consumer as before", function()
+    session(CATCH_SETUP, steps(
+      { PROMPT, send(":catch on\n"), PROMPT },
+      SUBMIT,
+      { send(":dag\n"), expect("caught the failure of task 0: inspect, fix, then :retry 0; :release accepts it"), PROMPT,
+        send(":release\n"), expect("task 1 copy (chip): pending -> failed"), PROMPT,
+        send(":finish\n"), expect("run failed: task 0 (callable 'need' on sub 1) failed"), PROMPT,
+        send(":catch off\n"), expect("failures are not caught"), PROMPT, EOF, WAIT }))
   end)
 end)
 

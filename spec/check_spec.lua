@@ -217,6 +217,43 @@ describe("check mode", function()
     assert.is_nil(out:find("warning", 1, true), out)
   end)
 
+  it("catches a failure: w:retry after fixing the input runs it; w:run still raises (its drain accepts)", function()
+    local c = pto.Worker{chips = 1, num_sub_workers = 1, catch = true}
+    local x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")
+    local need = c:register(function(a)
+      local i, o = a:tensor(1), a:tensor(2)
+      if i[1] < 0 then error("x[1] is negative") end
+      for k = 1, #o do o[k] = i[k] * 2 end
+    end, "need")
+    local copy = c:register(pto.chip_kernel("copy"), "copy")
+    assert.is_true(c.catch)
+    x[1] = -1
+    local orch = c:open_run()
+    orch:submit_sub(need, pto.args{{x, "in"}, {y, "out"}})
+    orch:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    assert.is_true(c:wait(10))
+    local d = c:dispatch()
+    assert.equals(0, d.caught)
+    assert.is_true(d.held)
+    assert.equals("failed", orch:task(0).state)
+    assert.equals("pending", orch:task(1).state)   -- not poisoned
+    H.assert_error(function() c:retry(1) end, "Worker:retry: ", "task 1 is not a caught failure")
+    x[1] = 3
+    assert.is_true(c:retry(0))
+    assert.equals(6, z[1])
+    assert.is_true(c:close_run())
+    x[1] = -1
+    local ok, err = pcall(c.run, c, function(o)
+      o:submit_sub(need, pto.args{{x, "in"}, {y, "out"}})
+      o:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    end)
+    assert.is_false(ok)
+    has(err, "task 0 (callable 'need' on sub 1) failed")
+    c:set_catch(false)
+    assert.is_false(c.catch)
+    c:close()
+  end)
+
   it("passes a correct BGEMM under PTO_CHECK=1", function()
     local code, out = run_checked([[
       local T, KT = 8, 4

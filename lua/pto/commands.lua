@@ -1,7 +1,7 @@
 -- pto.commands: the prompt's engine commands (docs/repl.md): dispatch
 -- control (:hold, :step, :release, :break), inspection of the open run
 -- (:dag, :task, :why, :ready, :tensormap, :rings, :stats, :workers), check
--- mode (:check, docs/check.md), exports
+-- mode (:check, docs/check.md), stop on failure (:catch, :retry), exports
 -- (:dot, :trace) and the end of an interactive run (:finish).
 --
 -- Every command acts on the current Worker: the one chosen with :use, else
@@ -133,6 +133,10 @@ return function(repl)
       n = math.min(n, d.running)
       parts[#parts + 1] = ("%d running"):format(n)
       if d.running > n then parts[#parts + 1] = ("%d queued for workers"):format(d.running - n) end
+    end
+    if d.caught then
+      parts[#parts + 1] = ("caught the failure of task %d: inspect, fix, then :retry %d; :release accepts it"):format(
+        d.caught, d.caught)
     end
     if d.break_task and d.held then
       local orch = w:orch()
@@ -272,7 +276,26 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
-  add("release", nil, "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
+  add("catch", "[on|off]", "stop on failure: a failed task holds dispatch before its consumers are poisoned", function(rest)
+    local w = worker()
+    if rest == "on" or rest == "off" then try(w.set_catch, w, rest == "on")
+    elseif rest ~= "" then problem(":catch: expected on or off (got '%s')", rest) end
+    out("failures are %s on %s", w.catch and "caught (dispatch holds at one; :retry N or :release)" or "not caught",
+      tostring(w))
+  end)
+
+  add("retry", "N", "run the caught failed task N again; on success the run goes on as if it had not failed",
+    function(rest)
+    local id = math.tointeger(tonumber(rest))
+    if not id then problem(":retry: expected a task id (got '%s')", rest) end
+    local w = worker()
+    local orch = open_orch(w)
+    local before = snapshot(w, orch)
+    local ok = try(w.retry, w, id)
+    wait_report(w, orch, before, ok)
+  end)
+
+  add("release", nil, "dispatch freely again (accepting a caught failure), and wait until tasks finish or a breakpoint stops them", function()
     local w = worker()
     local orch = w:orch()
     local before = snapshot(w, orch)
@@ -446,6 +469,7 @@ return function(repl)
       local e = (t.error or "?"):match("[^\n]*")
       if e:find("interrupted", 1, true) then say("its run was cancelled: %s", e)
       else say("it failed: %s", e) end
+      if d.caught == t.id then say("the failure is caught: fix what it needs, then :retry %d; :release accepts it", t.id) end
     elseif t.state == "running" then
       local kids = executing(w)
       if kids[t.id] then
@@ -462,7 +486,10 @@ return function(repl)
       for _, p in ipairs(t.producers) do
         local ok, pt = pcall(function() return orch:task(p) end)
         if ok and pt.state ~= "completed" and pt.state ~= "consumed" then
-          if pt.state == "failed" then
+          if pt.state == "failed" and d.caught == pt.id then
+            say("producer %s failed and is caught (dispatch held): fix it, then :retry %d; :release accepts the "
+              .. "failure and this task will not run", describe(w, pt), pt.id)
+          elseif pt.state == "failed" then
             say("producer %s failed, so it will not run: %s", describe(w, pt), (pt.error or "?"):match("[^\n]*"))
           else
             say("it waits for producer %s: %s%s", describe(w, pt), pt.state,

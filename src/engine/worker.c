@@ -353,6 +353,7 @@ void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
     out->step_left = atomic_load(&s->step_left);
     out->break_task = atomic_load(&s->break_task);
     out->running = atomic_load(&s->nrunning);
+    out->caught_task = atomic_load(&s->caught_task);
 }
 
 int pto_worker_check_set(pto_worker *w, int32_t on)
@@ -366,3 +367,27 @@ int pto_worker_check_set(pto_worker *w, int32_t on)
 }
 
 int32_t pto_worker_check(pto_worker *w) { return w && w->check ? 1 : 0; }
+
+int pto_worker_catch_set(pto_worker *w, int32_t on)
+{
+    if (!w) {
+        pto_set_error("no Worker");
+        return -1;
+    }
+    atomic_store(&w->sched.catch_on, on != 0);
+    return 0;
+}
+
+int32_t pto_worker_catch(pto_worker *w) { return w && atomic_load(&w->sched.catch_on) ? 1 : 0; }
+
+int pto_dispatch_retry(pto_worker *w, int64_t id)
+{
+    if (!dispatch_check(w)) return -1;
+    if (!pto_sched_retry(&w->sched, id)) {
+        pto_set_error("task %lld is not a caught failure (catch failures first; a task is caught when it fails "
+                      "while they are, and stays caught until it is retried or dispatch is released)",
+                      (long long)id);
+        return -1;
+    }
+    return 0;
+}

@@ -275,7 +275,7 @@ static bool in_an_input(const ccall *c, uintptr_t x)
 static int run(ccall *c, char *err, size_t errlen)
 {
     err[0] = 0;
-    P.fault = 0;
+    if (c->protect) P.fault = 0;   /* P is the child's alone: THREAD-mode workers never touch it */
     int rc = c->fn(c->ctx, c->callable, c->args, c->cfg, err, errlen);
     if (c->protect && P.fault && !in_an_input(c, P.fault)) {
         outside_msg(c, P.fault, err, errlen);

@@ -630,6 +630,8 @@ void pto_check_record(pto_orch *o, pto_slot *s)
 
 /* ---- switching it on ---- */
 
+const uint8_t *pto_check_tags_of(const pto_slot *s) { return s->group_size == 1 ? s->members[0].tags : NULL; }
+
 void pto_check_run_begin(pto_orch *o, pto_worker_manager *wm, bool on)
 {
     wm->check_rings = o->rings;
@@ -641,7 +643,7 @@ void pto_check_run_begin(pto_orch *o, pto_worker_manager *wm, bool on)
 
 void pto_check_stage(pto_mailbox *mb, const pto_worker_manager *wm, const uint8_t *tags, int32_t n)
 {
-    bool on = atomic_load_explicit(&wm->check, memory_order_relaxed) && n <= PTO_CHECK_MAX_TAGS;
+    bool on = atomic_load_explicit(&wm->check, memory_order_relaxed) && tags && n <= PTO_CHECK_MAX_TAGS;
     /* 2: the child lifts the page protection a checked task left, then runs this one as usual. */
     mb->check = on ? 1 : mb->check == 1 ? 2 : 0;
     if (!on) return;

@@ -33,6 +33,10 @@ struct pto_worker_manager;
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
                    const pto_call_config *cfg, char *err, size_t errlen, const struct pto_mailbox *mb);
 
+/* The tags to check slot s's member by, or NULL (run unchecked): a group's members may share an
+ * OUTPUT, each writing its part while another's double run would fill all of it. */
+const uint8_t *pto_check_tags_of(const struct pto_slot *s);
+
 /* At run begin: check mode on or off for the run about to open. */
 void pto_check_run_begin(struct pto_orch *o, struct pto_worker_manager *wm, bool on);
 

@@ -176,7 +176,7 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         started(wt, s, member, now);
         uint64_t t0 = tracing ? now : 0;
         int rc = PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed))
-                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, m->tags, &s->cfg->cfg, err, sizeof err, NULL)
+                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), &s->cfg->cfg, err, sizeof err, NULL)
                      : wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         ran(wt, &c, t0, rc, err);
     }
@@ -267,7 +267,7 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
         uint64_t now = tracing || s->timeout_ms ? pto_now_ns() : pto_now_coarse_ns();
         wt->task_t0 = tracing ? now : 0;
         if (PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | ch->mb->check))
-            pto_check_stage(ch->mb, wt->wm, m->tags, m->tensor_count);
+            pto_check_stage(ch->mb, wt->wm, pto_check_tags_of(s), m->tensor_count);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
         moved = true;

@@ -128,6 +128,7 @@ static int w_close_run(lua_State *L)
     if (fail) {
         lua_pushfstring(L, "%s: %s", who, fail);
         free(fail);
+        lpto_check_explain(L);
         return lua_error(L);
     }
     lua_pushboolean(L, 1);
@@ -188,6 +189,7 @@ static int w_set_check(lua_State *L)
     if (lua_type(L, 2) != LUA_TBOOLEAN)
         return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
     if (!W->w) return lpto_error(L, who, "the Worker is closed");
+    if (lua_toboolean(L, 2)) lpto_check_record();
     pto_worker_check_set(W->w, lua_toboolean(L, 2));
     return 0;
 }

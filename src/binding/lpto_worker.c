@@ -94,12 +94,15 @@ static bool worker_check_field(lua_State *L, const char *who)
     int t = lua_type(L, -1);
     bool on = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    if (t == LUA_TBOOLEAN) return on;
+    if (t == LUA_TBOOLEAN) {
+        if (on) lpto_check_record();
+        return on;
+    }
     if (t != LUA_TNIL)
         return lpto_error(L, who, "check must be true or false (got %s)", lua_typename(L, t));
     const char *e = getenv("PTO_CHECK");
     if (!e || !*e || strcmp(e, "0") == 0) return false;
-    if (strcmp(e, "1") == 0) return true;
+    if (strcmp(e, "1") == 0) return lpto_check_record(), true;
     return lpto_error(L, who, "the environment variable PTO_CHECK is '%s'; set it to 1 (check mode) or 0, or unset it", e);
 }
 
@@ -540,6 +543,7 @@ static void push_run_failure(lua_State *L, lworker *W, const char *fail)
 {
     if (W->level >= 4 || W->parent) lua_pushfstring(L, "L%d %s", W->level, fail);
     else lua_pushstring(L, fail);
+    lpto_check_explain(L);
 }
 
 /* w:run(fn, args, cfg), called as the Lua method (who: ptolua --dot records

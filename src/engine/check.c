@@ -210,11 +210,9 @@ static void outside_msg(ccall *c, uintptr_t x, char *err, size_t errlen)
         snprintf(where, sizeof where, "heap ring %d, offset %" PRIu64, a->ring, (uint64_t)(x - a->lo));
     else
         snprintf(where, sizeof where, "shared tensor memory");
-    size_t k = (size_t)snprintf(err, errlen, "check: wrote address 0x%" PRIxPTR " (%s), which none of its "
-                                "%d arguments covers: it wrote a tensor it did not declare (compare the address with "
-                                "your tensors' .address); pass it as an argument tagged INOUT or OUTPUT",
-                                x, where, c->n);
-    (void)k;
+    snprintf(err, errlen, "check: wrote address 0x%" PRIxPTR " (%s), which none of its %d arguments covers: it "
+             "wrote a tensor it did not declare (compare the address with your tensors' .address); pass it as an "
+             "argument tagged INOUT or OUTPUT", x, where, c->n);
 }
 
 static bool ranges_overlap(const region *a, const region *b)

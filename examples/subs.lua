@@ -16,11 +16,11 @@ end, "produce")
 local scale = w:register(pto.chip_kernel("vector_scale"))
 local checked = pto.tensor({4}, "i32")   -- checked[j] = 1 once check j passed (shared with the children)
 local check = w:register(function(args)
-  local t, expect, j = args:tensor(1), args:scalar_float(1), args:scalar(2)
+  local t, expect, done = args:tensor(1), args:scalar_float(1), args:tensor(2)
   for i = 1, #t do
     if t[i] ~= expect * i then error(("check: t[%d] = %g, expected %g"):format(i, t[i], expect * i)) end
   end
-  checked[j] = 1
+  done[1] = 1
 end, "check")
 
 local x, y = {}, {}
@@ -30,7 +30,8 @@ w:run(function(orch)
   for j = 1, 4 do
     orch:submit_sub(produce, pto.args{{x[j], "out"}, scalars = {j}})
     orch:submit_next_level(scale, pto.args{{x[j], "in"}, {y[j], "out"}, scalars = {0.5}})
-    orch:submit_sub(check, pto.args{{y[j], "in"}, scalars = {0.5 * j, j}})
+    -- checked[j] as the check's own OUTPUT (a one-element view): a task writes only what it declares
+    orch:submit_sub(check, pto.args{{y[j], "in"}, {checked:view{offset = j - 1, shape = {1}}, "out"}, scalars = {0.5 * j}})
   end
 end)
 for j = 1, 4 do assert(checked[j] == 1, ("check %d did not run"):format(j)) end

@@ -1,6 +1,7 @@
 -- pto.commands: the prompt's engine commands (docs/repl.md): dispatch
 -- control (:hold, :step, :release, :break), inspection of the open run
--- (:dag, :task, :ready, :tensormap, :rings, :stats, :workers, :runs), exports
+-- (:dag, :task, :why, :ready, :tensormap, :rings, :stats, :workers, :runs),
+-- check mode (:check, docs/check.md), stop on failure (:catch, :retry), exports
 -- (:dot, :trace) and the end of an interactive run (:finish).
 --
 -- Every command acts on the current Worker: the one chosen with :use, else
@@ -132,6 +133,10 @@ return function(repl)
       n = math.min(n, d.running)
       parts[#parts + 1] = ("%d running"):format(n)
       if d.running > n then parts[#parts + 1] = ("%d queued for workers"):format(d.running - n) end
+    end
+    if d.caught then
+      parts[#parts + 1] = ("caught the failure of task %d: inspect, fix, then :retry %d; :release accepts it"):format(
+        d.caught, d.caught)
     end
     if d.break_task and d.held then
       local orch = w:orch()
@@ -271,7 +276,26 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
-  add("release", nil, "dispatch freely again, and wait until tasks finish or a breakpoint stops them", function()
+  add("catch", "[on|off]", "stop on failure: a failed task holds dispatch before its consumers are poisoned", function(rest)
+    local w = worker()
+    if rest == "on" or rest == "off" then try(w.set_catch, w, rest == "on")
+    elseif rest ~= "" then problem(":catch: expected on or off (got '%s')", rest) end
+    out("failures are %s on %s", w.catch and "caught (dispatch holds at one; :retry N or :release)" or "not caught",
+      tostring(w))
+  end)
+
+  add("retry", "N", "run the caught failed task N again; on success the run goes on as if it had not failed",
+    function(rest)
+    local id = math.tointeger(tonumber(rest))
+    if not id then problem(":retry: expected a task id (got '%s')", rest) end
+    local w = worker()
+    local orch = open_orch(w)
+    local before = snapshot(w, orch)
+    local ok = try(w.retry, w, id)
+    wait_report(w, orch, before, ok)
+  end)
+
+  add("release", nil, "dispatch freely again (accepting a caught failure), and wait until tasks finish or a breakpoint stops them", function()
     local w = worker()
     local orch = w:orch()
     local before = snapshot(w, orch)
@@ -432,6 +456,102 @@ return function(repl)
       columns(rows)
     end
     if t.error then out("  error: %s", t.error) end
+  end)
+
+  -- :why N: one line per reason task N does not run yet.
+  local function why_lines(w, orch, t)
+    local lines = {}
+    local function say(fmt, ...) lines[#lines + 1] = fmt:format(...) end
+    local d = w:dispatch()
+    if t.state == "completed" or t.state == "consumed" then
+      say("it has run: %s", t.state)
+    elseif t.state == "failed" then
+      local e = (t.error or "?"):match("[^\n]*")
+      if e:find("interrupted", 1, true) then say("its run was cancelled: %s", e)
+      else say("it failed: %s", e) end
+      if d.caught == t.id then say("the failure is caught: fix what it needs, then :retry %d; :release accepts it", t.id) end
+    elseif t.state == "running" then
+      local kids = executing(w)
+      if kids[t.id] then
+        say("it is running on %s", kids[t.id])
+      else
+        local busy = {}
+        for _, c in ipairs(w:children()) do
+          if c.kind == kind_name(w, t) and c.task then busy[#busy + 1] = ("%s runs task %d"):format(c.name, c.task) end
+        end
+        say("it is queued for a busy %s (queue_depth): %s", kind_name(w, t),
+          #busy > 0 and table.concat(busy, ", ") or "its worker is finishing a task")
+      end
+    elseif t.state == "pending" then
+      for _, p in ipairs(t.producers) do
+        local ok, pt = pcall(function() return orch:task(p) end)
+        if ok and pt.state ~= "completed" and pt.state ~= "consumed" then
+          if pt.state == "failed" and d.caught == pt.id then
+            say("producer %s failed and is caught (dispatch held): fix it, then :retry %d; :release accepts the "
+              .. "failure and this task will not run", describe(w, pt), pt.id)
+          elseif pt.state == "failed" then
+            say("producer %s failed, so it will not run: %s", describe(w, pt), (pt.error or "?"):match("[^\n]*"))
+          else
+            say("it waits for producer %s: %s%s", describe(w, pt), pt.state,
+              pt.worker_name and (" on " .. pt.worker_name) or "")
+          end
+        end
+      end
+      if #lines == 0 then say("its producers have finished: the scheduler is wiring it (:why again)") end
+    elseif t.state == "ready" then
+      if d.break_task == t.id and d.held then
+        say("a breakpoint on %s stopped dispatch before it (:step runs it, :release frees dispatch)",
+          callable_name(w, t))
+      elseif d.held then
+        say("dispatch is held (:step runs the next ready tasks, :release frees dispatch)")
+      end
+      local name = callable_name(w, t)
+      for _, b in ipairs(d.breaks or {}) do
+        if b == name and d.break_task ~= t.id then say("a breakpoint on %s holds dispatch before it", b) end
+      end
+      local kind = kind_name(w, t)
+      local busy, total = {}, 0
+      for _, c in ipairs(w:children()) do
+        if c.kind == kind then
+          total = total + 1
+          if c.task then busy[#busy + 1] = ("%s runs task %d"):format(c.name, c.task) end
+        end
+      end
+      if total > 0 and #busy == total then
+        say("every %s is busy: %s", kind, table.concat(busy, ", "))
+      end
+      if #lines == 0 then say("nothing holds it: it dispatches as soon as a %s takes it", kind) end
+    else
+      say("it is %s", t.state)
+    end
+    for _, r in ipairs(w:stats().rings) do
+      if r.capacity_bytes > 0 and r.used_bytes * 10 >= r.capacity_bytes * 9 then
+        say("heap ring %d is %d%% full (%s of %s): a submit that needs more waits until tasks free their slabs",
+          r.ring, r.used_bytes * 100 // r.capacity_bytes, bytes(r.used_bytes), bytes(r.capacity_bytes))
+      end
+    end
+    return lines
+  end
+
+  add("why", "N", "why task N is not running yet: producers it waits for, hold, breakpoint, busy workers, ring space",
+    function(rest)
+    local id = math.tointeger(tonumber(rest))
+    if not id then problem(":why: expected a task id (got '%s')", rest) end
+    local w = worker()
+    local orch = open_orch(w)
+    w:sync()
+    local t = try(orch.task, orch, id)
+    out("%s is %s:", describe(w, t), t.state)
+    for _, l in ipairs(why_lines(w, orch, t)) do out("  %s", l) end
+  end)
+
+  add("check", "[on|off]", "check mode for the next run: each task checked against its tags (docs/check.md)",
+    function(rest)
+    local w = worker()
+    if rest == "on" or rest == "off" then try(w.set_check, w, rest == "on")
+    elseif rest ~= "" then problem(":check: expected on or off (got '%s')", rest) end
+    out("check mode is %s for %s's next run%s", w.check and "on" or "off", tostring(w),
+      w:orch() and " (the open run keeps its mode)" or "")
   end)
 
   add("ready", nil, "the tasks ready to dispatch", function()

@@ -5,7 +5,8 @@
  * (each uses only the tiers above it):
  *   lpto_aux.c      errors named for the Lua function, options tables, the
  *                   interpreter lock, the runs Ctrl-C interrupts; no pto type
- *   lpto_tensor.c   Tensor and Storage
+ *   lpto_tensor.c   Tensor and Storage (lpto_check.c: where each was
+ *                   created, for check mode's messages)
  *   lpto_args.c     TaskArgs, pto.args and CallConfig
  *   lpto_sub.c      sub callables, and shipping functions to children
  *   lpto_orch.c     the orchestrator a run hands its function (its submits
@@ -76,6 +77,7 @@ int luaopen_pto(lua_State *L)
     lua_newtable(L);
     lua_pushliteral(L, PTO_VERSION);
     lua_setfield(L, -2, "_VERSION");
+    lpto_open_check(L);
     lpto_open_tensor(L);
     lpto_open_args(L);
     lpto_open_orch(L);

@@ -130,6 +130,7 @@ static int w_close_run(lua_State *L)
     if (fail) {
         lua_pushfstring(L, "%s: %s", who, fail);
         free(fail);
+        lpto_check_explain(L);
         return lua_error(L);
     }
     lua_pushboolean(L, 1);
@@ -182,6 +183,19 @@ static int w_release(lua_State *L)
     return 0;
 }
 
+/* w:set_check(on): check mode (docs/check.md) for the runs that begin from now on. */
+static int w_set_check(lua_State *L)
+{
+    const char *who = "Worker:set_check";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (lua_type(L, 2) != LUA_TBOOLEAN)
+        return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
+    if (!W->w) return lpto_error(L, who, "the Worker is closed");
+    if (lua_toboolean(L, 2)) lpto_check_record();
+    pto_worker_check_set(W->w, lua_toboolean(L, 2));
+    return 0;
+}
+
 /* Wait until dispatch is quiet, in slices, so Ctrl-C gets through and
  * THREAD-mode subs can take the interpreter lock. */
 static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *who)
@@ -206,6 +220,32 @@ static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *wh
 
 /* w:step([n = 1 [, timeout_s = 60]]) -> true once the n tasks (and any they
  * made ready, up to n in all) have finished; false if time ran out. */
+/* w:set_catch(on): stop on failure (docs/check.md): a failed task holds dispatch before its consumers are
+ * poisoned, until w:retry(id) or w:release(). */
+static int w_set_catch(lua_State *L)
+{
+    const char *who = "Worker:set_catch";
+    lworker *W = lpto_check_worker(L, 1, who);
+    if (lua_type(L, 2) != LUA_TBOOLEAN)
+        return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
+    if (!W->w) return lpto_error(L, who, "the Worker is closed");
+    pto_worker_catch_set(W->w, lua_toboolean(L, 2));
+    return 0;
+}
+
+/* w:retry(id [, timeout_s]): run the caught failed task id again, release dispatch and wait like
+ * w:wait -> boolean. */
+static int w_retry(lua_State *L)
+{
+    const char *who = "Worker:retry";
+    lworker *W = check_ready(L, who);
+    lua_Integer id = luaL_checkinteger(L, 2);
+    double timeout = luaL_optnumber(L, 3, 60);
+    if (pto_dispatch_retry(W->w, (int64_t)id) != 0) return lpto_engine_error(L, who);
+    lua_pushboolean(L, wait_quiet(L, W, timeout, who));
+    return 1;
+}
+
 static int w_step(lua_State *L)
 {
     const char *who = "Worker:step";
@@ -294,7 +334,7 @@ static void push_breaks(lua_State *L, lworker *W)
     lua_setfield(L, -2, "breaks");
 }
 
-/* w:dispatch() -> {held, breakpoints, breaks = {name, ...}, step_left, break_task, running} */
+/* w:dispatch() -> {held, breakpoints, breaks = {name, ...}, step_left, break_task, running, caught} */
 static int w_dispatch(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:dispatch");
@@ -313,6 +353,10 @@ static int w_dispatch(lua_State *L)
     }
     lua_pushinteger(L, st.running);
     lua_setfield(L, -2, "running");
+    if (st.caught_task >= 0 && W->in_run) {
+        lua_pushinteger(L, st.caught_task);
+        lua_setfield(L, -2, "caught");
+    }
     if (W->state == W_READY) push_breaks(L, W);
     return 1;
 }
@@ -400,7 +444,7 @@ static int w_trace_status(lua_State *L)
 
 const luaL_Reg lpto_debug_methods[] = {
     {"open_run", w_open_run}, {"close_run", w_close_run}, {"orch", w_orch},
-    {"hold", w_hold}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
+    {"hold", w_hold}, {"set_check", w_set_check}, {"set_catch", w_set_catch}, {"retry", w_retry}, {"release", w_release}, {"step", w_step}, {"wait", w_wait}, {"sync", w_sync},
     {"set_break", w_set_break}, {"clear_break", w_clear_break}, {"dispatch", w_dispatch},
     {"callables", w_callables}, {"children", w_children}, {"trace_status", w_trace_status}, {NULL, NULL}};
 

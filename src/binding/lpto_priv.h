@@ -60,6 +60,17 @@ int lpto_parse_tag(lua_State *L, int idx, const char *who);
 int lpto_tag_value(lua_State *L, int idx);
 /* Read a shape table at idx into shape; returns ndims. */
 int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who);
+/* lpto_check.c: check mode's tensor creation sites (docs/check.md). */
+/* Start noting creation sites if $PTO_CHECK is 1 (ptolua --check): tensors come before Workers. */
+void lpto_open_check(lua_State *L);
+/* From now on, note where tensors are created. */
+void lpto_check_record(void);
+/* Note where the storage at idx is being created (a no-op until lpto_check_record). */
+void lpto_check_note(lua_State *L, int idx);
+/* If the message on top reports a write at an address outside a task's arguments, replace it with one
+ * that names the tensor holding that address and where it was created. */
+void lpto_check_explain(lua_State *L);
+
 void lpto_open_tensor(lua_State *L);
 /* The message of a ring storage once its scope has ended. */
 extern const char lpto_ring_gone[];

@@ -573,6 +573,7 @@ static int new_tensor(lua_State *L, bool spec)
     }
     d.base = (uint64_t)(uintptr_t)p;
     lpto_push_storage(L, d.base, nbytes, kind);
+    lpto_check_note(L, -1);
     lpto_push_tensor(L, &d, -1);
     return 1;
 }

@@ -40,7 +40,7 @@ static int default_mode(lua_State *L, const char *who)
 
 /* pto.Worker{...}'s fields, in the order the "unknown field" message lists
  * them; the integer ones are read in this order too, with these ranges. */
-enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_RANK, F_COUNT };
+enum { F_LEVEL, F_MODE, F_CHIPS, F_SUBS, F_HEAP, F_ALLOC_TIMEOUT, F_RUNTIME, F_DEPTH, F_START_TIMEOUT, F_SHM, F_TASK_TIMEOUT, F_RANK, F_CHECK, F_CATCH, F_COUNT };
 static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_LEVEL] = {"level", 3, 64},
     [F_MODE] = {"mode", 1, 0},
@@ -54,6 +54,8 @@ static const lpto_field WORKER_FIELDS[F_COUNT + 1] = {
     [F_SHM] = {"shm_size", 16 << 20, (lua_Integer)1 << 50},
     [F_TASK_TIMEOUT] = {"task_timeout_ms", 0, 24 * 3600 * 1000},
     [F_RANK] = {"rank", 1, 1 << 24},
+    [F_CHECK] = {"check", 1, 0},
+    [F_CATCH] = {"catch", 1, 0},
     [F_COUNT] = {NULL, 0, 0},
 };
 
@@ -84,6 +86,25 @@ static int worker_mode_field(lua_State *L, const char *who)
     }
     lua_pop(L, 1);
     return mode;
+}
+
+/* check = true | false, else $PTO_CHECK ("1" on; "0" or unset off), so `ptolua --check` reaches every Worker. */
+static bool worker_check_field(lua_State *L, const char *who)
+{
+    lua_getfield(L, 1, "check");
+    int t = lua_type(L, -1);
+    bool on = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (t == LUA_TBOOLEAN) {
+        if (on) lpto_check_record();
+        return on;
+    }
+    if (t != LUA_TNIL)
+        return lpto_error(L, who, "check must be true or false (got %s)", lua_typename(L, t));
+    const char *e = getenv("PTO_CHECK");
+    if (!e || !*e || strcmp(e, "0") == 0) return false;
+    if (strcmp(e, "1") == 0) return lpto_check_record(), true;
+    return lpto_error(L, who, "the environment variable PTO_CHECK is '%s'; set it to 1 (check mode) or 0, or unset it", e);
 }
 
 /* Push a new Worker userdata over w, with its user values. */
@@ -124,6 +145,12 @@ static int l_worker(lua_State *L)
     lua_Integer v[F_COUNT];
     worker_int_fields(L, v, who);
     int mode = worker_mode_field(L, who);
+    bool check = worker_check_field(L, who);
+    lua_getfield(L, 1, "catch");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+        return lpto_error(L, who, "catch must be true or false (got %s)", luaL_typename(L, -1));
+    bool catch_on = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     lua_getfield(L, 1, "chip_runtime");
     if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
         return lpto_error(L, who, "chip_runtime must be the path of a chip runtime library (got %s)", luaL_typename(L, -1));
@@ -136,6 +163,8 @@ static int l_worker(lua_State *L)
     if (v[F_RANK]) lpto_mpi_check_rank(L, (int)v[F_LEVEL], v[F_RANK], who);
     pto_worker *w = pto_worker_new(&cfg);
     if (!w) return lpto_engine_error(L, who);
+    pto_worker_check_set(w, check);
+    pto_worker_catch_set(w, catch_on);
     lworker *W = push_worker(L, w);
     W->shm_size = (uint64_t)v[F_SHM];
     W->level = (int)v[F_LEVEL];
@@ -528,6 +557,7 @@ void lpto_push_run_failure(lua_State *L, lworker *W, const char *fail)
 {
     if (W->level >= 4 || W->parent) lua_pushfstring(L, "L%d %s", W->level, fail);
     else lua_pushstring(L, fail);
+    lpto_check_explain(L);
 }
 
 /* w:run(fn, args, cfg), called as the Lua method (who: ptolua --dot records
@@ -675,6 +705,8 @@ static int w_index(lua_State *L)
     if (k && strcmp(k, "num_sub_workers") == 0) return lua_pushinteger(L, W->nsubs), 1;
     if (k && strcmp(k, "workers") == 0) return lua_pushinteger(L, W->nworkers), 1;
     if (k && strcmp(k, "mode") == 0) return lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process"), 1;
+    if (k && strcmp(k, "catch") == 0) return lua_pushboolean(L, W->w && pto_worker_catch(W->w)), 1;
+    if (k && strcmp(k, "check") == 0) return lua_pushboolean(L, W->w && pto_worker_check(W->w)), 1;
     if (k && strcmp(k, "initialized") == 0) return lua_pushboolean(L, W->state == W_READY), 1;
     luaL_getmetafield(L, 1, "methods");
     lua_getfield(L, -1, k);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +23,8 @@
 
 const char *const pto_chip_kernels[] = {
     "vector_add", "vector_mul", "vector_scale", "fill", "copy", "gemm_tile",
-    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", "noop", NULL,
+    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", "noop",
+    "bad_read_out", "bad_write_in", "bad_half_out", "bad_write_outside", "bad_random", NULL,
 };
 
 /* One definition of the ABI, so no kernel can drift from pto_kernel_fn. */
@@ -449,5 +451,73 @@ KERNEL(crash)
 KERNEL(noop)
 {
     (void)args, (void)err, (void)errlen;
+    return 0;
+}
+
+/* ---- misbehaving kernels, for check mode's tests (docs/check.md) ----
+ * Each takes (a IN, c OUT), f32 of one size, and copies a into c, except
+ * for the one thing its name says it gets wrong. */
+
+static int bad_args(const char *kernel, const pto_args_view *args, char *err, size_t errlen)
+{
+    static const char *names[] = {"a", "c"};
+    return check_args(kernel, args, 2, 2, "2 tensors (a IN, c OUT)", err, errlen) ||
+           check_same(kernel, args->tensors, 2, names, 1u << PTO_F32, "f32", err, errlen);
+}
+
+/* c += a: reads its OUTPUT. */
+KERNEL(bad_read_out)
+{
+    if (bad_args("bad_read_out", args, err, errlen)) return 1;
+    const float *a = data(&args->tensors[0]);
+    float *c = data(&args->tensors[1]);
+    for (uint64_t i = 0, n = numel(&args->tensors[0]); i < n; i++) c[i] += a[i];
+    return 0;
+}
+
+/* c = a, then a[0] += 1: writes its INPUT. */
+KERNEL(bad_write_in)
+{
+    if (bad_args("bad_write_in", args, err, errlen)) return 1;
+    float *a = data(&args->tensors[0]), *c = data(&args->tensors[1]);
+    uint64_t n = numel(&args->tensors[0]);
+    memcpy(c, a, n * sizeof *a);
+    if (n) a[0] += 1;
+    return 0;
+}
+
+/* c[0 .. n/2) = a: leaves half its OUTPUT unwritten. */
+KERNEL(bad_half_out)
+{
+    if (bad_args("bad_half_out", args, err, errlen)) return 1;
+    const float *a = data(&args->tensors[0]);
+    float *c = data(&args->tensors[1]);
+    memcpy(c, a, numel(&args->tensors[0]) / 2 * sizeof *a);
+    return 0;
+}
+
+/* c = a, then 42 into the f32 at the address in scalar 0 (a tensor's `address`): writes outside its
+ * arguments. */
+KERNEL(bad_write_outside)
+{
+    if (bad_args("bad_write_outside", args, err, errlen) ||
+        need_scalar("bad_write_outside", args, "the address of an f32 to write", err, errlen))
+        return 1;
+    const float *a = data(&args->tensors[0]);
+    float *c = data(&args->tensors[1]);
+    memcpy(c, a, numel(&args->tensors[0]) * sizeof *a);
+    *(volatile float *)(uintptr_t)args->scalars[0] = 42.0f;
+    return 0;
+}
+
+/* c = a + (times this process ran it): not a function of its inputs. */
+KERNEL(bad_random)
+{
+    static _Atomic unsigned calls;
+    if (bad_args("bad_random", args, err, errlen)) return 1;
+    const float *a = data(&args->tensors[0]);
+    float *c = data(&args->tensors[1]);
+    float k = (float)(atomic_fetch_add(&calls, 1) + 1);
+    for (uint64_t i = 0, n = numel(&args->tensors[0]); i < n; i++) c[i] = a[i] + k;
     return 0;
 }

@@ -8,7 +8,8 @@
  * exists, Ctrl-C escalates in three steps during a run (on_sigint), an
  * error in a script piped on stdin exits 1 (lua5.4 exits 0), and input ending inside an incomplete
  * chunk at the prompt shows its syntax error (lua5.4 prints "(null)"), and
- * --trace FILE / --dot FILE record every Worker (docs/tracing.md).
+ * --trace FILE / --dot FILE record every Worker (docs/tracing.md), and
+ * --check runs every Worker in check mode (docs/check.md).
  * On a terminal the prompt goes further than lua5.4 (docs/repl.md): values
  * printed by lua/pto/repl.lua, `:` commands, a history file, completion of
  * fields and methods, Ctrl-C at the prompt clearing the line.
@@ -90,6 +91,8 @@ static void print_usage(FILE *f, const char *badoption) {
           "  --dot f     write the DAG of every Worker's last run to file 'f'\n"
           "              (Graphviz) at exit: coloured by callable, condensed above\n"
           "              500 tasks; recording roughly doubles a run of short tasks\n"
+          "  --check     run every Worker in check mode (PTO_CHECK=1): each task is\n"
+          "              checked against its tags, and may run twice (docs/check.md)\n"
           "  --          stop handling options\n"
           "  -           stop handling options and execute stdin\n"
           "The pto module is preloaded as the global 'pto'.\n",
@@ -296,6 +299,10 @@ static int collectargs(int argc, char **argv, int *first) {
     *first = i;
     if (a[0] != '-') return flags; /* the script */
     if (strcmp(a, "--help") == 0) return ARG_HELP;
+    if (strcmp(a, "--check") == 0) { /* through the environment, so Workers in forked children see it too */
+      setenv("PTO_CHECK", "1", 1);
+      continue;
+    }
     if (is_file_option(a)) { /* "--trace FILE": the next argument, whatever it is */
       if (++i >= argc) return ARG_ERROR;
       if (a[2] == 't') trace_path = argv[i];

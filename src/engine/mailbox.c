@@ -1,6 +1,7 @@
 #include "mailbox.h"
 #include "shm.h"
 #include "common.h"
+#include "check.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -207,7 +208,8 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
         }
         mb->loaded = 1;
     }
-    int rc = leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
+    int rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, pto_check_tags(mb, &view), &cfg, err, PTO_MB_ERR_CAP, mb)
+                                     : leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
     err[PTO_MB_ERR_CAP - 1] = 0;
     return rc;
 }

@@ -87,6 +87,10 @@ typedef struct pto_mailbox {
     uint32_t blob_len;
     uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
     pto_call_config cfg;
+    /* Check mode (check.c): 1 to run the task under the checks, with its tags. */
+    uint32_t check, check_ntags;
+    uint64_t check_ring_base[PTO_MAX_RING_DEPTH], check_ring_size[PTO_MAX_RING_DEPTH], check_shm_top;
+    uint8_t check_tags[8192];
     /* The result: written by the child before TASK_DONE (or before it exits
      * when its start hook failed). */
     int32_t rc;

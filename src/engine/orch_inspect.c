@@ -41,6 +41,11 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     info->slab_offset = s->slab_off;
     info->slab_bytes = s->slab_bytes;
     info->error = atomic_load_explicit(&s->failed, memory_order_acquire) ? s->error : NULL;
+    /* A caught failure (scheduler.c) is not terminal, so consumers keep waiting; it shows as failed. */
+    if (PTO_UNLIKELY(atomic_load(&o->sched->caught_task) == id)) {
+        info->state = PTO_TASK_FAILED;
+        info->error = s->error;
+    }
     info->worker = s->kind >= 0 ? atomic_load_explicit(&s->worker, memory_order_relaxed) : -1;
     return 0;
 }

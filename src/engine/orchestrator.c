@@ -1,5 +1,6 @@
 #include "orchestrator.h"
 #include "common.h"
+#include "check.h"
 #include "scheduler.h"
 #include "task_args.h"
 #include "trace.h"
@@ -57,6 +58,7 @@ void pto_orch_destroy(pto_orch *o)
     pto_tm_destroy(&o->tm);
     pto_scope_destroy(&o->scope);
     cfgs_free(o);
+    pto_check_log_free(o->check_log);
     free(o->tmp_refs);
 }
 
@@ -542,12 +544,15 @@ static int64_t submit(pto_orch *o, const submit_req *q)
 
     bool poisoned = false;
     int64_t failed_producer = -1;
-    if (!collect_refs(o, q) || !take_refs(o, &poisoned, &failed_producer)) {
+    if (!collect_refs(o, q) ||
+        (PTO_UNLIKELY(o->check) && !pto_check_submit(o, q->kind, q->callable, q->args, q->n, o->pool.next_id)) ||
+        !take_refs(o, &poisoned, &failed_producer)) {
         if (slab.bytes) pto_ring_release(&o->rings[slab.ring], slab.seq);
         return -1;
     }
     pto_slot *s = build_slot(o, q, total_tensors, total_scalars, &slab, timeout_ms);
     record_writers(o, q, s);
+    if (PTO_UNLIKELY(o->check)) pto_check_record(o, s);
 
     /* The scope's reference, then the hand-over to the scheduler for wiring. */
     atomic_store_explicit(&s->fanout, pto_fanout_pack(1, 0), memory_order_relaxed);

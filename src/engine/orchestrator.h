@@ -48,6 +48,9 @@ struct pto_orch {
     int64_t submitted_total, allocs_total;
     uint32_t mark;
 
+    struct pto_check_log *check;     /* this run's check mode (check.c), NULL when off */
+    struct pto_check_log *check_log; /* kept across runs once made */
+
     pto_ref *tmp_refs;               /* submit scratch */
     int32_t ntmp, tmp_cap;
 };

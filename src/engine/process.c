@@ -860,6 +860,8 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
             /* Name the process too: its logs, core or debugger need the pid. */
             if (mb->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
             else snprintf(err, errlen, "%s: the leaf returned %d", who, *rc);
+        } else if (PTO_UNLIKELY(mb->check == 1) && mb->err[0]) {
+            snprintf(err, errlen, "%.*s", (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);   /* check mode's warnings */
         }
         /* Fails only if the child died since: the next task replaces it. */
         pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL);

@@ -69,6 +69,8 @@ bool pto_ring_try_alloc(pto_heap_ring *r, uint64_t bytes, struct pto_slot *owner
     r->count++;
     r->used += bytes;
     if (r->used > r->hwm) r->hwm = r->used;
+    if (start + bytes > atomic_load_explicit(&r->top, memory_order_relaxed))
+        atomic_store_explicit(&r->top, start + bytes, memory_order_relaxed);
     *off = start;
     return true;
 }

@@ -7,6 +7,7 @@
 #define PTO_RING_H
 
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 struct pto_slot;
@@ -25,6 +26,7 @@ typedef struct pto_heap_ring {
     uint64_t head_seq;            /* FIFO position of fifo[head] */
     uint64_t used, hwm;
     int64_t stalls, stall_ns;
+    _Atomic uint64_t top;         /* the highest end of any slab so far: check mode protects [0, top) */
 } pto_heap_ring;
 
 /* Map a ring of size bytes (lazily backed); false with pto_errmsg set. */

@@ -26,6 +26,8 @@ bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
     }
     s->ev = ev;   /* zero-filled: idle */
     atomic_init(&s->break_task, -1);
+    atomic_init(&s->retry_req, -1);
+    atomic_init(&s->caught_task, -1);
     pthread_mutex_init(&s->fail_mu, NULL);
     pthread_mutex_init(&s->gate_mu, NULL);
     return true;
@@ -34,6 +36,7 @@ bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 void pto_sched_destroy(pto_scheduler *s)
 {
     free(s->work);
+    free(s->caught);
     free(s->first_failure);
     for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
     free(s->names);
@@ -237,7 +240,11 @@ static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot,
 {
     bool pinned = slot->member0.pin >= 0;
     /* Nor while older ready tasks wait for wt alone: they go first. */
-    pto_slot *next = !gated && !wt->pinned.head && (pinned || wt->inflight == 0) ? chain_next(wt, slot) : NULL;
+    /* Nor while catching failures: a chained consumer would be failed by its producer's failure at once. */
+    pto_slot *next = !gated && !wt->pinned.head && (pinned || wt->inflight == 0) &&
+                             !atomic_load_explicit(&s->catch_on, memory_order_relaxed)
+                         ? chain_next(wt, slot)
+                         : NULL;
     pto_slot *after = NULL;
     for (;;) {
         atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
@@ -392,6 +399,7 @@ static void gate_update(pto_scheduler *s)
 
 void pto_sched_hold(pto_scheduler *s, bool hold)
 {
+    if (!hold) atomic_store(&s->release_req, true);   /* releasing accepts the caught failures */
     pthread_mutex_lock(&s->gate_mu);
     atomic_store(&s->step_left, 0);
     atomic_store(&s->held, hold);
@@ -533,19 +541,96 @@ void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, 
 }
 
 /* "task 7 (callable 'gemm_tile' on chip 2) failed: ..." */
+static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
+                              const char *why);
 static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *why)
+{
+    return describe_outcome(s, x, wt, " failed", why);
+}
+
+static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
+                              const char *why)
 {
     pthread_mutex_lock(&s->fail_mu);
     const char *name = NULL;
     for (int32_t i = 0; i < s->nnames; i++)
         if (s->names[i].kind == wt->kind && s->names[i].callable == x->callable) name = s->names[i].name;
-    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s) failed: %s", (long long)x->id, name, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", why)
-                     : pto_xasprintf("task %lld (callable %llu on %s%s) failed: %s", (long long)x->id,
+    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s)%s: %s", (long long)x->id, name, wt->name,
+                                     x->group_size > 1 ? ", group member" : "", verb, why)
+                     : pto_xasprintf("task %lld (callable %llu on %s%s)%s: %s", (long long)x->id,
                                      (unsigned long long)x->callable, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", why);
+                                     x->group_size > 1 ? ", group member" : "", verb, why);
     pthread_mutex_unlock(&s->fail_mu);
     return msg;
+}
+
+/* ---- stop on failure (the REPL's :catch, :retry, :release) ---- */
+
+/* A single task failed while catching: hold dispatch and keep it aside, its consumers untouched. */
+static bool catch_failure(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
+{
+    pto_slot *x = c->slot;
+    if (x->group_size != 1 || x->poisoned || atomic_load(&s->draining) || atomic_load(&s->cancel)) return false;
+    free(x->error);
+    x->error = describe_failure(s, x, wt, c->error);
+    free(c->error);
+    pto_grow((void **)&s->caught, &s->caught_cap, s->ncaught + 1, sizeof *s->caught);
+    s->caught[s->ncaught++] = x;
+    /* Neither failed nor terminal: a consumer submitted meanwhile waits for it instead of being poisoned.
+     * Inspection shows it as failed (orch_inspect.c), after caught_task publishes x->error. */
+    running_add(s, -1);
+    pthread_mutex_lock(&s->gate_mu);
+    atomic_store(&s->step_left, 0);
+    atomic_store(&s->held, true);
+    gate_update(s);
+    pthread_mutex_unlock(&s->gate_mu);
+    atomic_store(&s->caught_task, x->id);
+    return true;
+}
+
+/* Answer a retry, and settle the caught failures once released (or drained, or interrupted). */
+static void serve_caught(pto_scheduler *s)
+{
+    int64_t want = atomic_load(&s->retry_req);
+    bool release = atomic_exchange(&s->release_req, false) || atomic_load(&s->draining) || atomic_load(&s->cancel);
+    int32_t found = 0, k = 0;
+    for (int32_t i = 0; i < s->ncaught; i++) {
+        pto_slot *x = s->caught[i];
+        if (x->id == want) {
+            atomic_store(&s->caught_task, -1);   /* before the free: inspection stops reading x->error */
+            free(x->error);
+            x->error = NULL;
+            atomic_store_explicit(&x->group_failed, false, memory_order_relaxed);
+            make_ready(s, x);
+            found = 1;
+        } else if (release) {
+            atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
+            work_push(s, x);
+        } else {
+            s->caught[k++] = x;
+        }
+    }
+    s->ncaught = k;
+    finish_all(s);
+    atomic_store(&s->caught_task, k ? s->caught[k - 1]->id : -1);
+    if (want >= 0) {
+        if (found) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
+        atomic_store(&s->release_req, false);
+        atomic_store(&s->retry_result, found);
+        atomic_store(&s->retry_req, -1);
+    }
+}
+
+bool pto_sched_retry(pto_scheduler *s, int64_t id)
+{
+    atomic_store(&s->retry_req, id);
+    gate_changed(s);
+    while (atomic_load(&s->retry_req) != -1 && atomic_load(&s->running)) sched_yield();
+    if (!atomic_load(&s->running)) {
+        atomic_store(&s->retry_req, -1);
+        return false;
+    }
+    return atomic_load(&s->retry_result) == 1;
 }
 
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
@@ -553,6 +638,15 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     pto_slot *x = c->slot;
     if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
+    if (PTO_UNLIKELY(c->status == PTO_DONE_OK && c->error)) {   /* check mode's warnings (check.c) */
+        char *msg = describe_outcome(s, x, wt, "", c->error);
+        fprintf(stderr, "ptolua: %s\n", msg);
+        free(msg);
+        free(c->error);
+    }
+    if (PTO_UNLIKELY(c->status == PTO_DONE_FAILED && atomic_load_explicit(&s->catch_on, memory_order_relaxed)) &&
+        catch_failure(s, wt, c))
+        return;
     if (c->status == PTO_DONE_FAILED) {
         if (!x->error) x->error = describe_failure(s, x, wt, c->error);
         free(c->error);
@@ -618,6 +712,7 @@ static void *sched_main(void *arg)
          * wiring then includes every task submitted before the request. */
         uint64_t sync = atomic_load(&s->sync_req);
         bool wired = wire_all(s);
+        if (PTO_UNLIKELY(s->ncaught || atomic_load_explicit(&s->retry_req, memory_order_relaxed) >= 0)) serve_caught(s);
         dispatch_ready(s);
         bool pumped = pto_wm_pump(s->wm);   /* PROCESS mode: into the children and back */
         bool done = complete_all(s);

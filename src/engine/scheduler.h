@@ -71,6 +71,16 @@ typedef struct pto_scheduler {
     _Atomic uint32_t gate_gen;              /* bumped by every change above: the scheduler wakes to look */
     uint32_t gate_seen;                     /* scheduler-only */
     int64_t wait_ns;                        /* scheduler-only: its next sleep's timeout (PROCESS mode), or -1 */
+    /* Stop on failure (the REPL's :catch, :retry): a single task's failure
+     * holds dispatch and waits in `caught` (scheduler-only), its consumers
+     * not yet poisoned, until a retry or a release (or a drain) decides. */
+    _Atomic bool catch_on;
+    _Atomic int64_t retry_req;              /* a task id to run again, -1 when none is asked */
+    _Atomic int32_t retry_result;           /* 1: it was caught and runs again, 0: it was not caught */
+    _Atomic bool release_req;               /* accept the caught failures */
+    _Atomic int64_t caught_task;            /* newest caught task, -1 if none */
+    struct pto_slot **caught;
+    int32_t ncaught, caught_cap;
     pthread_mutex_t gate_mu;                /* breaks */
     struct pto_break *breaks;
     int32_t nbreaks, breaks_cap;
@@ -106,6 +116,8 @@ void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, 
 
 /* Dispatch control (see pto_dispatch_* in pto.h). */
 void pto_sched_hold(pto_scheduler *s, bool hold);
+/* Run caught task id again (releasing the hold); false if it is not caught. */
+bool pto_sched_retry(pto_scheduler *s, int64_t id);
 void pto_sched_step(pto_scheduler *s, int64_t n);
 /* Add (on) or remove a breakpoint; remove with callable UINT64_MAX drops all. Returns how many are set. */
 int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool on);

@@ -73,6 +73,7 @@ static struct {
     pthread_mutex_t lock;
     _Atomic uintptr_t base;                      /* 0 until reserved; size is set first */
     uint64_t size, page;
+    _Atomic uint64_t top;                        /* highest end of a block so far, from outer_base (check.c) */
     uintptr_t outer_base;                        /* the whole reservation, also after pto_shm_adopt */
     uint64_t outer_size;
     pid_t owner;
@@ -478,6 +479,8 @@ void *pto_shm_alloc(uint64_t nbytes)
         z[2] = (range){dirty.lo, dirty.hi < s + n ? dirty.hi : s + n};
     }
     live_put(s, f);
+    uint64_t end = (uint64_t)((uintptr_t)at(s) + n - A.outer_base);
+    if (end > atomic_load_explicit(&A.top, memory_order_relaxed)) atomic_store_explicit(&A.top, end, memory_order_relaxed);
     A.in_use += n;
     A.free_bytes -= n;
     if (A.in_use > A.hwm) A.hwm = A.in_use;
@@ -567,6 +570,13 @@ int pto_shm_contains(const void *p)
     uintptr_t base = atomic_load_explicit(&A.base, memory_order_acquire);
     if (!base) return 0;   /* outer_* are set before base is published, and never change */
     return (uintptr_t)p >= A.outer_base && (uintptr_t)p - A.outer_base < A.outer_size;
+}
+
+bool pto_shm_reservation(uintptr_t *base, uint64_t *top)
+{
+    *base = atomic_load_explicit(&A.base, memory_order_acquire) ? A.outer_base : 0;
+    *top = *base ? atomic_load_explicit(&A.top, memory_order_relaxed) : 0;
+    return *base && A.child;
 }
 
 uint64_t pto_shm_block_size(const void *p)

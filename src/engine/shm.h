@@ -20,11 +20,17 @@
 #ifndef PTO_SHM_H
 #define PTO_SHM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Parse a PTO_SHM_SIZE value: bytes with an optional K, M, G or T suffix
  * (powers of 1024, "KiB"/"KB" spellings too). 0, or -1 if s is not a size. */
 int pto_shm_parse_size(const char *s, uint64_t *out);
+
+/* The reservation's start into *base and the highest end (from *base) of any block allocated so
+ * far into *top; true only in a forked child that allocates nothing of its own (check mode
+ * protects its pages there, check.c). */
+bool pto_shm_reservation(uintptr_t *base, uint64_t *top);
 
 /* Counters of the page-release machinery, for tests. */
 typedef struct pto_shm_debug_info {

@@ -1,6 +1,7 @@
 #include "worker.h"
 #include "common.h"
 #include "crash.h"
+#include "check.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -227,6 +228,7 @@ bool pto_run_begin_session(pto_worker *w)
         return false;
     }
     pto_orch_begin(&w->orch);
+    pto_check_run_begin(&w->orch, &w->wm, w->check);
     /* Wake whoever sleeps now, while the first submits are made, rather
      * than one after another as the first task reaches each of them. */
     pto_wm_hot(&w->wm, pto_now_ns() + PTO_HOT_NS, true);
@@ -439,4 +441,41 @@ void pto_dispatch_get(pto_worker *w, pto_dispatch_state *out)
     out->step_left = atomic_load(&s->step_left);
     out->break_task = atomic_load(&s->break_task);
     out->running = atomic_load(&s->nrunning);
+    out->caught_task = atomic_load(&s->caught_task);
+}
+
+int pto_worker_check_set(pto_worker *w, int32_t on)
+{
+    if (!w) {
+        pto_set_error("no Worker");
+        return -1;
+    }
+    w->check = on != 0;
+    return 0;
+}
+
+int32_t pto_worker_check(pto_worker *w) { return w && w->check ? 1 : 0; }
+
+int pto_worker_catch_set(pto_worker *w, int32_t on)
+{
+    if (!w) {
+        pto_set_error("no Worker");
+        return -1;
+    }
+    atomic_store(&w->sched.catch_on, on != 0);
+    return 0;
+}
+
+int32_t pto_worker_catch(pto_worker *w) { return w && atomic_load(&w->sched.catch_on) ? 1 : 0; }
+
+int pto_dispatch_retry(pto_worker *w, int64_t id)
+{
+    if (!dispatch_check(w)) return -1;
+    if (!pto_sched_retry(&w->sched, id)) {
+        pto_set_error("task %lld is not a caught failure (catch failures first; a task is caught when it fails "
+                      "while they are, and stays caught until it is retried or dispatch is released)",
+                      (long long)id);
+        return -1;
+    }
+    return 0;
 }

@@ -25,6 +25,7 @@ struct pto_worker {
     _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;
     pto_runs runs_out;            /* submitted runs (run.h) */
+    bool check;                   /* the next runs run under check mode (check.c) */
 };
 
 /* Open the engine run (pto_run_begin's work, which a session of submitted runs shares). */

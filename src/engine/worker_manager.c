@@ -1,6 +1,7 @@
 #include "worker_manager.h"
 #include "common.h"
 #include "crash.h"
+#include "check.h"
 #include "slot.h"
 #include "trace.h"
 
@@ -144,9 +145,11 @@ static void ran(pto_worker_thread *wt, pto_completion *c, uint64_t t0, int rc, c
     if (rc != 0) {
         c->status = PTO_DONE_FAILED;
         c->error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
-    } else if (s->group_size == 1) {
-        atomic_store_explicit(&s->ran_ok, true, memory_order_relaxed);
+        return;
     }
+    if (s->group_size == 1) atomic_store_explicit(&s->ran_ok, true, memory_order_relaxed);
+    /* Check mode's warnings ride on a successful completion: the scheduler prints them. */
+    if (PTO_UNLIKELY(err[0]) && atomic_load_explicit(&wt->wm->check, memory_order_relaxed)) c->error = pto_xstrdup(err);
 }
 
 static void started(pto_worker_thread *wt, pto_slot *s, int32_t member, uint64_t now)
@@ -180,7 +183,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         uint64_t t0 = tracing ? now : 0;
         leaf_tags = m->tags;
         pto_crash_current(wt, s);   /* crash.c: last words if the task takes the process down */
-        int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        int rc = PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed))
+                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), &s->cfg->cfg, err, sizeof err, NULL)
+                     : wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         pto_crash_current(wt, NULL);
         leaf_tags = NULL;
         ran(wt, &c, t0, rc, err);
@@ -271,6 +276,8 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
         /* The precise clock only where it is compared or traced: it costs ~20 ns a task. */
         uint64_t now = tracing || s->timeout_ms ? pto_now_ns() : pto_now_coarse_ns();
         wt->task_t0 = tracing ? now : 0;
+        if (PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | ch->mb->check))
+            pto_check_stage(ch->mb, wt->wm, pto_check_tags_of(s), m->tensor_count);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
         moved = true;

@@ -213,6 +213,7 @@ typedef struct pto_dispatch_state {
     int64_t step_left;           /* tasks a step may still let through */
     int64_t break_task;          /* the task a breakpoint last stopped in this run, or -1 */
     int64_t running;             /* tasks dispatched and not finished */
+    int64_t caught_task;         /* the newest failure a catch holds (pto_worker_catch_set), or -1 */
 } pto_dispatch_state;
 
 /* One child of a Worker, now. */
@@ -343,6 +344,22 @@ void *pto_worker_ring_base(pto_worker *w, int32_t r);
 int pto_worker_count(pto_worker *w, int32_t kind);
 /* Fill out for child index of kind; 0, or -1 if there is no such child. */
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
+
+/* Check mode (docs/check.md) for the runs that begin from now on: 1 runs every task under checks
+ * of its tags (it may run twice) and reports unordered OUTPUT overwrites at submit; 0 turns it off.
+ * 0 or -1. */
+int pto_worker_check_set(pto_worker *w, int32_t on);
+/* 1 if w's next run has check mode on, else 0. */
+int32_t pto_worker_check(pto_worker *w);
+/* Stop on failure (on = 1): a single task's failure holds dispatch before its consumers are
+ * poisoned, until pto_dispatch_retry runs it again or releasing dispatch (pto_dispatch_hold 0)
+ * or a drain accepts it. 0 or -1. */
+int pto_worker_catch_set(pto_worker *w, int32_t on);
+/* 1 if failures are caught, else 0. */
+int32_t pto_worker_catch(pto_worker *w);
+/* Run the caught failed task id again and release dispatch; its consumers then wait for it as if
+ * it had not failed. 0, or -1 if id is not a caught failure. */
+int pto_dispatch_retry(pto_worker *w, int64_t id);
 
 /* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain
  * still runs everything. 0 or -1. */

@@ -1,0 +1,283 @@
+-- check_spec.lua: check mode (docs/check.md). Every task runs under checks
+-- of its tags: reading an OUTPUT or writing an INPUT fails it, leaving an
+-- OUTPUT half written or not being a function of its inputs is a warning,
+-- writing a tensor it did not declare fails it (process mode: page
+-- protection), and an OUTPUT that overwrites bytes an unfinished, unordered
+-- task still uses fails the submit. Runs in both modes (spec/CMakeLists.txt).
+local pto = require "pto"
+local H = require "helpers"
+local F = require "files"
+
+local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+local N = 64
+
+-- A checked Worker with the misbehaving chipsim kernels and a few Lua subs, all registered before init
+-- (process mode ships nothing later that has upvalues).
+local W, K, S
+local function setup()
+  W = pto.Worker{chips = 2, num_sub_workers = 1, check = true}
+  K = {}
+  for _, n in ipairs{"bad_read_out", "bad_write_in", "bad_half_out", "bad_write_outside", "bad_random", "copy",
+                     "fill", "sleep_us"} do
+    K[n] = W:register(pto.chip_kernel(n), n)
+  end
+  S = {
+    write_in = W:register(function(a)
+      local x, y = a:tensor(1), a:tensor(2)
+      for i = 1, #y do y[i] = x[i] end
+      x[3] = -1
+    end, "write_in"),
+    read_out = W:register(function(a)
+      local x, y = a:tensor(1), a:tensor(2)
+      for i = 1, #y do y[i] = y[i] + x[i] end
+    end, "read_out"),
+    copy = W:register(function(a)
+      local x, y = a:tensor(1), a:tensor(2)
+      for i = 1, #y do y[i] = x[i] end
+    end, "copy_sub"),
+  }
+end
+
+local function ramp(n)
+  local t = pto.tensor({n or N}, "f32")
+  for i = 1, #t do t[i] = i end
+  return t
+end
+
+-- Run one task of handle h (chip kernel or sub) on x (in) and y (out); returns ok, err.
+local function one(h, x, y, kind, scalars)
+  return pcall(W.run, W, function(o)
+    local args = pto.args{{x, "in"}, {y, "out"}, scalars = scalars}
+    if kind == "sub" then o:submit_sub(h, args) else o:submit_next_level(h, args) end
+  end)
+end
+
+local function has(s, frag)
+  assert(s:find(frag, 1, true), ("%q lacks %q"):format(s, frag))
+end
+
+-- Run a script under `ptolua --check` (or with the command prefix env and no flag); returns its exit
+-- status and everything it printed.
+local function run_checked(src, env)
+  local f = F.writefile(F.tmpname(), src)
+  local p = assert(io.popen(("%s%s %s %s 2>&1"):format(env or "", F.q(PTOLUA), env and "" or "--check", F.q(f))))
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return ok and 0 or code, out
+end
+
+describe("check mode", function()
+  setup()
+  teardown(function()
+    W:close()
+    F.cleanup()
+  end)
+
+  it("is on from the option, and Worker:set_check turns it off and on for the next run", function()
+    assert.is_true(W.check)
+    W:set_check(false)
+    assert.is_false(W.check)
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    assert.is_true((one(K.bad_read_out, x, y)))   -- unchecked: nothing is said
+    W:set_check(true)
+    assert.is_true(W.check)
+    H.assert_error(function() W:set_check("yes") end, "Worker:set_check: ", "expected true or false")
+    H.assert_error(function() pto.Worker{check = 1} end, "pto.Worker: ", "check must be true or false")
+  end)
+
+  it("fails a chip kernel that reads its OUTPUT, naming the task, argument and fix", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    local ok, err = one(K.bad_read_out, x, y)
+    assert.is_false(ok)
+    has(err, "task 0 (callable 'bad_read_out' on chip ")
+    has(err, "read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
+    has(err, "tag it INOUT")
+    -- the Worker stays usable, and a correct kernel passes
+    local ok2, err2 = one(K.copy, x, y)
+    assert(ok2, err2)
+    assert.equals(64, y[64])
+  end)
+
+  it("names the view's offset and shape", function()
+    local x, big = ramp(16), pto.tensor({4, 16}, "f32")
+    local ok, err = one(K.bad_read_out, x, big:view{offset = 32, shape = {16}})
+    assert.is_false(ok)
+    has(err, "argument 2 (16 f32 at element 32)")
+  end)
+
+  it("fails a chip kernel and a Lua sub that write their INPUT", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    local ok, err = one(K.bad_write_in, x, y)
+    assert.is_false(ok)
+    has(err, "wrote argument 1 (64 f32 at element 0) tagged INPUT")
+    has(err, "tag it INOUT, or copy it first")
+    x = ramp()
+    ok, err = one(S.write_in, x, y, "sub")
+    assert.is_false(ok)
+    has(err, "(callable 'write_in' on sub 1)")
+    has(err, "wrote argument 1 (64 f32 at element 0) tagged INPUT (first changed: element 2 of the view)")
+  end)
+
+  it("fails a Lua sub that reads its OUTPUT, and passes a correct one", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    local ok, err = one(S.read_out, x, y, "sub")
+    assert.is_false(ok)
+    has(err, "read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
+    ok, err = one(S.copy, x, y, "sub")
+    assert(ok, err)
+    assert.equals(33, y[33])
+  end)
+
+  it("keeps what a half-written OUTPUT did not write", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    y:fill(7)
+    local ok, err = one(K.bad_half_out, x, y)
+    assert(ok, err)   -- a warning, not a failure
+    assert.equals(32, y[32])
+    assert.equals(7, y[33])
+  end)
+
+  it("reports an unordered OUTPUT over bytes an earlier task still writes, naming both tasks", function()
+    local t = pto.tensor({N}, "f32")
+    W:hold()   -- nothing runs: the first writer is unfinished at the second submit, whatever the timing
+    local ok, err = pcall(W.run, W, function(o)
+      o:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {1.0}})
+      o:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {2.0}})
+    end)
+    W:release()
+    assert.is_false(ok)
+    has(err, "orch:submit_next_level: check: task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) OUTPUT")
+    has(err, "not ordered after task 0 (callable 'fill'), which still writes those bytes")
+    has(err, "tag it INOUT")
+  end)
+
+  it("reports an OUTPUT after an unfinished reader, and accepts it once ordered by INOUT", function()
+    local t, u = ramp(), pto.tensor({N}, "f32")
+    W:hold()
+    local ok, err = pcall(W.run, W, function(o)
+      o:submit_next_level(K.copy, pto.args{{t, "in"}, {u, "out"}})
+      o:submit_next_level(K.fill, pto.args{{t, "out_existing"}, scalars = {5.0}})
+    end)
+    W:release()
+    assert.is_false(ok)
+    has(err, "task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) OUTPUT_EXISTING")
+    has(err, "task 0 (callable 'copy'), which still reads those bytes")
+    -- ordered: the overwrite depends (through u, INOUT) on the reader
+    W:hold()
+    ok, err = pcall(W.run, W, function(o)
+      o:submit_next_level(K.copy, pto.args{{t, "in"}, {u, "out"}})
+      o:submit_sub(S.copy, pto.args{{u, "inout"}, {t, "out_existing"}})
+      W:release()
+    end)
+    assert(ok, err)
+  end)
+
+  H.process_only("fails a chip kernel that writes a tensor it did not declare", "page protection needs a child process",
+    function()
+      local x, y = ramp(), pto.tensor({N}, "f32")
+      local other = pto.tensor({1 << 16}, "f32"); local line = debug.getinfo(1, "l").currentline
+      local ok, err = one(K.bad_write_outside, x, y, nil, {other.address + 4 * 40000})
+      assert.is_false(ok)
+      has(err, ("check: wrote address 0x%x (byte 160000 of the 262144-byte tensor created at "):format(other.address + 4 * 40000))
+      has(err, ("check_spec.lua:%d), which none of its 2 arguments covers"):format(line))
+      has(err, "pass it as an argument tagged INOUT or OUTPUT")
+      ok, err = one(K.copy, x, y)   -- the child is usable afterwards
+      assert(ok, err)
+    end)
+
+  it("warns (on stderr) about an incomplete OUTPUT and a task that is not a function of its inputs", function()
+    local code, out = run_checked([[
+      local w = pto.Worker{chips = 1}
+      local half, rnd = w:register(pto.chip_kernel("bad_half_out"), "half"), w:register(pto.chip_kernel("bad_random"), "rnd")
+      local x, y = pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+      w:run(function(o)
+        o:submit_next_level(half, pto.args{{x, "in"}, {y, "out"}})
+        o:submit_next_level(rnd, pto.args{{x, "in"}, {y, "inout"}})
+      end)
+      print("done")
+    ]])
+    assert.equals(0, code, out)
+    has(out, "task 0 (callable 'half' on chip 1): check: warning: left 32 of the 64 elements of argument 2 "
+             .. "(64 f32 at element 0) tagged OUTPUT unwritten (first: element 32 of the view)")
+    has(out, "task 1 (callable 'rnd' on chip 1): check: warning: two runs with the same inputs wrote different "
+             .. "values to argument 2")
+    has(out, "done")
+  end)
+
+  it("finds the wrong tag of examples/repl/bgemm_bug.lua with ptolua --check, and passes the fixed script", function()
+    local src = assert(F.readfile("examples/repl/bgemm_bug.lua"))
+    local code, out = run_checked(src)
+    assert.are_not.equal(0, code)
+    has(out, "check: task ")
+    has(out, "(callable 'add')")   -- the add task ...
+    has(out, "argument 1 (4\xc3\x974 f32 at element 0)")   -- ... and its C argument
+    has(out, "tag it INOUT")
+    local fixed = src:gsub('{c, "out"}', '{c, "inout"}')
+    code, out = run_checked(fixed)
+    assert.equals(0, code, out)
+    has(out, "bgemm_bug: C is right")
+    assert.is_nil(out:find("warning", 1, true), out)
+  end)
+
+  it("catches a failure: w:retry after fixing the input runs it; w:run still raises (its drain accepts)", function()
+    local c = pto.Worker{chips = 1, num_sub_workers = 1, catch = true}
+    local x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")
+    local need = c:register(function(a)
+      local i, o = a:tensor(1), a:tensor(2)
+      if i[1] < 0 then error("x[1] is negative") end
+      for k = 1, #o do o[k] = i[k] * 2 end
+    end, "need")
+    local copy = c:register(pto.chip_kernel("copy"), "copy")
+    assert.is_true(c.catch)
+    x[1] = -1
+    local orch = c:open_run()
+    orch:submit_sub(need, pto.args{{x, "in"}, {y, "out"}})
+    orch:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    assert.is_true(c:wait(10))
+    local d = c:dispatch()
+    assert.equals(0, d.caught)
+    assert.is_true(d.held)
+    assert.equals("failed", orch:task(0).state)
+    assert.equals("pending", orch:task(1).state)   -- not poisoned
+    H.assert_error(function() c:retry(1) end, "Worker:retry: ", "task 1 is not a caught failure")
+    x[1] = 3
+    assert.is_true(c:retry(0))
+    assert.equals(6, z[1])
+    assert.is_true(c:close_run())
+    x[1] = -1
+    local ok, err = pcall(c.run, c, function(o)
+      o:submit_sub(need, pto.args{{x, "in"}, {y, "out"}})
+      o:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    end)
+    assert.is_false(ok)
+    has(err, "task 0 (callable 'need' on sub 1) failed")
+    c:set_catch(false)
+    assert.is_false(c.catch)
+    c:close()
+  end)
+
+  it("passes a correct BGEMM under PTO_CHECK=1", function()
+    local code, out = run_checked([[
+      local T, KT = 8, 4
+      local w = pto.Worker{chips = 2}
+      assert(w.check, "PTO_CHECK=1 turns check mode on")
+      local gemm, add = w:register(pto.chip_kernel("gemm_tile")), w:register(pto.chip_kernel("tile_add"))
+      local A, B, C = pto.tensor({KT, T, T}, "f32"), pto.tensor({KT, T, T}, "f32"), pto.tensor({T, T}, "f32")
+      for i = 1, #A do A[i] = i % 7 - 3; B[i] = i % 5 - 2 end
+      w:run(function(o)
+        for k = 0, KT - 1 do
+          local p = o:alloc({T, T}, "f32")
+          o:submit_next_level(gemm, pto.args{{A:view{offset = k * T * T, shape = {T, T}}, "in"},
+                                             {B:view{offset = k * T * T, shape = {T, T}}, "in"}, {p, "out"}})
+          o:submit_next_level(add, pto.args{{C, "inout"}, {p, "in"}})
+        end
+      end)
+      local s = 0
+      for k = 0, KT - 1 do for x = 0, T - 1 do s = s + A[k * T * T + x + 1] * B[k * T * T + x * T + 1] end end
+      assert(math.abs(C[1] - s) < 1e-3, ("C[1] = %g, expected %g"):format(C[1], s))
+      print("bgemm ok")
+    ]], "PTO_CHECK=1 ")   -- no --check: the environment variable alone
+    assert.equals(0, code, out)
+    has(out, "bgemm ok")
+  end)
+end)

@@ -16,6 +16,7 @@
  *   lpto_level.c    methods (all listed in lpto_worker.c), its Worker children
  *   lpto_debug.c    (whose leaf runs a Worker), interactive runs and dispatch
  *   lpto_trace.c    control, tracing and ptolua's --trace/--dot
+ *   lpto_diag.c     pto.load_dump and orch:task's PMU counts (CallConfig diagnostics)
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto)
  * The engine under all of them never sees a Lua header. */
@@ -53,6 +54,7 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     lpto_open_debug(L);
     lpto_open_trace(L);
+    lpto_open_diag(L);
     load_lua_part(L, "pto.inspect");
     return 1;
 }

@@ -207,7 +207,9 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
         }
         mb->loaded = 1;
     }
-    int rc = leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
+    int rc = PTO_UNLIKELY(pto_diag_wanted(&cfg))
+                 ? pto_diag_call(leaf->run, leaf->ctx, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP)
+                 : leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
     err[PTO_MB_ERR_CAP - 1] = 0;
     return rc;
 }

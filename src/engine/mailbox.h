@@ -34,6 +34,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "diag.h"
 #include "event.h"
 #include "pto.h"
 
@@ -85,6 +86,8 @@ typedef struct pto_mailbox {
     uint32_t blob_len;
     uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
     pto_call_config cfg;
+    /* diag.c: written with the task when its cfg asks for diagnostics (pto_diag_wanted), results with the result */
+    pto_diag_task diag;
     /* The result: written by the child before TASK_DONE (or before it exits
      * when its start hook failed). */
     int32_t rc;

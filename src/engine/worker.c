@@ -1,4 +1,5 @@
 #include "worker.h"
+#include "diag.h"
 #include "common.h"
 
 #include <pthread.h>
@@ -153,6 +154,7 @@ pto_orch *pto_run_begin(pto_worker *w)
     pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
+    pto_diag_run_begin(&w->wm, w->runs);
     return &w->orch;
 }
 
@@ -163,6 +165,7 @@ int pto_run_end(pto_worker *w)
         return -1;
     }
     int rc = pto_orch_end(&w->orch);
+    pto_diag_run_end(&w->wm);
     /* Children that died in this run are back before it returns, so the
      * next run starts with as many live children as the first. */
     pto_wm_settle(&w->wm);

@@ -2,6 +2,7 @@
 #include "common.h"
 #include "slot.h"
 #include "trace.h"
+#include "diag.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -156,6 +157,17 @@ static void started(pto_worker_thread *wt, pto_slot *s, int32_t member, uint64_t
     if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
 }
 
+/* THREAD mode with diagnostics asked for: the leaf call wrapped by diag.c. */
+static int wt_diag_call(pto_worker_thread *wt, pto_slot *s, int32_t member, const pto_args_view *v, char *err,
+                        size_t errlen)
+{
+    pto_diag_task d;
+    pto_diag_prepare(&d, wt->wm, s, member, wt->index);
+    int rc = pto_diag_call(wt->call, wt->call_ctx, s->callable, v, &s->cfg->cfg, &d, err, errlen);
+    pto_diag_finish(wt->wm, s, &d);
+    return rc;
+}
+
 static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
                        pto_worker_thread *origin)
 {
@@ -172,7 +184,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         uint64_t now = tracing ? pto_now_ns() : pto_now_coarse_ns();
         started(wt, s, member, now);
         uint64_t t0 = tracing ? now : 0;
-        int rc = wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        const pto_call_config *cfg = &s->cfg->cfg;
+        int rc = PTO_UNLIKELY(pto_diag_wanted(cfg)) ? wt_diag_call(wt, s, member, &v, err, sizeof err)
+                                                    : wt->call(wt->call_ctx, s->callable, &v, cfg, err, sizeof err);
         ran(wt, &c, t0, rc, err);
     }
     complete(wt, c);
@@ -226,6 +240,7 @@ static bool pump_claim(pto_worker_thread *wt)
 static void pump_done(pto_worker_thread *wt, int rc, const char *err)
 {
     pto_completion c = {.slot = wt->task, .origin = wt->task_origin, .member = wt->task_member, .status = PTO_DONE_OK};
+    if (PTO_UNLIKELY(pto_diag_wanted(&wt->task->cfg->cfg))) pto_diag_finish(wt->wm, wt->task, &wt->child->mb->diag);
     ran(wt, &c, wt->task_t0, rc, err);
     complete(wt, c);
     wt->task = NULL;
@@ -261,6 +276,7 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
         /* The precise clock only where it is compared or traced: it costs ~20 ns a task. */
         uint64_t now = tracing || s->timeout_ms ? pto_now_ns() : pto_now_coarse_ns();
         wt->task_t0 = tracing ? now : 0;
+        if (PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg))) pto_diag_prepare(&ch->mb->diag, wt->wm, s, wt->task_member, wt->index);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
         moved = true;
@@ -417,6 +433,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
     }
     pto_ship_destroy(&wm->ships);
     pto_trace_free(atomic_load(&wm->trace));
+    pto_diag_free(wm);
     memset(wm, 0, sizeof *wm);
 }
 

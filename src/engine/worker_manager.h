@@ -110,6 +110,8 @@ typedef struct pto_worker_manager {
     struct pto_trace *_Atomic trace;   /* trace.c: NULL until the first pto_trace_start */
     _Atomic uint64_t hot_until_ns;     /* pto_hot_spin, written by the orchestrator */
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
+    struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */
+    int64_t diag_run;                  /* diag.c: the run its files are named after */
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);

@@ -296,6 +296,48 @@ describe("enable_l2_swimlane", function()
   end)
 end)
 
+describe("swimlanes and counters in a trace", function()
+  after_each(F.cleanup)
+
+  it("kernel spans (and dispatch/post from level 2) nest inside their task's span, with the PMU counts as args",
+     function()
+    local json = require "dkjson"
+    local path = F.tmpname(".json")
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    w:init()
+    local A, B = filled({32, 32}, math.sin), filled({32, 32}, math.cos)
+    local Cs = {}
+    w:trace_start(path)
+    w:run(function(orch)
+      for i = 1, 4 do
+        Cs[i] = pto.tensor({32, 32}, "f32")
+        orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {Cs[i], "out"}},
+                               pto.CallConfig{enable_l2_swimlane = i <= 2 and 2 or 1, enable_pmu = 1})
+      end
+    end)
+    w:trace_stop()
+    local doc = assert(json.decode(assert(F.readfile(path))))
+    local tasks, lanes = {}, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.cat == "task" then tasks[e.args.task] = e end
+      if e.cat == "swimlane" then lanes[#lanes + 1] = e end
+    end
+    local count = {dispatch = 0, kernel = 0, post = 0}
+    local EPS = 1e-6
+    for _, l in ipairs(lanes) do
+      local t = assert(tasks[l.args.task], "a swimlane span of a task with no span")
+      count[l.name] = count[l.name] + 1
+      assert.are.equal(t.tid, l.tid)
+      assert.is_true(l.ts >= t.ts - EPS and l.ts + l.dur <= t.ts + t.dur + EPS,
+                     ("%s span of task %d [%f, +%f] outside its task [%f, +%f]"):format(l.name, l.args.task, l.ts,
+                                                                                       l.dur, t.ts, t.dur))
+      if l.name == "kernel" then assert.is_true(l.args["task-clock"] > 0) end
+    end
+    assert.are.same({dispatch = 2, kernel = 4, post = 2}, count)
+  end)
+end)
+
 describe("from an L4 through an L3", function()
   after_each(F.cleanup)
 

@@ -61,6 +61,8 @@ typedef struct pto_diag {
     int64_t run;
     char run_tag[PTO_DIAG_RUN_LEN];
     diag_prefix *prefixes;         /* orchestrator only: prefixes set up this run */
+    pto_diag_span *spans;          /* under mu: kept for the trace while it records */
+    int64_t nspans, spans_cap;
 } pto_diag;
 
 static _Atomic int32_t worker_serial;
@@ -124,6 +126,7 @@ void pto_diag_free(pto_worker_manager *wm)
     prefixes_close(d);
     pthread_mutex_destroy(&d->mu);
     free(d->pmu);
+    free(d->spans);
     free(d);
     wm->diag = NULL;
 }
@@ -290,11 +293,69 @@ void pto_diag_prepare(pto_diag_task *d, pto_worker_manager *wm, const pto_slot *
     d->trace_on = pto_trace_on(&wm->trace) != NULL;
 }
 
+/* Under st->mu: keep d for the trace (it formats the spans when it stops). */
+static void keep_span(pto_diag *st, pto_worker_manager *wm, const pto_slot *s, const pto_diag_task *d)
+{
+    pto_trace *tr = pto_trace_on(&wm->trace);
+    if (!tr || !d->ts[PTO_SWIM_KERNEL_START]) return;
+    if (st->nspans == st->spans_cap) {
+        st->spans_cap = st->spans_cap ? 2 * st->spans_cap : 64;
+        st->spans = realloc(st->spans, (size_t)st->spans_cap * sizeof *st->spans);
+        if (!st->spans) abort();
+    }
+    pto_diag_span *sp = &st->spans[st->nspans++];
+    memset(sp, 0, sizeof *sp);
+    sp->task = s->id;
+    sp->run = atomic_load_explicit(&tr->run, memory_order_relaxed);
+    sp->member = d->member;
+    sp->kind = s->kind;
+    sp->worker = d->worker;
+    sp->level = s->cfg->cfg.enable_l2_swimlane;
+    memcpy(sp->ts, d->ts, sizeof sp->ts);
+    if (d->pmu_set) {
+        sp->pmu.set = d->pmu_set;
+        while (sp->pmu.count < PTO_PMU_MAX && pto_pmu_event_name(d->pmu_set, sp->pmu.count)) sp->pmu.count++;
+        sp->pmu.valid = d->pmu_valid;
+        sp->pmu.members = 1;
+        memcpy(sp->pmu.counts, d->pmu, sizeof sp->pmu.counts);
+    }
+}
+
+pto_diag_span *pto_diag_spans_copy(pto_worker_manager *wm, int64_t *n)
+{
+    pto_diag *st = wm->diag;
+    *n = 0;
+    if (!st) return NULL;
+    pthread_mutex_lock(&st->mu);
+    pto_diag_span *out = NULL;
+    if (st->nspans) {
+        out = pto_xmalloc((size_t)st->nspans * sizeof *out);
+        memcpy(out, st->spans, (size_t)st->nspans * sizeof *out);
+        *n = st->nspans;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return out;
+}
+
+void pto_diag_trace_reset(pto_worker_manager *wm)
+{
+    pto_diag *st = wm->diag;
+    if (!st) return;
+    pthread_mutex_lock(&st->mu);
+    st->nspans = 0;
+    pthread_mutex_unlock(&st->mu);
+}
+
 void pto_diag_finish(pto_worker_manager *wm, const pto_slot *s, const pto_diag_task *d)
 {
     pto_diag *st = wm->diag;
-    if (!st || !d->pmu_set || s->id < 0) return;
+    if (!st || s->id < 0) return;
     pthread_mutex_lock(&st->mu);
+    if (d->trace_on) keep_span(st, wm, s, d);
+    if (!d->pmu_set) {
+        pthread_mutex_unlock(&st->mu);
+        return;
+    }
     if (s->id >= st->npmu) {
         int64_t n = st->npmu ? st->npmu : 64;
         while (n <= s->id) n *= 2;

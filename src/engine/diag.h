@@ -59,6 +59,18 @@ int pto_diag_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_v
 /* Dispatcher, once the task finished: keep d's counters and spans for the orchestrator and the trace. */
 void pto_diag_finish(struct pto_worker_manager *wm, const struct pto_slot *s, const pto_diag_task *d);
 
+/* A task's swimlane points and counters, kept for the trace while one records. */
+typedef struct pto_diag_span {
+    int64_t task;
+    int32_t run, member, kind, worker, level, pad;
+    uint64_t ts[PTO_SWIM_N];
+    pto_pmu_sample pmu;
+} pto_diag_span;
+/* The trace formatter: a malloc'ed copy of the spans kept since the trace started; *n is their count. */
+pto_diag_span *pto_diag_spans_copy(struct pto_worker_manager *wm, int64_t *n);
+/* A trace starts: forget the last trace's spans. */
+void pto_diag_trace_reset(struct pto_worker_manager *wm);
+
 /* Orchestrator: a submit with cfg (any field set) may go ahead; false with pto_errmsg if its
  * output_prefix is missing or cannot be written. */
 bool pto_diag_submit_check(struct pto_worker_manager *wm, const pto_call_config *cfg);

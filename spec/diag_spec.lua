@@ -338,6 +338,35 @@ describe("swimlanes and counters in a trace", function()
   end)
 end)
 
+describe("block_dim", function()
+  it("block_dim = 2 (and 5) splits gemm_tile and vector kernels in the chip with the same result as 1", function()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    local vadd = w:register(pto.chip_kernel("vector_add"))
+    w:init()
+    -- 100 rows: not a multiple of the 6-row blocks, so bands and the remainder path both run
+    local M, K, N = 100, 70, 90
+    local A, B = filled({M, K}, function(i) return math.sin(i) end), filled({K, N}, function(i) return math.cos(i) end)
+    local x, y = filled({50000}, math.sin), filled({50000}, math.cos)
+    local C, Z = {}, {}
+    w:run(function(orch)
+      for i, bd in ipairs{1, 2, 5} do
+        C[i], Z[i] = pto.tensor({M, N}, "f32"), pto.tensor({50000}, "f32")
+        local cfg = pto.CallConfig{block_dim = bd}
+        orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {C[i], "out"}}, cfg)
+        orch:submit_next_level(vadd, pto.args{{x, "in"}, {y, "in"}, {Z[i], "out"}}, cfg)
+      end
+    end)
+    for i = 2, 3 do
+      same_values(C[1], C[i])
+      same_values(Z[1], Z[i])
+    end
+    local want = 0
+    for k = 1, K do want = want + A[(M - 1) * K + k] * B[(k - 1) * N + N] end
+    assert.is_true(math.abs(C[1][M * N] - want) < 1e-3)
+  end)
+end)
+
 describe("from an L4 through an L3", function()
   after_each(F.cleanup)
 

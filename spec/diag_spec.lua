@@ -186,6 +186,27 @@ describe("enable_pmu", function()
     end)
   end)
 
+  it("the prompt's :task N shows them", function()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"), "gemm")
+    w:init()
+    local A, B, C = filled({16, 16}, math.sin), filled({16, 16}, math.cos), pto.tensor({16, 16}, "f32")
+    local orch = w:open_run()
+    local id = orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {C, "out"}}, pto.CallConfig{enable_pmu = 1})
+    orch:drain()
+    local repl = require "pto.repl"
+    local f, saved = io.tmpfile(), io.stdout
+    io.stdout = f
+    local ok, err = pcall(repl.command, ":task " .. id)
+    io.stdout = saved
+    w:close_run()
+    assert(ok, err)
+    f:seek("set")
+    local text = f:read("a")
+    assert.matches("pmu %(enable_pmu = 1%): task%-clock %d+, page%-faults %d+, context%-switches %d+, cpu%-migrations %d+",
+                   text)
+  end)
+
   it("a hardware set says once on stderr what the machine refuses, and the run goes on", function()
     local script = F.writefile(F.tmpname(".lua"), [[
       local pto = require "pto"

@@ -129,6 +129,8 @@ describe("enable_dump_tensor", function()
     data:close()
     H.assert_error(function() pto.load_dump(idx) end, "pto.load_dump: ", "does not match its checksum")
     H.assert_error(function() pto.load_dump(dir .. "/nothing.index") end, "pto.load_dump: ", "cannot open")
+    local junk = F.writefile(dir .. "/junk.index", "task 1 2 3\n")
+    H.assert_error(function() pto.load_dump(junk) end, "pto.load_dump: ", "is not a ptolua tensor dump index")
   end)
 
   it("a missing or unwritable output_prefix is an error at submit, and the Worker stays usable", function()

@@ -89,6 +89,15 @@ static int l_load_dump(lua_State *L)
     if (!f)
         return lpto_error(L, who, "cannot open %s (%s); pass the .index file a dump with enable_dump_tensor wrote "
                           "(<output_prefix>.<run>.index)", path, strerror(errno));
+    /* The index is read whole first: what follows may raise, and must not leave f open. */
+    luaL_Buffer buf;
+    luaL_buffinit(L, &buf);
+    char chunk[4096];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) luaL_addlstring(&buf, chunk, got);
+    fclose(f);
+    luaL_pushresult(&buf);
+    int text = lua_gettop(L);
     const char *slash = strrchr(path, '/');
     lua_pushlstring(L, path, slash ? (size_t)(slash - path + 1) : 0);   /* the directory of the dump files */
     int dir = lua_gettop(L);
@@ -97,17 +106,21 @@ static int l_load_dump(lua_State *L)
     char line[4096];
     int n = 0, lineno = 0;
     bool header = false;
-    while (fgets(line, sizeof line, f)) {
+    for (const char *p = lua_tostring(L, text); *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (len >= sizeof line) return lpto_error(L, who, "%s line %d is too long for a dump index", path, lineno + 1);
+        memcpy(line, p, len);
+        line[len] = 0;
+        p += len + (nl ? 1 : 0);
         lineno++;
         if (line[0] == '#') {
             header = header || strstr(line, "ptolua tensor dump v1") != NULL;
             continue;
         }
         char *col[COLS];
-        if (!header || split(line, col) != COLS) {
-            fclose(f);
+        if (!header || split(line, col) != COLS)
             return lpto_error(L, who, "%s line %d is not a ptolua tensor dump index line", path, lineno);
-        }
         static const char *const INT_NAMES[] = {"task", "callable", "worker", "member", "arg"};
         lua_createtable(L, 0, 14);
         for (int k = 0; k < 5; k++) {
@@ -140,7 +153,6 @@ static int l_load_dump(lua_State *L)
         lua_pop(L, 2);
         lua_rawseti(L, out, ++n);
     }
-    fclose(f);
     if (!header) return lpto_error(L, who, "%s is not a ptolua tensor dump index (its header line is missing)", path);
     return 1;
 }

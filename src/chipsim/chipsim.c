@@ -174,7 +174,8 @@ static void split(const pto_call_config *cfg, uint64_t n, uint64_t grain, band_f
     pthread_t th[BLOCK_DIM_MAX];
     int started[BLOCK_DIM_MAX] = {0};
     for (int32_t p = 0; p < parts; p++) {
-        uint64_t lo = units * (uint64_t)p / (uint64_t)parts * grain, hi = units * (uint64_t)(p + 1) / (uint64_t)parts * grain;
+        uint64_t lo = units * (uint64_t)p / (uint64_t)parts * grain;
+        uint64_t hi = units * (uint64_t)(p + 1) / (uint64_t)parts * grain;
         b[p] = (band){fn, ctx, lo < n ? lo : n, hi < n ? hi : n};
         if (p > 0) started[p] = pthread_create(&th[p], NULL, band_main, &b[p]) == 0;
     }

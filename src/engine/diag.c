@@ -532,7 +532,8 @@ static bool dump_one(const pto_args_view *v, int32_t i, const char *when, const 
     shape_str(t, shape, sizeof shape);
     const char *dt = pto_dtype_name(t->dtype);
     int ln = snprintf(line, sizeof line,
-                      "%" PRId64 "\t%" PRIu64 "\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%" PRIu64 "\t%" PRIu64 "\t%s\t%016" PRIx64 "\n",
+                      "%" PRId64 "\t%" PRIu64 "\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%" PRIu64 "\t%" PRIu64
+                      "\t%s\t%016" PRIx64 "\n",
                       d->task_id, callable, (int)d->worker, (int)d->member, (int)i + 1, when,
                       i < d->ntags ? pto_tag_name(d->tags[i]) : "?", dt ? dt : "?", shape, t->offset, nb, file,
                       t->base ? fnv1a(p, nb) : fnv1a(p, 0));

@@ -475,8 +475,8 @@ static void format_diag(pto_worker *w, int32_t pid, uint64_t epoch, sbuf *b)
         for (int k = 0; k < 3; k++) {
             if (k != 1 && s->level < 2) continue;
             uint64_t t0 = s->ts[k], t1 = s->ts[k + 1];
-            sb_printf(b, ",\n{\"name\":\"%s\",\"cat\":\"swimlane\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", NAMES[k],
-                      pid, tid_of(w, s->kind, s->worker));
+            sb_printf(b, ",\n{\"name\":\"%s\",\"cat\":\"swimlane\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":",
+                      NAMES[k], pid, tid_of(w, s->kind, s->worker));
             sb_ts(b, t0, epoch);
             sb_printf(b, ",\"dur\":");
             sb_us(b, t1 > t0 ? t1 - t0 : 0);

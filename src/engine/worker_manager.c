@@ -276,7 +276,8 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
         /* The precise clock only where it is compared or traced: it costs ~20 ns a task. */
         uint64_t now = tracing || s->timeout_ms ? pto_now_ns() : pto_now_coarse_ns();
         wt->task_t0 = tracing ? now : 0;
-        if (PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg))) pto_diag_prepare(&ch->mb->diag, wt->wm, s, wt->task_member, wt->index);
+        if (PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg)))
+            pto_diag_prepare(&ch->mb->diag, wt->wm, s, wt->task_member, wt->index);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
         moved = true;

@@ -520,8 +520,13 @@ static bool dump_one(const pto_args_view *v, int32_t i, const char *when, const 
                      (int)d->member, (int)i + 1, when);
     const char *file = strrchr(path, '/');
     file = file ? file + 1 : path;
+    if (n < 0 || (size_t)n >= sizeof path) {
+        snprintf(err, errlen, "enable_dump_tensor: the dump file name under output_prefix '%s' is too long",
+                 cfg->output_prefix);
+        return false;
+    }
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = n > 0 && fd >= 0 && (nb == 0 || (t->base && write_all(fd, p, (size_t)nb)));
+    bool ok = fd >= 0 && (nb == 0 || (t->base && write_all(fd, p, (size_t)nb)));
     int e = errno;
     if (fd >= 0) close(fd);
     if (!ok) {

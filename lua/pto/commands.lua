@@ -17,6 +17,10 @@ return function(repl)
 
   local chosen -- set by :use
 
+  -- orch:task(id).pmu's counters, in the order of their sets (docs/tracing.md)
+  local PMU_EVENTS = { "task_clock", "page_faults", "context_switches", "cpu_migrations", "cycles", "instructions",
+    "cache_references", "cache_misses", "branches", "branch_misses" }
+
   local function out(fmt, ...) io.stdout:write(fmt:format(...), "\n") end
 
   -- A user-level problem: say it, no traceback.
@@ -456,6 +460,13 @@ return function(repl)
       columns(rows)
     end
     if t.error then out("  error: %s", t.error) end
+    if t.pmu then
+      local counts = {}
+      for _, k in ipairs(PMU_EVENTS) do
+        if t.pmu[k] then counts[#counts + 1] = ("%s %d"):format(k:gsub("_", "-"), t.pmu[k]) end
+      end
+      out("  pmu (enable_pmu = %d): %s", t.pmu.set, #counts > 0 and table.concat(counts, ", ") or "nothing counted")
+    end
   end)
 
   -- :why N: one line per reason task N does not run yet.

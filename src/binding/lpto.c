@@ -20,6 +20,7 @@
  *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any),
  *   lpto_result.c   and what a Worker child's orchestration function returns
  *   lpto_mpi.c      (lpto_level.c's) Worker children on other MPI ranks
+ *   lpto_diag.c     pto.load_dump and orch:task's PMU counts (CallConfig diagnostics)
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto, compiled in: lpto_embed.h)
  * The engine under all of them never sees a Lua header. */
@@ -87,6 +88,7 @@ int luaopen_pto(lua_State *L)
     lpto_open_mpi(L);
     preload_parts(L);
     lpto_open_run(L);
+    lpto_open_diag(L);
     load_lua_part(L, "pto.inspect");
     return 1;
 }

@@ -153,6 +153,7 @@ int lpto_orch_task(lua_State *L)
         else lua_pushfstring(L, "chip %d", info.worker + 1);
         lua_setfield(L, -2, "worker_name");
     }
+    lpto_push_pmu(L, O->o, id);
     push_task_tensors(L, O, id, info.group_size);
     push_edges(L, O, id, 0);
     lua_setfield(L, -2, "producers");

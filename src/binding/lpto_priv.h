@@ -72,6 +72,11 @@ void lpto_check_note(lua_State *L, int idx);
 void lpto_check_explain(lua_State *L);
 
 void lpto_open_tensor(lua_State *L);
+/* ---- diagnostics (lpto_diag.c) ---- */
+/* Set field "pmu" of the table on top to task id's PMU counts, if it has any. */
+void lpto_push_pmu(lua_State *L, pto_orch *o, int64_t id);
+/* pto.load_dump, into the module table on top (after pto.tensor). */
+void lpto_open_diag(lua_State *L);
 /* The message of a ring storage once its scope has ended. */
 extern const char lpto_ring_gone[];
 

@@ -8,8 +8,15 @@
  * Kernels keep no state and may run concurrently on several chip workers.
  * No kernel calls another exported one: a host exporting a symbol of the
  * same name (ptolua links with -E) would interpose on it.
+ *
+ * block_dim > 1 splits gemm_tile and the element-wise kernels (vector_add,
+ * vector_mul, tile_add, vector_scale) over that many threads of the chip
+ * process, as the device splits a kernel over its cores: each thread takes a
+ * band of rows (elements), computed exactly as the whole kernel computes
+ * them, so the result is bit for bit the one of block_dim = 1.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -133,13 +140,61 @@ static int check_same(const char *kernel, const pto_tensor *t, int n, const char
 #define F32_F64_I32 (1u << PTO_F32 | 1u << PTO_F64 | 1u << PTO_I32)
 #define F32_F64 (1u << PTO_F32 | 1u << PTO_F64)
 
+/* ---- block_dim: a kernel split over threads ---- */
+
+#define BLOCK_DIM_MAX 64
+
+/* One band [lo, hi) of a split kernel. */
+typedef void (*band_fn)(void *ctx, uint64_t lo, uint64_t hi);
+
+typedef struct band {
+    band_fn fn;
+    void *ctx;
+    uint64_t lo, hi;
+} band;
+
+static void *band_main(void *arg)
+{
+    band *b = arg;
+    b->fn(b->ctx, b->lo, b->hi);
+    return NULL;
+}
+
+/* Run fn over [0, n) in at most block_dim bands whose bounds are multiples of grain (but the last), one per
+ * thread, the caller taking the first. A thread that cannot start leaves its band to the caller. */
+static void split(const pto_call_config *cfg, uint64_t n, uint64_t grain, band_fn fn, void *ctx)
+{
+    int32_t parts = cfg && cfg->block_dim > 1 ? cfg->block_dim : 1;
+    if (parts > BLOCK_DIM_MAX) parts = BLOCK_DIM_MAX;
+    uint64_t units = (n + grain - 1) / grain;
+    if ((uint64_t)parts > units) parts = (int32_t)(units ? units : 1);
+    if (parts <= 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    band b[BLOCK_DIM_MAX];
+    pthread_t th[BLOCK_DIM_MAX];
+    int started[BLOCK_DIM_MAX] = {0};
+    for (int32_t p = 0; p < parts; p++) {
+        uint64_t lo = units * (uint64_t)p / (uint64_t)parts * grain;
+        uint64_t hi = units * (uint64_t)(p + 1) / (uint64_t)parts * grain;
+        b[p] = (band){fn, ctx, lo < n ? lo : n, hi < n ? hi : n};
+        if (p > 0) started[p] = pthread_create(&th[p], NULL, band_main, &b[p]) == 0;
+    }
+    fn(ctx, b[0].lo, b[0].hi);
+    for (int32_t p = 1; p < parts; p++) {
+        if (started[p]) pthread_join(th[p], NULL);
+        else fn(ctx, b[p].lo, b[p].hi);
+    }
+}
+
 /* No restrict: c may be a or b (tile_add accumulates in place). i32 goes
  * through uint32_t so overflow wraps instead of being undefined. */
 #define BINARY_LOOP(T, OP)                                              \
     do {                                                                \
         const T *x = data(a), *y = data(b);                             \
         T *z = data(c);                                                 \
-        for (uint64_t i = 0; i < n; i++) z[i] = (T)(x[i] OP y[i]);      \
+        for (uint64_t i = lo; i < hi; i++) z[i] = (T)(x[i] OP y[i]);    \
     } while (0)
 
 #define BINARY_DTYPES(OP)                                               \
@@ -149,14 +204,26 @@ static int check_same(const char *kernel, const pto_tensor *t, int n, const char
     default: BINARY_LOOP(uint32_t, OP); break;                          \
     }
 
+typedef struct binary_job {
+    const pto_tensor *a, *b, *c;
+    int mul;
+} binary_job;
+
+static void binary_band(void *ctx, uint64_t lo, uint64_t hi)
+{
+    const binary_job *j = ctx;
+    const pto_tensor *a = j->a, *b = j->b, *c = j->c;
+    if (j->mul) BINARY_DTYPES(*)
+    else BINARY_DTYPES(+)
+}
+
 static int binary(const char *kernel, int mul, const pto_tensor *a, const pto_tensor *b, const pto_tensor *c,
-                  const char *names[], char *err, size_t errlen)
+                  const char *names[], const pto_call_config *cfg, char *err, size_t errlen)
 {
     const pto_tensor t[3] = {*a, *b, *c};
     if (check_same(kernel, t, 3, names, F32_F64_I32, "f32, f64 or i32", err, errlen)) return 1;
-    uint64_t n = numel(a);
-    if (mul) BINARY_DTYPES(*)
-    else BINARY_DTYPES(+)
+    binary_job j = {a, b, c, mul};
+    split(cfg, numel(a), 4096, binary_band, &j);
     return 0;
 }
 
@@ -166,14 +233,14 @@ KERNEL(vector_add)
 {
     if (check_args("vector_add", args, 3, 3, "3 tensors (a IN, b IN, c OUT)", err, errlen)) return 1;
     const pto_tensor *t = args->tensors;
-    return binary("vector_add", 0, &t[0], &t[1], &t[2], abc_names, err, errlen);
+    return binary("vector_add", 0, &t[0], &t[1], &t[2], abc_names, cfg, err, errlen);
 }
 
 KERNEL(vector_mul)
 {
     if (check_args("vector_mul", args, 3, 3, "3 tensors (a IN, b IN, c OUT)", err, errlen)) return 1;
     const pto_tensor *t = args->tensors;
-    return binary("vector_mul", 1, &t[0], &t[1], &t[2], abc_names, err, errlen);
+    return binary("vector_mul", 1, &t[0], &t[1], &t[2], abc_names, cfg, err, errlen);
 }
 
 KERNEL(tile_add)
@@ -182,8 +249,27 @@ KERNEL(tile_add)
     const char *usage = "3 tensors (a IN, b IN, c OUT) or 2 (acc INOUT, b IN)";
     if (check_args("tile_add", args, 2, 3, usage, err, errlen)) return 1;
     const pto_tensor *t = args->tensors;
-    if (args->tensor_count == 2) return binary("tile_add", 0, &t[0], &t[1], &t[0], acc_names, err, errlen);
-    return binary("tile_add", 0, &t[0], &t[1], &t[2], abc_names, err, errlen);
+    if (args->tensor_count == 2) return binary("tile_add", 0, &t[0], &t[1], &t[0], acc_names, cfg, err, errlen);
+    return binary("tile_add", 0, &t[0], &t[1], &t[2], abc_names, cfg, err, errlen);
+}
+
+typedef struct scale_job {
+    const pto_tensor *a, *c;
+    double f;
+} scale_job;
+
+static void scale_band(void *ctx, uint64_t lo, uint64_t hi)
+{
+    const scale_job *j = ctx;
+    if (j->a->dtype == PTO_F32) {
+        const float *x = data(j->a);
+        float *z = data(j->c), ff = (float)j->f;
+        for (uint64_t i = lo; i < hi; i++) z[i] = x[i] * ff;
+    } else {
+        const double *x = data(j->a);
+        double *z = data(j->c);
+        for (uint64_t i = lo; i < hi; i++) z[i] = x[i] * j->f;
+    }
 }
 
 KERNEL(vector_scale)
@@ -194,16 +280,8 @@ KERNEL(vector_scale)
         scalar_double("vector_scale", args, "the factor", &f, err, errlen) ||
         check_same("vector_scale", args->tensors, 2, names, F32_F64, "f32 or f64", err, errlen))
         return 1;
-    uint64_t n = numel(&args->tensors[0]);
-    if (args->tensors[0].dtype == PTO_F32) {
-        const float *x = data(&args->tensors[0]);
-        float *z = data(&args->tensors[1]), ff = (float)f;
-        for (uint64_t i = 0; i < n; i++) z[i] = x[i] * ff;
-    } else {
-        const double *x = data(&args->tensors[0]);
-        double *z = data(&args->tensors[1]);
-        for (uint64_t i = 0; i < n; i++) z[i] = x[i] * f;
-    }
+    scale_job j = {&args->tensors[0], &args->tensors[1], f};
+    split(cfg, numel(&args->tensors[0]), 4096, scale_band, &j);
     return 0;
 }
 
@@ -335,6 +413,19 @@ static void gemm_f32(uint32_t M, uint32_t N, uint32_t K, const float *A, const f
     gemm_ikj(N, K, A, B, C, accum, 0, M, 0, N);
 }
 
+typedef struct gemm_job {
+    uint32_t N, K;
+    const float *A, *B;
+    float *C;
+    int accum;
+} gemm_job;
+
+static void gemm_band(void *ctx, uint64_t lo, uint64_t hi)
+{
+    const gemm_job *j = ctx;
+    gemm_f32((uint32_t)(hi - lo), j->N, j->K, j->A + lo * j->K, j->B, j->C + lo * j->N, j->accum);
+}
+
 static int overlaps(const pto_tensor *x, const pto_tensor *y)
 {
     uint64_t xs = x->base + x->offset, ys = y->base + y->offset;
@@ -367,7 +458,9 @@ KERNEL(gemm_tile)
                          (unsigned long long)mode);
     if (overlaps(C, A) || overlaps(C, B))
         return fail_with(err, errlen, "gemm_tile: C overlaps A or B; C must be a separate buffer");
-    if (M && N) gemm_f32(M, N, K, data(A), data(B), data(C), (int)mode);
+    gemm_job j = {N, K, data(A), data(B), data(C), (int)mode};
+    /* Bands of whole 6-row blocks (MR): every row takes the path, and so the rounding, it takes unsplit. */
+    if (M && N) split(cfg, M, 6, gemm_band, &j);
     return 0;
 }
 

@@ -662,3 +662,10 @@ const uint8_t *pto_check_tags(const pto_mailbox *mb, const pto_args_view *args)
 }
 
 _Static_assert(sizeof(((pto_mailbox *)0)->check_tags) == PTO_CHECK_MAX_TAGS, "the mailbox carries every tag");
+
+int pto_check_leaf_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                       size_t errlen)
+{
+    const pto_check_leaf *cl = ctx;
+    return pto_check_call(cl->fn, cl->ctx, callable, args, cl->tags, cfg, err, errlen, cl->mb);
+}

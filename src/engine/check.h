@@ -33,6 +33,17 @@ struct pto_worker_manager;
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
                    const pto_call_config *cfg, char *err, size_t errlen, const struct pto_mailbox *mb);
 
+/* pto_check_call as a leaf of its own, so that another wrapper (diag.c's) can go around it:
+ * ctx is a pto_check_leaf. */
+typedef struct pto_check_leaf {
+    pto_leaf_fn fn;
+    void *ctx;
+    const uint8_t *tags;
+    const struct pto_mailbox *mb;
+} pto_check_leaf;
+int pto_check_leaf_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
+                       size_t errlen);
+
 /* The tags to check slot s's member by, or NULL (run unchecked): a group's members may share an
  * OUTPUT, each writing its part while another's double run would fill all of it. */
 const uint8_t *pto_check_tags_of(const struct pto_slot *s);

@@ -208,8 +208,17 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
         }
         mb->loaded = 1;
     }
-    int rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, pto_check_tags(mb, &view), &cfg, err, PTO_MB_ERR_CAP, mb)
+    const uint8_t *tags = PTO_UNLIKELY(mb->check) ? pto_check_tags(mb, &view) : NULL;
+    int rc;
+    if (PTO_UNLIKELY(pto_diag_wanted(&cfg))) {
+        /* diag.c's dumps go around the checks: they show the task's inputs and its final outputs */
+        pto_check_leaf cl = {leaf->run, leaf->ctx, tags, mb};
+        rc = mb->check ? pto_diag_call(pto_check_leaf_run, &cl, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP)
+                       : pto_diag_call(leaf->run, leaf->ctx, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP);
+    } else {
+        rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, tags, &cfg, err, PTO_MB_ERR_CAP, mb)
                                      : leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
+    }
     err[PTO_MB_ERR_CAP - 1] = 0;
     return rc;
 }

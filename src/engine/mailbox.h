@@ -34,6 +34,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "diag.h"
 #include "event.h"
 #include "pto.h"
 
@@ -91,6 +92,8 @@ typedef struct pto_mailbox {
     uint32_t check, check_ntags;
     uint64_t check_ring_base[PTO_MAX_RING_DEPTH], check_ring_size[PTO_MAX_RING_DEPTH], check_shm_top;
     uint8_t check_tags[8192];
+    /* diag.c: written with the task when its cfg asks for diagnostics (pto_diag_wanted), results with the result */
+    pto_diag_task diag;
     /* The result: written by the child before TASK_DONE (or before it exits
      * when its start hook failed). */
     int32_t rc;

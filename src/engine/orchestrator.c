@@ -4,6 +4,7 @@
 #include "scheduler.h"
 #include "task_args.h"
 #include "trace.h"
+#include "diag.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -523,12 +524,19 @@ static void record_writers(pto_orch *o, const submit_req *q, pto_slot *s)
     }
 }
 
+/* Any diagnostic field (diag.c) set: the submit checks them and sets up their files. */
+static inline bool diag_fields(const pto_call_config *c)
+{
+    return (c->enable_dump_tensor | c->enable_pmu | c->enable_l2_swimlane | c->enable_dep_gen) != 0;
+}
+
 static int64_t submit(pto_orch *o, const submit_req *q)
 {
     /* Spent by this submit whether or not it succeeds. */
     int64_t timeout_ms = o->next_timeout_ms;
     o->next_timeout_ms = -1;
     if (!pto_orch_check_open(o) || !validate(o, q)) return -1;
+    if (PTO_UNLIKELY(q->cfg && diag_fields(q->cfg)) && !pto_diag_submit_check(o->sched->wm, q->cfg)) return -1;
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
     drain_retired(o);
@@ -551,6 +559,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
         return -1;
     }
     pto_slot *s = build_slot(o, q, total_tensors, total_scalars, &slab, timeout_ms);
+    if (PTO_UNLIKELY(s->cfg->cfg.enable_dep_gen)) pto_diag_dep_gen(o, s);
     record_writers(o, q, s);
     if (PTO_UNLIKELY(o->check)) pto_check_record(o, s);
 

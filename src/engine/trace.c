@@ -2,6 +2,7 @@
 #include "common.h"
 #include "slot.h"
 #include "worker.h"
+#include "diag.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -159,6 +160,7 @@ int pto_trace_start(pto_worker *w, uint32_t capacity_events)
     }
     drop_json(t);
     drop_extra(t);
+    pto_diag_trace_reset(&w->wm);
     atomic_store_explicit(&t->next, 0, memory_order_relaxed);
     atomic_store_explicit(&t->run, (int32_t)w->runs, memory_order_relaxed);
     t->run_t0 = now;   /* a trace started inside a run shows that run from here */
@@ -466,6 +468,34 @@ static void format_flows(pto_worker *w, pto_trace *t, int32_t pid, uint64_t epoc
     }
 }
 
+/* The swimlane and PMU spans of tasks whose CallConfig asked (diag.c), on their task's track inside its span:
+ * "kernel" (kernel start to end, with the PMU counts as args), and from level 2 "dispatch" (task received to
+ * kernel start) and "post" (kernel end to completion posted). */
+static void format_diag(pto_worker *w, int32_t pid, uint64_t epoch, sbuf *b)
+{
+    int64_t n;
+    pto_diag_span *sp = pto_diag_spans_copy(&w->wm, &n);
+    static const char *const NAMES[] = {"dispatch", "kernel", "post"};
+    for (int64_t i = 0; i < n; i++) {
+        const pto_diag_span *s = &sp[i];
+        for (int k = 0; k < 3; k++) {
+            if (k != 1 && s->level < 2) continue;
+            uint64_t t0 = s->ts[k], t1 = s->ts[k + 1];
+            sb_printf(b, ",\n{\"name\":\"%s\",\"cat\":\"swimlane\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":",
+                      NAMES[k], pid, tid_of(w, s->kind, s->worker));
+            sb_ts(b, t0, epoch);
+            sb_printf(b, ",\"dur\":");
+            sb_us(b, t1 > t0 ? t1 - t0 : 0);
+            sb_printf(b, ",\"args\":{\"run\":%d,\"task\":%" PRId64 ",\"member\":%d", s->run, s->task, s->member);
+            for (int32_t e = 0; k == 1 && e < s->pmu.count; e++)
+                if (s->pmu.valid & (1u << e))
+                    sb_printf(b, ",\"%s\":%" PRId64, pto_pmu_event_name(s->pmu.set, e), s->pmu.counts[e]);
+            sb_printf(b, "}}");
+        }
+    }
+    free(sp);
+}
+
 /* Every event of the stopped trace t of w, as comma-separated objects. */
 static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *pname, sbuf *b)
 {
@@ -482,6 +512,7 @@ static void format_events(pto_worker *w, pto_trace *t, int32_t pid, const char *
         if (e->type == PTO_TEV_TASK) keys[nspans++] = (span_key){e->run, e->member, e->id, (uint32_t)i};
         format_slice(w, e, pid, epoch, &nm, b);
     }
+    format_diag(w, pid, epoch, b);
     /* Flows last: an edge is drawn only when both ends ran while recording. */
     qsort(keys, nspans, sizeof *keys, span_cmp);
     format_flows(w, t, pid, epoch, keys, nspans, b);

@@ -1,4 +1,5 @@
 #include "worker.h"
+#include "diag.h"
 #include "common.h"
 #include "crash.h"
 #include "check.h"
@@ -235,6 +236,7 @@ bool pto_run_begin_session(pto_worker *w)
     pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
+    pto_diag_run_begin(&w->wm, w->runs);
     return true;
 }
 
@@ -249,6 +251,7 @@ int pto_run_end(pto_worker *w)
         return -1;
     }
     int rc = pto_orch_end(&w->orch);
+    pto_diag_run_end(&w->wm);
     /* Children that died in this run are back before it returns, so the
      * next run starts with as many live children as the first. */
     pto_wm_settle(&w->wm);

@@ -4,6 +4,7 @@
 #include "check.h"
 #include "slot.h"
 #include "trace.h"
+#include "diag.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -165,6 +166,20 @@ static _Thread_local const uint8_t *leaf_tags;
 
 const uint8_t *pto_leaf_tags(void) { return leaf_tags; }
 
+/* THREAD mode with diagnostics asked for: the leaf call wrapped by diag.c. */
+static int wt_diag_call(pto_worker_thread *wt, pto_slot *s, int32_t member, const pto_args_view *v, char *err,
+                        size_t errlen)
+{
+    pto_diag_task d;
+    pto_diag_prepare(&d, wt->wm, s, member, wt->index);
+    const uint8_t *tags = atomic_load_explicit(&wt->wm->check, memory_order_relaxed) ? pto_check_tags_of(s) : NULL;
+    pto_check_leaf cl = {wt->call, wt->call_ctx, tags, NULL};
+    int rc = tags ? pto_diag_call(pto_check_leaf_run, &cl, s->callable, v, &s->cfg->cfg, &d, err, errlen)
+                  : pto_diag_call(wt->call, wt->call_ctx, s->callable, v, &s->cfg->cfg, &d, err, errlen);
+    pto_diag_finish(wt->wm, s, &d);
+    return rc;
+}
+
 static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_slot *after,
                        pto_worker_thread *origin)
 {
@@ -183,9 +198,11 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         uint64_t t0 = tracing ? now : 0;
         leaf_tags = m->tags;
         pto_crash_current(wt, s);   /* crash.c: last words if the task takes the process down */
-        int rc = PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed))
-                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), &s->cfg->cfg, err, sizeof err, NULL)
-                     : wt->call(wt->call_ctx, s->callable, &v, &s->cfg->cfg, err, sizeof err);
+        const pto_call_config *cfg = &s->cfg->cfg;
+        int rc = PTO_UNLIKELY(pto_diag_wanted(cfg)) ? wt_diag_call(wt, s, member, &v, err, sizeof err)
+                 : PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed))
+                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), cfg, err, sizeof err, NULL)
+                     : wt->call(wt->call_ctx, s->callable, &v, cfg, err, sizeof err);
         pto_crash_current(wt, NULL);
         leaf_tags = NULL;
         ran(wt, &c, t0, rc, err);
@@ -241,6 +258,7 @@ static bool pump_claim(pto_worker_thread *wt)
 static void pump_done(pto_worker_thread *wt, int rc, const char *err)
 {
     pto_completion c = {.slot = wt->task, .origin = wt->task_origin, .member = wt->task_member, .status = PTO_DONE_OK};
+    if (PTO_UNLIKELY(pto_diag_wanted(&wt->task->cfg->cfg))) pto_diag_finish(wt->wm, wt->task, &wt->child->mb->diag);
     ran(wt, &c, wt->task_t0, rc, err);
     complete(wt, c);
     wt->task = NULL;
@@ -278,6 +296,8 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
         wt->task_t0 = tracing ? now : 0;
         if (PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | ch->mb->check))
             pto_check_stage(ch->mb, wt->wm, pto_check_tags_of(s), m->tensor_count);
+        if (PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg)))
+            pto_diag_prepare(&ch->mb->diag, wt->wm, s, wt->task_member, wt->index);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
         if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
         moved = true;
@@ -434,6 +454,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
     }
     pto_ship_destroy(&wm->ships);
     pto_trace_free(atomic_load(&wm->trace));
+    pto_diag_free(wm);
     memset(wm, 0, sizeof *wm);
 }
 

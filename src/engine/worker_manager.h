@@ -112,6 +112,8 @@ typedef struct pto_worker_manager {
     _Atomic int32_t check;             /* this run runs its tasks under check.c, set at run begin */
     const struct pto_heap_ring *check_rings;   /* the Worker's PTO_MAX_RING_DEPTH rings, for check.c */
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
+    struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */
+    int64_t diag_run;                  /* diag.c: the run its files are named after */
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);

@@ -427,6 +427,22 @@ int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset);
  * run. */
 int64_t pto_tensormap_list(pto_orch *o, pto_tm_item *out, int64_t cap);
 
+/* ---- diagnostics a CallConfig asks for (diag.c, docs/tracing.md) ---- */
+
+/* A task's PMU counts (enable_pmu = set): event i of the set is pto_pmu_event_name(set, i). */
+typedef struct pto_pmu_sample {
+    int32_t set;                 /* the task's enable_pmu, 0 if nothing was counted */
+    int32_t count;               /* events in the set */
+    uint32_t valid;              /* bit i: counts[i] was read (an event the machine refuses is not) */
+    int32_t members;             /* group members whose counts are summed here */
+    int64_t counts[4];
+} pto_pmu_sample;
+/* Name of event i ("task-clock", "cycles", ...) of PMU set (1..4), or NULL. */
+const char *pto_pmu_event_name(int32_t set, int32_t i);
+/* Fill out with the PMU counts of task id of the current run: 1 if it has some, 0 if not (yet), -1 on a bad
+ * id. */
+int pto_task_pmu_get(pto_orch *o, int64_t id, pto_pmu_sample *out);
+
 /* ---- tracing (trace.c, docs/tracing.md) ----
  * Call these from the thread that runs w's runs, never two at once. */
 

@@ -1,0 +1,425 @@
+-- diag_spec.lua: the CallConfig's diagnostic fields (docs/tracing.md,
+-- "Diagnostics"): tensor dumps read back with pto.load_dump, per-task PMU
+-- counts, the dependency dump, swimlanes and block_dim, in both modes
+-- (CTest runs it once per PTO_MODE) and from an L4 through an L3.
+--
+-- What each dump says is checked against what the engine itself reports:
+-- the tensors' own bytes, orch:task(id).producers for the edges.
+local pto = require "pto"
+local H = require "helpers"
+local F = require "files"
+
+local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+local q = F.q
+
+-- A fresh, empty directory; returns its path (with no trailing slash).
+local function fresh_dir()
+  local d = F.tmpname(".d")
+  assert(os.execute("rm -rf " .. q(d) .. " && mkdir -p " .. q(d)))
+  return d
+end
+
+-- Files of dir whose names match the Lua pattern, sorted.
+local function ls(dir, pattern)
+  local out = {}
+  local p = io.popen("ls -1 " .. q(dir))
+  for name in p:lines() do
+    if name:match(pattern) then out[#out + 1] = dir .. "/" .. name end
+  end
+  p:close()
+  table.sort(out)
+  return out
+end
+
+local function the_one(dir, pattern)
+  local files = ls(dir, pattern)
+  assert(#files == 1, ("expected one file matching %s in %s, found %d"):format(pattern, dir, #files))
+  return files[1]
+end
+
+local function filled(shape, f)
+  local t = pto.tensor(shape, "f32")
+  for i = 1, #t do t[i] = f(i) end
+  return t
+end
+
+local function same_values(a, b)
+  assert.are.equal(#a, #b)
+  for i = 1, #a do
+    if a[i] ~= b[i] then error(("element %d: %s ~= %s"):format(i, tostring(a[i]), tostring(b[i])), 2) end
+  end
+end
+
+describe("enable_dump_tensor", function()
+  after_each(F.cleanup)
+
+  it("dumps inputs before and outputs after each task; pto.load_dump reads back what the kernel saw", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    local add = w:register(pto.chip_kernel("tile_add"))
+    w:init()
+    local A = filled({8, 8}, function(i) return i % 7 - 3 end)
+    local B = filled({8, 8}, function(i) return i % 5 - 2 end)
+    local big = filled({4, 8, 8}, function(i) return i % 3 end)
+    local acc = big:view{offset = 128, shape = {8, 8}}   -- the third 8x8 block: a view is dumped as its bytes
+    local acc_before = acc:totable()
+    local cfg = pto.CallConfig{enable_dump_tensor = 1, output_prefix = dir .. "/bad"}
+    local P, ids = pto.tensor({8, 8}, "f32"), {}
+    w:run(function(orch)
+      ids.gemm = orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {P, "out"}}, cfg)
+      ids.add = orch:submit_next_level(add, pto.args{{acc, "inout"}, {P, "in"}}, cfg)
+    end)
+    local rows = pto.load_dump(the_one(dir, "%.index$"))
+    -- gemm: A, B before; P after. add: acc and P before, acc after.
+    assert.are.equal(6, #rows)
+    local by = {}
+    for _, r in ipairs(rows) do
+      by[r.task .. ":" .. r.arg .. ":" .. r.when] = r
+      assert.is_true(r.worker >= 1 and r.worker <= 2)
+      assert.are.equal(1, r.member)
+      assert.are.equal("f32", r.dtype)
+      assert.are.same({8, 8}, r.shape)
+      assert.are.equal(256, r.nbytes)
+      assert.is_truthy(r.checksum:match("^%x+$"))
+    end
+    local g, a = ids.gemm, ids.add
+    same_values(A, by[g .. ":1:in"].tensor)
+    same_values(B, by[g .. ":2:in"].tensor)
+    same_values(P, by[g .. ":3:out"].tensor)
+    assert.are.equal("in", by[g .. ":1:in"].tag)
+    assert.are.equal("out", by[g .. ":3:out"].tag)
+    assert.is_nil(by[g .. ":3:in"])                        -- an OUTPUT is not dumped before
+    assert.are.equal("inout", by[a .. ":1:in"].tag)
+    assert.are.equal(128 * 4, by[a .. ":1:in"].offset)     -- the view's byte offset in its storage
+    same_values(acc_before, by[a .. ":1:in"].tensor)
+    same_values(acc, by[a .. ":1:out"].tensor)
+    same_values(P, by[a .. ":2:in"].tensor)
+    -- before and after differ exactly where the kernel wrote: acc += P changes the elements where P ~= 0
+    local before, after = by[a .. ":1:in"].tensor, by[a .. ":1:out"].tensor
+    local changed = 0
+    for i = 1, #P do
+      assert.are.equal(P[i] ~= 0, before[i] ~= after[i])
+      if P[i] ~= 0 then changed = changed + 1 end
+    end
+    assert.is_true(changed > 0)
+    -- the rest of the storage was not touched
+    for i = 1, #big do
+      if i <= 128 or i > 192 then assert.are.equal(i % 3, big[i]) end
+    end
+  end)
+
+  it("a load_dump of a changed file fails on its checksum", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local fill = w:register(pto.chip_kernel("fill"))
+    w:init()
+    local x = pto.tensor({16}, "f32")
+    w:run(function(orch)
+      orch:submit_next_level(fill, pto.args{{x, "out"}, scalars = {2.5}},
+                             pto.CallConfig{enable_dump_tensor = 1, output_prefix = dir .. "/f"})
+    end)
+    local idx = the_one(dir, "%.index$")
+    local rows = pto.load_dump(idx)
+    assert.are.equal(1, #rows)
+    same_values(x, rows[1].tensor)
+    assert.are.equal(2.5, rows[1].tensor[16])
+    local data = assert(io.open(rows[1].file, "r+b"))
+    data:write("\0\0\0\0")
+    data:close()
+    H.assert_error(function() pto.load_dump(idx) end, "pto.load_dump: ", "does not match its checksum")
+    H.assert_error(function() pto.load_dump(dir .. "/nothing.index") end, "pto.load_dump: ", "cannot open")
+    local junk = F.writefile(dir .. "/junk.index", "task 1 2 3\n")
+    H.assert_error(function() pto.load_dump(junk) end, "pto.load_dump: ", "is not a ptolua tensor dump index")
+  end)
+
+  it("a missing or unwritable output_prefix is an error at submit, and the Worker stays usable", function()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local noop = w:register(pto.chip_kernel("noop"))
+    w:init()
+    local x = pto.tensor({4}, "f32")
+    w:run(function(orch)
+      H.assert_error(function()
+        orch:submit_next_level(noop, pto.args{{x, "in"}}, pto.CallConfig{enable_dump_tensor = 1})
+      end, "orch:submit_next_level: ", "needs an output_prefix")
+      H.assert_error(function()
+        orch:submit_next_level(noop, pto.args{{x, "in"}},
+                               pto.CallConfig{enable_dump_tensor = 1, output_prefix = "/nonexistent-dir/x"})
+      end, "orch:submit_next_level: ", "cannot be written")
+      H.assert_error(function()
+        orch:submit_next_level(noop, pto.args{{x, "in"}}, pto.CallConfig{enable_pmu = 9})
+      end, "orch:submit_next_level: ", "selects no event set")
+      orch:submit_next_level(noop, pto.args{{x, "in"}})
+    end)
+  end)
+end)
+
+describe("enable_pmu", function()
+  after_each(F.cleanup)
+
+  it("set 1 (software) gives positive counts: more task-clock for a bigger GEMM, page faults on fresh memory",
+     function()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    local scale = w:register(pto.chip_kernel("vector_scale"))
+    w:init()
+    local small = {filled({8, 8}, math.sin), filled({8, 8}, math.cos), pto.tensor({8, 8}, "f32")}
+    local n = 256
+    local large = {filled({n, n}, math.sin), filled({n, n}, math.cos), pto.tensor({n, n}, "f32")}
+    local src, fresh = pto.tensor({1 << 20}, "f32"), pto.tensor({1 << 20}, "f32")   -- 4 MiB nobody touched yet
+    local cfg = pto.CallConfig{enable_pmu = 1}
+    w:run(function(orch)
+      local s = orch:submit_next_level(gemm, pto.args{{small[1], "in"}, {small[2], "in"}, {small[3], "out"}}, cfg)
+      local l = orch:submit_next_level(gemm, pto.args{{large[1], "in"}, {large[2], "in"}, {large[3], "out"}}, cfg)
+      local f = orch:submit_next_level(scale, pto.args{{src, "in"}, {fresh, "out"}, scalars = {2.0}}, cfg)
+      local plain = orch:submit_next_level(gemm, pto.args{{small[1], "in"}, {small[2], "in"}, {small[3], "out"}})
+      orch:drain()
+      local ps, pl, pf = orch:task(s).pmu, orch:task(l).pmu, orch:task(f).pmu
+      assert.is_table(ps)
+      assert.are.equal(1, ps.set)
+      for _, p in ipairs{ps, pl, pf} do
+        assert.is_true(p.task_clock > 0)
+        assert.is_true(p.page_faults >= 0 and p.context_switches >= 0 and p.cpu_migrations >= 0)
+      end
+      assert.is_true(pl.task_clock > ps.task_clock, ("task-clock %d (256^3) <= %d (8^3)"):format(pl.task_clock,
+                                                                                                ps.task_clock))
+      assert.is_true(pf.page_faults >= 256, ("%d page faults writing 4 MiB of fresh memory"):format(pf.page_faults))
+      assert.is_nil(orch:task(plain).pmu)   -- a task that did not ask has none
+    end)
+  end)
+
+  it("the prompt's :task N shows them", function()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"), "gemm")
+    w:init()
+    local A, B, C = filled({16, 16}, math.sin), filled({16, 16}, math.cos), pto.tensor({16, 16}, "f32")
+    local orch = w:open_run()
+    local id = orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {C, "out"}}, pto.CallConfig{enable_pmu = 1})
+    orch:drain()
+    local repl = require "pto.repl"
+    local f, saved = io.tmpfile(), io.stdout
+    io.stdout = f
+    local ok, err = pcall(repl.command, ":task " .. id)
+    io.stdout = saved
+    w:close_run()
+    assert(ok, err)
+    f:seek("set")
+    local text = f:read("a")
+    assert.matches("pmu %(enable_pmu = 1%): task%-clock %d+, page%-faults %d+, context%-switches %d+, cpu%-migrations %d+",
+                   text)
+  end)
+
+  it("a hardware set says once on stderr what the machine refuses, and the run goes on", function()
+    local script = F.writefile(F.tmpname(".lua"), [[
+      local pto = require "pto"
+      local w <close> = pto.Worker{level = 3, chips = 1}
+      local noop = w:register(pto.chip_kernel("noop"))
+      w:init()
+      local cfg = pto.CallConfig{enable_pmu = 2}
+      w:run(function(orch)
+        local ids = {}
+        for i = 1, 3 do ids[i] = orch:submit_next_level(noop, pto.args{}, cfg) end
+        orch:drain()
+        local p = orch:task(ids[3]).pmu
+        print(("RESULT set=%s cycles=%s instructions=%s"):format(p and p.set, p and p.cycles, p and p.instructions))
+      end)
+      print("DONE")
+    ]])
+    local out = F.tmpname(".out")
+    assert.is_true(os.execute(("%s %s >%s 2>&1"):format(q(PTOLUA), q(script), q(out))) == true)
+    local text = F.readfile(out)
+    assert.is_truthy(text:find("DONE", 1, true), text)
+    local _, refusals = text:gsub("event cycles is not counted", "")
+    if text:find("cycles=nil", 1, true) then
+      -- no hardware PMU here: the refusal path, said once per process that counted (1 child or this one)
+      assert.are.equal(1, refusals, text)
+      assert.is_truthy(text:find("enable_pmu = 2: event cycles is not counted: ", 1, true), text)
+    else
+      assert.are.equal(0, refusals, text)
+      assert.is_truthy(text:match("cycles=%d+"), text)
+    end
+  end)
+end)
+
+describe("enable_dep_gen", function()
+  after_each(F.cleanup)
+
+  it("writes exactly the edges orch:task(id).producers reports, as lines and as DOT that dot accepts", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local add = w:register(pto.chip_kernel("vector_add"))
+    w:init()
+    local x = filled({64}, function(i) return i end)
+    local y, z = pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+    local cfg = pto.CallConfig{enable_dep_gen = 1, output_prefix = dir .. "/g"}
+    local producers = {}
+    w:run(function(orch)
+      local ids = {}
+      ids[1] = orch:submit_next_level(add, pto.args{{x, "in"}, {x, "in"}, {y, "out"}}, cfg)
+      ids[2] = orch:submit_next_level(add, pto.args{{y:view{offset = 0, shape = {32}}, "in"},
+                                                    {y:view{offset = 32, shape = {32}}, "in"},
+                                                    {z:view{offset = 0, shape = {32}}, "out"}}, cfg)
+      ids[3] = orch:submit_next_level(add, pto.args{{y, "in"}, {z, "in"}, {x, "out"}}, cfg)
+      orch:drain()
+      for _, id in ipairs(ids) do
+        local t = orch:task(id)
+        producers[id] = {}
+        for _, p in ipairs(t.producers) do producers[id][p] = true end
+      end
+    end)
+    local deps = assert(F.readfile(the_one(dir, "%.deps$")))
+    local got, tasks = {}, 0
+    for line in deps:gmatch("[^\n]+") do
+      if line:match("^task ") then tasks = tasks + 1 end
+      local p, t, arg = line:match("^edge (%d+) %-> (%d+) arg (%d+) ")
+      if p then
+        got[tonumber(t)] = got[tonumber(t)] or {}
+        got[tonumber(t)][tonumber(p)] = true
+        assert.is_truthy(line:match("bytes %[%d+, %d+%) producer%-range %[%d+, %d+%)$"), line)
+      end
+    end
+    assert.are.equal(3, tasks)
+    for id, ps in pairs(producers) do assert.are.same(ps, got[id] or {}) end
+    assert.is_true(next(producers[2]) ~= nil)   -- the DAG has edges at all
+    local dot = the_one(dir, "%.dot$")
+    local ok = os.execute(("dot -Tsvg %s -o /dev/null"):format(q(dot)))
+    assert(ok, "dot -Tsvg rejected " .. dot .. ":\n" .. (F.readfile(dot) or ""))
+  end)
+end)
+
+describe("enable_l2_swimlane", function()
+  after_each(F.cleanup)
+
+  it("without a trace writes each task's four points, in order, to a file per worker", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local noop = w:register(pto.chip_kernel("noop"))
+    w:init()
+    local cfg = pto.CallConfig{enable_l2_swimlane = 1, output_prefix = dir .. "/s"}
+    local n = 6
+    w:run(function(orch)
+      for _ = 1, n do orch:submit_next_level(noop, pto.args{}, cfg) end
+    end)
+    local files, rows = ls(dir, "%.swimlane%.w%d+%.tsv$"), 0
+    assert.is_true(#files >= 1 and #files <= 2)
+    for _, f in ipairs(files) do
+      for line in io.lines(f) do
+        if not line:match("^#") then
+          local fields = {}
+          for v in line:gmatch("[^\t]+") do fields[#fields + 1] = tonumber(v) end
+          assert.are.equal(9, #fields, line)
+          local r, s, e, p = fields[5], fields[6], fields[7], fields[8]
+          assert.is_true(r <= s and s <= e and e <= p, line)
+          assert.are.equal(0, fields[9])
+          rows = rows + 1
+        end
+      end
+    end
+    assert.are.equal(n, rows)
+  end)
+end)
+
+describe("swimlanes and counters in a trace", function()
+  after_each(F.cleanup)
+
+  it("kernel spans (and dispatch/post from level 2) nest inside their task's span, with the PMU counts as args",
+     function()
+    local json = require "dkjson"
+    local path = F.tmpname(".json")
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    w:init()
+    local A, B = filled({32, 32}, math.sin), filled({32, 32}, math.cos)
+    local Cs = {}
+    w:trace_start(path)
+    w:run(function(orch)
+      for i = 1, 4 do
+        Cs[i] = pto.tensor({32, 32}, "f32")
+        orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {Cs[i], "out"}},
+                               pto.CallConfig{enable_l2_swimlane = i <= 2 and 2 or 1, enable_pmu = 1})
+      end
+    end)
+    w:trace_stop()
+    local doc = assert(json.decode(assert(F.readfile(path))))
+    local tasks, lanes = {}, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.cat == "task" then tasks[e.args.task] = e end
+      if e.cat == "swimlane" then lanes[#lanes + 1] = e end
+    end
+    local count = {dispatch = 0, kernel = 0, post = 0}
+    local EPS = 1e-6
+    for _, l in ipairs(lanes) do
+      local t = assert(tasks[l.args.task], "a swimlane span of a task with no span")
+      count[l.name] = count[l.name] + 1
+      assert.are.equal(t.tid, l.tid)
+      assert.is_true(l.ts >= t.ts - EPS and l.ts + l.dur <= t.ts + t.dur + EPS,
+                     ("%s span of task %d [%f, +%f] outside its task [%f, +%f]"):format(l.name, l.args.task, l.ts,
+                                                                                       l.dur, t.ts, t.dur))
+      if l.name == "kernel" then assert.is_true(l.args["task-clock"] > 0) end
+    end
+    assert.are.same({dispatch = 2, kernel = 4, post = 2}, count)
+  end)
+end)
+
+describe("block_dim", function()
+  it("block_dim = 2 (and 5) splits gemm_tile and vector kernels in the chip with the same result as 1", function()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"))
+    local vadd = w:register(pto.chip_kernel("vector_add"))
+    w:init()
+    -- 100 rows: not a multiple of the 6-row blocks, so bands and the remainder path both run
+    local M, K, N = 100, 70, 90
+    local A, B = filled({M, K}, function(i) return math.sin(i) end), filled({K, N}, function(i) return math.cos(i) end)
+    local x, y = filled({50000}, math.sin), filled({50000}, math.cos)
+    local C, Z = {}, {}
+    w:run(function(orch)
+      for i, bd in ipairs{1, 2, 5} do
+        C[i], Z[i] = pto.tensor({M, N}, "f32"), pto.tensor({50000}, "f32")
+        local cfg = pto.CallConfig{block_dim = bd}
+        orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {C[i], "out"}}, cfg)
+        orch:submit_next_level(vadd, pto.args{{x, "in"}, {y, "in"}, {Z[i], "out"}}, cfg)
+      end
+    end)
+    for i = 2, 3 do
+      same_values(C[1], C[i])
+      same_values(Z[1], Z[i])
+    end
+    local want = 0
+    for k = 1, K do want = want + A[(M - 1) * K + k] * B[(k - 1) * N + N] end
+    assert.is_true(math.abs(C[1][M * N] - want) < 1e-3)
+  end)
+end)
+
+describe("from an L4 through an L3", function()
+  after_each(F.cleanup)
+
+  it("an L3 task's tensors are dumped and counted at L4, its chip tasks at L3 with the cfg passed on", function()
+    local dir = fresh_dir()
+    local w3 = pto.Worker{level = 3, chips = 1}
+    local scale = w3:register(pto.chip_kernel("vector_scale"))
+    local w4 <close> = pto.Worker{level = 4}
+    local fn = w4:register(function(orch, args, cfg)
+      orch:submit_next_level(scale, pto.args{{args:tensor(1), "in"}, {args:tensor(2), "out"}, scalars = {3.0}}, cfg)
+    end, "scale3")
+    w4:add_worker(w3)
+    w4:init()
+    local x = filled({32}, function(i) return i end)
+    local y = pto.tensor({32}, "f32")
+    local cfg = pto.CallConfig{enable_dump_tensor = 1, enable_pmu = 1, enable_dep_gen = 1, output_prefix = dir .. "/l"}
+    local pmu
+    w4:run(function(orch)
+      local id = orch:submit_next_level(fn, pto.args{{x, "in"}, {y, "out"}}, cfg)
+      orch:drain()
+      pmu = orch:task(id).pmu
+    end)
+    assert.are.equal(3 * 32, y[32])
+    assert.is_true(pmu.task_clock > 0)
+    local idx = ls(dir, "%.index$")
+    assert.are.equal(2, #idx)   -- one per Worker: the L4's and the L3's runs
+    for _, f in ipairs(idx) do
+      local rows = pto.load_dump(f)
+      assert.are.equal(2, #rows)
+      for _, r in ipairs(rows) do same_values(r.arg == 1 and x or y, r.tensor) end
+    end
+  end)
+end)

@@ -37,6 +37,7 @@ void pto_sched_destroy(pto_scheduler *s)
     for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
     free(s->names);
     free(s->breaks);
+    pto_prof_free(&s->prof);
     pthread_mutex_destroy(&s->fail_mu);
     pthread_mutex_destroy(&s->gate_mu);
     if (s->ev) munmap(s->ev, sizeof *s->ev);
@@ -121,6 +122,7 @@ static void finish_all(pto_scheduler *s)
             pto_slot *c = x->consumers[i];
             if (failed) pto_slot_poison(c, x->id);
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
+                c->ready_by = x->id;
                 if (c->poisoned) work_push(s, c);
                 else make_ready(s, c);
             }
@@ -136,9 +138,11 @@ static void finish_all(pto_scheduler *s)
 static void wire(pto_scheduler *s, pto_slot *c)
 {
     int32_t live = 0;
+    c->ready_by = -1;
     for (int32_t i = 0; i < c->nrefs; i++) {
         if (!c->refs[i].dep) continue;
         pto_slot *p = c->refs[i].slot;
+        pto_prof_edge(&s->prof, c->id, p->id);
         /* Only a terminal producer is skipped: a group's failed flag is set by
          * its first failing member, while other members may still run and
          * the group's own failure is not yet recorded as the run's error. */
@@ -225,6 +229,7 @@ static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot,
         after = slot;
         slot = next;
         slot->chained = true;
+        slot->ready_by = after->id;
         next = chain_next(wt, slot);
     }
 }
@@ -498,6 +503,8 @@ static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_wor
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
+    if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
+                             c->status == PTO_DONE_FAILED);
     if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (c->status == PTO_DONE_FAILED) {

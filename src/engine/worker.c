@@ -146,6 +146,7 @@ pto_orch *pto_run_begin(pto_worker *w)
         pto_set_error("the Worker is shut down");
         return NULL;
     }
+    pto_prof_run_begin(&w->sched.prof);
     pto_orch_begin(&w->orch);
     /* Wake whoever sleeps now, while the first submits are made, rather
      * than one after another as the first task reaches each of them. */
@@ -162,7 +163,10 @@ int pto_run_end(pto_worker *w)
         pto_set_error("no run is open on this Worker");
         return -1;
     }
+    pto_prof_run_draining(&w->sched.prof);
     int rc = pto_orch_end(&w->orch);
+    /* After a shutdown the scheduler may still be recording. */
+    if (!atomic_load(&w->shutdown)) pto_prof_run_end(&w->sched.prof);
     /* Children that died in this run are back before it returns, so the
      * next run starts with as many live children as the first. */
     pto_wm_settle(&w->wm);

@@ -53,6 +53,8 @@ int luaopen_pto(lua_State *L)
     lpto_open_worker(L);
     lpto_open_debug(L);
     lpto_open_trace(L);
+    lpto_open_profile(L);
     load_lua_part(L, "pto.inspect");
+    load_lua_part(L, "pto.profile");
     return 1;
 }

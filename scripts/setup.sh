@@ -3,10 +3,10 @@
 # only when something is missing). Usage: scripts/setup.sh [--bench]
 set -euo pipefail
 # luajit (ffi_spec), luarocks (install_and_rock), clang and its libFuzzer
-# runtime (fuzz_blob): ctest names a test whose tool is missing as skipped,
+# runtime (fuzz_blob), chromium (the run report's browser test): ctest names a test whose tool is missing as skipped,
 # and fails it under CI.
 pkgs=(gcc cmake make pkg-config lua5.4 liblua5.4-dev lua-busted luajit luarocks libreadline-dev lua-dkjson graphviz
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev chromium)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev)
 missing=()
 for p in "${pkgs[@]}"; do

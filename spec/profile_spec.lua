@@ -151,4 +151,68 @@ describe("w:profile()", function()
       assert.is_true(p.levels[1].callables[1].max_ms >= 2)
       assert.truthy(tostring(p):find("\n  Profile of run 1 %(level 3"), tostring(p))
     end)
+
+  it("w:report(path) checks its path and needs an ended run", function()
+    local w <close> = pto.Worker{chips = 1}
+    w:init()
+    H.assert_error(function() w:report("/tmp/x.html") end, "Worker:report: ", "no run has ended on this Worker yet")
+    w:run(function(orch) orch:submit_next_level(w:register(pto.chip_kernel("noop")), pto.args{}) end)
+    H.assert_error(function() w:report() end, "Worker:report: ", "expected the path of the HTML file to write")
+    H.assert_error(function() w:report("a.html", 1) end, "Worker:report: ", "takes one argument")
+    H.assert_error(function() w:report("/nonexistent-dir/r.html") end, "Worker:report: ",
+      "cannot write '/nonexistent-dir/r.html'")
+    local path = os.tmpname()
+    w:report(path)
+    local f = assert(io.open(path))
+    local html = f:read("a")
+    f:close()
+    os.remove(path)
+    assert.truthy(html:find("^<!DOCTYPE html>"))
+    assert.truthy(html:find('"tasks":1', 1, true))
+  end)
+end)
+
+describe("ptolua --profile and the prompt's :profile", function()
+  local PTOLUA = assert(os.getenv("PTOLUA"), "set PTOLUA to the ptolua binary")
+  local F = require "files"
+  teardown(F.cleanup)
+
+  it("--profile prints each Worker's last run to stderr at exit, and says so when none ran", function()
+    local script = F.writefile(F.tmpname(".lua"), [[
+      local w = pto.Worker{chips = 2}
+      local h = w:register(pto.chip_kernel("noop"), "tiny")
+      for _ = 1, 2 do w:run(function(orch) for _ = 1, 5 do orch:submit_next_level(h, pto.args{}) end end) end
+      io.write("script done\n")
+    ]])
+    local p = assert(io.popen(("%s --profile %s 2>&1"):format(F.q(PTOLUA), F.q(script))))
+    local out = p:read("a")
+    assert.is_true(p:close())
+    assert.truthy(out:find("script done\nptolua --profile: Worker 1: Worker(level 3, ", 1, true), out)
+    assert.truthy(out:find("), run 2\nProfile of run 2 (level 3, ", 1, true), out)
+    assert.truthy(out:find("\n  tiny +5 ", 1), out)
+    p = assert(io.popen(("%s --profile -e 'x = 1' 2>&1"):format(F.q(PTOLUA))))
+    out = p:read("a")
+    assert.is_true(p:close())
+    assert.equal("ptolua --profile: no Worker ended a run\n", out)
+  end)
+
+  it(":profile prints the profile in the prompt", function()
+    local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
+    local steps = table.concat({
+      "line > ",
+      "send w = pto.Worker{chips = 1}\\n", "line > ",
+      "send :profile\\n", "expect has not ended a run yet", "line > ",
+      "send w:run(function(o) o:submit_next_level(w:register(pto.chip_kernel('noop'), 'nop'), pto.args{}) end)\\n",
+      "line > ",
+      "send :profile\\n", "expect critical path: ", "line > ",
+      "send \4", "wait" }, "\n") .. "\n"
+    local script = F.writefile(F.tmpname(), steps)
+    local p = assert(io.popen(("env TERM=xterm PTOLUA_HISTORY=%s %s %s %s 2>&1"):format(F.q(F.tmpname()),
+      F.q(PTYDRIVE), F.q(script), F.q(PTOLUA))))
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:find("EXIT 0\n", 1, true), out)
+    assert.truthy(out:find("Profile of run 1 (level 3, ", 1, true), out)
+    assert.truthy(out:find("\n  nop +1 ", 1), out)
+  end)
 end)

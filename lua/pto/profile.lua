@@ -60,7 +60,8 @@ return function(pto)
   local function build(d)
     local n = #d.id
     local p = setmetatable({ run = d.run, level = d.level, mode = d.mode, tasks = n, dropped = d.dropped,
-      makespan_ms = ms(d.end_ns), orchestration_ms = ms(d.drain_ns), timeline = {} }, Profile)
+      makespan_ms = ms(d.end_ns), orchestration_ms = ms(d.drain_ns), timeline = {}, begin_ns = d.begin_ns,
+      edges = d.edges }, Profile)
     -- Each task's span: a group's members together, from the first start to the last end.
     local span, by_callable, lanes = {}, {}, {}
     local first, last = math.huge, 0

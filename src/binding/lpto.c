@@ -56,5 +56,6 @@ int luaopen_pto(lua_State *L)
     lpto_open_profile(L);
     load_lua_part(L, "pto.inspect");
     load_lua_part(L, "pto.profile");
+    load_lua_part(L, "pto.report");
     return 1;
 }

@@ -196,6 +196,30 @@ describe("ptolua --profile and the prompt's :profile", function()
     assert.equal("ptolua --profile: no Worker ended a run\n", out)
   end)
 
+  it("--dot labels each task with its worker and duration, a condensed group with its mean", function()
+    local script = F.writefile(F.tmpname(".lua"), [[
+      local w <close> = pto.Worker{chips = 2}
+      local h = w:register(pto.chip_kernel("spin_us"), "spin")
+      w:run(function(orch) orch:submit_next_level(h, pto.args{{pto.tensor{4}, "out"}, scalars = {1}}) end)
+      w:run(function(orch)
+        for _ = 1, 3 do orch:submit_next_level(h, pto.args{{pto.tensor{4}, "out"}, scalars = {3000}}) end
+      end)
+      local w2 <close> = pto.Worker{chips = 1}
+      local n = w2:register(pto.chip_kernel("noop"), "many")
+      w2:run(function(orch) for _ = 1, 600 do orch:submit_next_level(n, pto.args{}) end end)
+    ]])
+    local dot = F.tmpname(".dot")
+    assert.is_true(os.execute(("%s --dot %s %s"):format(F.q(PTOLUA), F.q(dot), F.q(script))))
+    local text = F.readfile(dot)
+    local n = 0
+    for ms in text:gmatch("spin %(next_level%)\\ncompleted\\non chip %d, ([%d.e+-]+) ms") do
+      n = n + 1
+      assert.is_true(tonumber(ms) >= 3, text)   -- the second run's tasks, not the first's 1 us one
+    end
+    assert.equal(3, n, text)
+    assert.truthy(text:find("x600 completed\\ntask 0 ... task 599\\non chip 1\\nmean [%d.e+-]+ ms"), text)
+  end)
+
   it(":profile prints the profile in the prompt", function()
     local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
     local steps = table.concat({

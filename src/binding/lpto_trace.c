@@ -442,7 +442,8 @@ void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err)
     lua_getfield(L, rec, "title");
     if (err) lua_pushvalue(L, err);
     else lua_pushnil(L);
-    if (call_pto(L, "_dot_cluster", 4, 1) == LUA_OK && lua_isstring(L, -1)) {
+    lua_pushvalue(L, widx);   /* its profile: who ran each task, for how long */
+    if (call_pto(L, "_dot_cluster", 5, 1) == LUA_OK && lua_isstring(L, -1)) {
         push_field(L, "dags");
         lua_insert(L, -2);
         lua_rawseti(L, -2, serial);

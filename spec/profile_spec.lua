@@ -111,6 +111,17 @@ describe("w:profile()", function()
     assert.truthy(p.verdict:find("docs/lua.md's fast form", 1, true))
   end)
 
+  it("does not count the time the orchestration waited in orch:drain() as orchestration", function()
+    local w <close>, long = spin_worker(1)
+    w:run(function(orch)
+      spin(orch, long, pto.tensor{4}, "out", 80 * MS)
+      orch:drain()
+    end)
+    local p = w:profile()
+    assert.is_true(p.waited_ms >= 60, tostring(p))
+    assert.is_true(p.orchestration_ms < p.makespan_ms / 2, tostring(p))
+  end)
+
   it("covers the last run only, and counts failures", function()
     local w <close> = pto.Worker{chips = 1}
     local fail = w:register(pto.chip_kernel("fail"), "bad")

@@ -4,8 +4,9 @@
 -- start).
 --
 -- w:profile() builds it: per callable (count, total, mean, p50, p95, max),
--- per worker (tasks, busy, idle), orchestration vs execution with a one-line
--- verdict, the critical path, and the same for each Worker child that runs in
+-- per worker (tasks, busy, idle), orchestration (the run's function, less
+-- the time it waited in orch:drain or the progress line's wait) vs execution
+-- with a one-line verdict, the critical path, and the same for each Worker child that runs in
 -- this process (THREAD mode). tostring() of it is the text ptolua --profile
 -- and the prompt's :profile print. The critical path is the longest chain of
 -- dependent tasks weighted by their durations (the engine keeps the run's
@@ -60,7 +61,8 @@ return function(pto)
   local function build(d)
     local n = #d.id
     local p = setmetatable({ run = d.run, level = d.level, mode = d.mode, tasks = n, dropped = d.dropped,
-      makespan_ms = ms(d.end_ns), orchestration_ms = ms(d.drain_ns), timeline = {}, begin_ns = d.begin_ns,
+      makespan_ms = ms(d.end_ns), orchestration_ms = ms(math.max(0, d.drain_ns - d.waited_ns)),
+      waited_ms = ms(d.waited_ns), timeline = {}, begin_ns = d.begin_ns,
       edges = d.edges }, Profile)
     -- Each task's span: a group's members together, from the first start to the last end.
     local span, by_callable, lanes = {}, {}, {}

@@ -60,6 +60,7 @@ static void push_data(lua_State *L, lworker *W, int depth)
     set_num(L, "begin_ns", (lua_Integer)run.begin_ns);
     set_num(L, "drain_ns", (lua_Integer)(run.drain_ns - run.begin_ns));
     set_num(L, "end_ns", (lua_Integer)(run.end_ns - run.begin_ns));
+    set_num(L, "waited_ns", (lua_Integer)run.waited_ns);
     set_num(L, "dropped", run.dropped);
     set_num(L, "level", W->level);
     lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process");

@@ -19,6 +19,11 @@ void pto_prof_run_begin(pto_profile *p)
     p->run.begin_ns = pto_now_ns();
 }
 
+void pto_prof_waited(pto_profile *p, uint64_t t0)
+{
+    if (p->run.begin_ns && !p->run.drain_ns) p->run.waited_ns += pto_now_ns() - t0;
+}
+
 void pto_prof_run_draining(pto_profile *p) { p->run.drain_ns = pto_now_ns(); }
 
 void pto_prof_run_end(pto_profile *p)

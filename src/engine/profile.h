@@ -39,6 +39,8 @@ typedef struct pto_profile {
 
 /* Orchestrator thread: a run opens (before its orchestrator). */
 void pto_prof_run_begin(pto_profile *p);
+/* Orchestrator thread: it waited (pto_drain, pto_dispatch_wait) from t0 until now. */
+void pto_prof_waited(pto_profile *p, uint64_t t0);
 /* Orchestrator thread: the run's function returned; its drain starts. */
 void pto_prof_run_draining(pto_profile *p);
 /* Orchestrator thread: the run drained; it becomes the last run. */

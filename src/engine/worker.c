@@ -319,7 +319,10 @@ int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t o
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms)
 {
     if (!dispatch_check(w)) return -1;
-    return pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms) ? 1 : 0;
+    uint64_t t0 = pto_now_ns();
+    bool quiet = pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms);
+    pto_prof_waited(&w->sched.prof, t0);   /* not orchestration: the profile leaves it out */
+    return quiet ? 1 : 0;
 }
 
 int pto_dispatch_sync(pto_worker *w)

@@ -426,6 +426,7 @@ typedef struct pto_profile_run {
     uint64_t begin_ns;           /* pto_run_begin */
     uint64_t drain_ns;           /* pto_run_end was called: the orchestration returned */
     uint64_t end_ns;             /* the run drained */
+    uint64_t waited_ns;          /* before drain_ns, spent waiting in pto_drain / pto_dispatch_wait */
     int64_t tasks;               /* records kept */
     int64_t dropped;             /* tasks beyond the cap, not kept */
     int64_t run;                 /* 1 for the Worker's first run */

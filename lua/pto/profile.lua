@@ -67,8 +67,15 @@ return function(pto)
     -- Each task's span: a group's members together, from the first start to the last end.
     local span, by_callable, lanes = {}, {}, {}
     local first, last = math.huge, 0
+    p.not_run = {}   -- {id, name} of the tasks that never ran: a producer failed, or the run was interrupted
+    local ran = 0
     for i = 1, n do
       local id, s, f = d.id[i], d.start[i], d.finish[i]
+      if d.failed[i] == 2 then
+        p.not_run[#p.not_run + 1] = { id = id, name = d.name[i] }
+        goto continue
+      end
+      ran = ran + 1
       local kind = d.kind[i] == 1 and "sub" or "next_level"
       local x = span[id]
       if not x then
@@ -95,10 +102,12 @@ return function(pto)
         lanes[lk] = lane
       end
       lane.busy, lane.tasks = lane.busy + (f - s), lane.tasks + 1
-      p.timeline[i] = { id = id, lane = lk, start_ms = ms(s), finish_ms = ms(f), name = d.name[i],
+      p.timeline[#p.timeline + 1] = { id = id, lane = lk, start_ms = ms(s), finish_ms = ms(f), name = d.name[i],
         member = d.member[i], failed = d.failed[i] == 1 }
+      ::continue::
     end
-    p.execution_ms = n > 0 and ms(last - first) or 0
+    p.tasks = ran
+    p.execution_ms = ran > 0 and ms(last - first) or 0
 
     p.callables = {}
     for _, c in pairs(by_callable) do
@@ -186,6 +195,9 @@ return function(pto)
     local head = ("Profile of run %d (level %d, %s mode): %d task%s in %s ms"):format(p.run, p.level, p.mode,
       p.tasks, p.tasks == 1 and "" or "s", fmt_ms(p.makespan_ms))
     out[#out + 1] = indent .. head .. (p.name and (" — " .. p.name) or "")
+    if #p.not_run > 0 then
+      out[#out + 1] = indent .. ("  (%d more did not run: a producer failed, or the run was interrupted)"):format(#p.not_run)
+    end
     if p.dropped > 0 then
       out[#out + 1] = indent .. ("  (%d more tasks ran than the profile keeps: they are not counted)"):format(p.dropped)
     end

@@ -98,11 +98,18 @@ return function(pto)
         nodes[#nodes + 1] = { t.id, callable(t.name), t.failed and 1 or 0, crit[t.id] and 1 or 0 }
       end
     end
+    for _, t in ipairs(p.not_run) do
+      if not seen[t.id] then
+        seen[t.id] = true
+        nodes[#nodes + 1] = { t.id, callable(t.name), 2, 0 }
+      end
+    end
     for i = 1, #p.edges, 2 do
       if seen[p.edges[i]] and seen[p.edges[i + 1]] then edges[#edges + 1] = { p.edges[i + 1], p.edges[i] } end
     end
     return { title = title, profile_text = tostring(p), stats = stats_text or "", makespan_ms = p.makespan_ms,
-      names = names, lanes = lanes, nodes = nodes, edges = edges, tasks = p.tasks, verdict = p.verdict,
+      names = names, lanes = lanes, nodes = nodes, edges = edges, tasks = p.tasks, not_run = #p.not_run,
+      verdict = p.verdict,
       callables = p.callables, workers = p.workers, critical = p.critical_path }
   end
   M.section = section
@@ -125,6 +132,7 @@ rect.task { stroke: #fff; stroke-width: 0.5; }
 rect.task.critical { stroke: #d00000; stroke-width: 2; }
 rect.task.failed, circle.node.failed { fill: #d00000 !important; }
 circle.node.critical { stroke: #d00000; stroke-width: 2.5; }
+circle.node.poisoned { fill: #ffe4e1 !important; stroke: #d00000; stroke-dasharray: 2 2; }
 .lane-label { font: 11px monospace; fill: #333; }
 .legend span { display: inline-block; margin-right: 12px; }
 .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
@@ -197,6 +205,8 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
       s.appendChild(document.createTextNode(n));
     });
     var s = el("span", {}, d); el("i", {style: "background:#d00000"}, s); s.appendChild(document.createTextNode("failed"));
+    s = el("span", {}, d); el("i", {style: "background:#ffe4e1;border:1px dashed #d00000;width:8px;height:8px"}, s);
+    s.appendChild(document.createTextNode("not run (a producer failed)"));
     s = el("span", {}, d); el("i", {style: "border:2px solid #d00000;width:7px;height:7px"}, s);
     s.appendChild(document.createTextNode("critical path"));
   }
@@ -257,8 +267,8 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     nodes.forEach(function (n) {
       var p = pos[n[0]];
       var c = el("circle", {cx: p[0], cy: p[1], r: 7, fill: colour(n[1]), "data-id": n[0],
-                            "class": "node" + (n[2] ? " failed" : "") + (n[3] ? " critical" : "")}, g);
-      el("title", {}, c, "task " + n[0] + " (" + sec.names[n[1]] + ")" + (n[2] ? " failed" : ""));
+                            "class": "node" + (n[2] === 1 ? " failed" : n[2] === 2 ? " poisoned" : "") + (n[3] ? " critical" : "")}, g);
+      el("title", {}, c, "task " + n[0] + " (" + sec.names[n[1]] + ")" + (n[2] === 1 ? " failed" : n[2] === 2 ? " not run: a producer failed" : ""));
     });
     var z = zoomable(svg, g, W, function (k, x0) { g.setAttribute("transform", "translate(" + x0 + ",0) scale(" + k + ")"); });
     buttons(parent, z);
@@ -268,7 +278,8 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     var s = el("section", {"class": "worker", id: "worker-" + (si + 1)}, root);
     el("h2", {}, s, sec.title);
     el("p", {"class": "verdict"}, s, sec.verdict);
-    el("p", {"class": "summary"}, s, sec.tasks + " tasks in " + fmt(sec.makespan_ms) + " ms; critical path " +
+    el("p", {"class": "summary"}, s, sec.tasks + (sec.tasks === 1 ? " task" : " tasks") + (sec.not_run ? " (and " + sec.not_run + " not run)" : "") +
+       " in " + fmt(sec.makespan_ms) + " ms; critical path " +
        fmt(sec.critical.length_ms) + " ms, " + sec.critical.count + " tasks, " + sec.critical.pct.toFixed(0) + "% of the run");
     el("h3", {}, s, "Callables");
     table(s, "callables", ["callable", "kind", "count", "failed", "total ms", "mean ms", "p50 ms", "p95 ms", "max ms"],

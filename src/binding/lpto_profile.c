@@ -79,7 +79,9 @@ static void push_data(lua_State *L, lworker *W, int depth)
     int names = lua_gettop(L);
     for (int64_t i = 0; i < n; i++) {
         const pto_profile_task *r = &t[i];
-        lua_Integer v[] = {(lua_Integer)(r->start_ns - run.begin_ns), (lua_Integer)(r->end_ns - run.begin_ns), r->id,
+        bool ran = r->start_ns != 0;
+        lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run.begin_ns) : 0,
+                           ran ? (lua_Integer)(r->end_ns - run.begin_ns) : 0, r->id,
                            r->ready_by, r->kind, r->worker + 1, r->member, r->failed};
         for (int c = 0; c < NCOLS - 1; c++) {
             lua_pushinteger(L, v[c]);

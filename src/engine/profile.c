@@ -71,7 +71,7 @@ void pto_prof_task(pto_profile *p, int64_t id, int64_t ready_by, uint64_t callab
     }
     p->cur[p->ncur++] = (pto_profile_task){.start_ns = t0, .end_ns = t1 > t0 ? t1 : t0, .id = id,
                                            .ready_by = ready_by, .callable = callable, .kind = kind,
-                                           .worker = index, .member = member, .failed = failed != 0};
+                                           .worker = index, .member = member, .failed = failed};
 }
 
 void pto_prof_edge(pto_profile *p, int64_t consumer, int64_t producer)

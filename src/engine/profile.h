@@ -45,7 +45,8 @@ void pto_prof_waited(pto_profile *p, uint64_t t0);
 void pto_prof_run_draining(pto_profile *p);
 /* Orchestrator thread: the run drained; it becomes the last run. */
 void pto_prof_run_end(pto_profile *p);
-/* Scheduler thread: member of task `id` ran on worker (kind, index) from t0 to t1. */
+/* Scheduler thread: member of task `id` ran on worker (kind, index) from t0 to t1; failed: 0, 1,
+ * or 2 for a task that never ran (pto_profile_task). */
 void pto_prof_task(pto_profile *p, int64_t id, int64_t ready_by, uint64_t callable, int32_t kind, int32_t index,
                    int32_t member, uint64_t t0, uint64_t t1, int failed);
 /* Scheduler thread: task consumer depends on task producer. */

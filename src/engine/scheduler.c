@@ -110,6 +110,8 @@ static void finish_all(pto_scheduler *s)
     while (s->nwork) {
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
+        if (PTO_UNLIKELY(x->poisoned) && x->kind >= 0)   /* it never ran: the profile's DAG still shows it */
+            pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, -1, 0, 0, 0, 2);
         if (failed) {
             atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
             record_failure(s, x->error ? x->error : "task failed");

@@ -417,9 +417,11 @@ typedef struct pto_profile_task {
     int64_t ready_by;            /* the producer whose completion made it ready; -1: ready when submitted */
     uint64_t callable;
     int32_t kind;                /* pto_worker_kind */
-    int32_t worker;              /* index of the worker that ran it */
+    int32_t worker;              /* index of the worker that ran it (-1: see failed) */
     int32_t member;              /* group member (0 for a single task) */
-    int32_t failed;              /* 1 if it ran and failed */
+    /* 1 if it ran and failed; 2 if it never ran (a producer failed, or the run was interrupted):
+     * then start_ns = end_ns = 0 and worker = -1 */
+    int32_t failed;
 } pto_profile_task;
 
 typedef struct pto_profile_run {

@@ -54,7 +54,6 @@ describe("w:profile()", function()
     assert.equal("chip", l.kind)
     assert.is_true(l.max_ms >= 30 and l.p50_ms >= 30 and l.mean_ms >= 30 and l.total_ms >= 90, tostring(p))
     assert.is_true(s.max_ms >= 5 and s.p50_ms >= 5 and s.p95_ms >= s.p50_ms and s.max_ms >= s.p95_ms, tostring(p))
-    assert.is_true(s.max_ms < 30, tostring(p))
     assert.equal(p.callables[1].name, "long")   -- the most time first
 
     assert.equal(2, #p.workers)
@@ -100,13 +99,13 @@ describe("w:profile()", function()
     w:run(function(orch)
       for _ = 1, 10 do
         orch:submit_next_level(noop, pto.args{{pto.tensor{4}, "out"}})
-        local t = pto.now() + 0.004
+        local t = pto.now() + 0.010
         while pto.now() < t do end
       end
     end)
     local p = w:profile()
     assert.equal(10, p.tasks)
-    assert.is_true(p.orchestration_ms >= 40, tostring(p))
+    assert.is_true(p.orchestration_ms >= 100, tostring(p))
     assert.truthy(p.verdict:find("^orchestration%-bound: the workers were idle %d+%% of the run"), tostring(p))
     assert.truthy(p.verdict:find("docs/lua.md's fast form", 1, true))
   end)

@@ -10,10 +10,6 @@
  * method table through pto._extend_worker. */
 #include "lpto_priv.h"
 
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
 static void set_num(lua_State *L, const char *k, lua_Integer v)
 {
     lua_pushinteger(L, v);

@@ -233,8 +233,11 @@ describe("ptolua --profile and the prompt's :profile", function()
     assert.truthy(text:find("x600 completed\\ntask 0 ... task 599\\non chip 1\\nmean [%d.e+-]+ ms"), text)
   end)
 
-  it(":profile prints the profile in the prompt", function()
+  it(":profile prints the profile in the prompt; :report FILE writes the report", function()
     local PTYDRIVE = assert(os.getenv("PTYDRIVE"), "set PTYDRIVE to the ptydrive fixture")
+    local html = F.tmpname("_only_report_file.html")
+    F.writefile(html, "")
+    local stem = html:sub(1, -#"_file.html" - 1)
     local steps = table.concat({
       "line > ",
       "send w = pto.Worker{chips = 1}\\n", "line > ",
@@ -242,6 +245,7 @@ describe("ptolua --profile and the prompt's :profile", function()
       "send w:run(function(o) o:submit_next_level(w:register(pto.chip_kernel('noop'), 'nop'), pto.args{}) end)\\n",
       "line > ",
       "send :profile\\n", "expect critical path: ", "line > ",
+      "send :report " .. stem .. "\\t\\n", "expect wrote " .. html, "line > ",   -- TAB completes the file name
       "send \4", "wait" }, "\n") .. "\n"
     local script = F.writefile(F.tmpname(), steps)
     local p = assert(io.popen(("env TERM=xterm PTOLUA_HISTORY=%s %s %s %s 2>&1"):format(F.q(F.tmpname()),
@@ -251,5 +255,6 @@ describe("ptolua --profile and the prompt's :profile", function()
     assert.truthy(out:find("EXIT 0\n", 1, true), out)
     assert.truthy(out:find("Profile of run 1 (level 3, ", 1, true), out)
     assert.truthy(out:find("\n  nop +1 ", 1), out)
+    assert.truthy(F.readfile(html):find("^<!DOCTYPE html>"))
   end)
 end)

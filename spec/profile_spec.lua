@@ -207,6 +207,11 @@ describe("ptolua --profile and the prompt's :profile", function()
     out = p:read("a")
     assert.is_true(p:close())
     assert.equal("ptolua --profile: no Worker ended a run\n", out)
+    p = assert(io.popen(("%s --report /nonexistent-dir/r.html -e 'x = 1' 2>&1"):format(F.q(PTOLUA))))
+    out = p:read("a")
+    assert.is_nil(p:close())
+    assert.truthy(out:find("--report: cannot write '/nonexistent-dir/r.html' (No such file or directory); pass a path in "
+      .. "a writable directory", 1, true), out)
   end)
 
   it("--dot labels each task with its worker and duration, a condensed group with its mean", function()

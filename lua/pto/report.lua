@@ -315,7 +315,10 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
 
   local function write(who, path, text)
     local f, err = io.open(path, "w")
-    if not f then error(("%s: cannot write '%s' (%s); pass a path in a writable directory"):format(who, path, err), 3) end
+    if not f then
+      err = err:sub(1, #path + 2) == path .. ": " and err:sub(#path + 3) or err   -- io.open's message repeats the path
+      error(("%s: cannot write '%s' (%s); pass a path in a writable directory"):format(who, path, err), 3)
+    end
     local ok, werr = f:write(text)
     f:close()
     if not ok then error(("%s: cannot write '%s' (%s)"):format(who, path, werr), 3) end

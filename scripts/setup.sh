@@ -4,10 +4,10 @@
 set -euo pipefail
 # luajit (ffi_spec), luarocks (install_and_rock), clang and its libFuzzer
 # runtime (fuzz_blob), Open MPI (mpi_spec; PTO_MPI=auto builds with it when
-# found): ctest names a test whose tool is missing as skipped, and fails it
-# under CI.
+# found), chromium (the run report's browser test): ctest names a test whose
+# tool is missing as skipped, and fails it under CI.
 pkgs=(gcc cmake make pkg-config lua5.4 liblua5.4-dev lua-busted luajit luarocks libreadline-dev lua-dkjson graphviz
-      clang libclang-rt-14-dev openmpi-bin libopenmpi-dev)
+      clang libclang-rt-14-dev openmpi-bin libopenmpi-dev chromium)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(libstarpu-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,8 +1,9 @@
 -- pto.commands: the prompt's engine commands (docs/repl.md): dispatch
 -- control (:hold, :step, :release, :break), inspection of the open run
--- (:dag, :task, :why, :ready, :tensormap, :rings, :stats, :workers, :runs),
--- check mode (:check, docs/check.md), stop on failure (:catch, :retry), exports
--- (:dot, :trace) and the end of an interactive run (:finish).
+-- (:dag, :task, :why, :ready, :tensormap, :rings, :stats, :workers, :runs,
+-- :profile), check mode (:check, docs/check.md), stop on failure (:catch,
+-- :retry), exports (:dot, :trace, :report) and the end of an interactive run
+-- (:finish).
 --
 -- Every command acts on the current Worker: the one chosen with :use, else
 -- the newest Worker with a run opened by Worker:open_run, else the newest
@@ -655,6 +656,22 @@ return function(repl)
     if rest == "" then problem("%s: expected a file name", who) end
     return rest
   end
+
+  add("profile", nil, "where the time of the last run went: callables, workers, verdict, critical path", function()
+    local w = worker()
+    local p = try(w.profile, w)
+    if not p then out("%s has not ended a run yet: the profile covers the last run that ended", tostring(w)) return end
+    io.stdout:write(tostring(p))
+  end)
+
+  repl.arg_kinds.report = "file"
+  add("report", "FILE", "write the HTML run report of the last run (profile, timeline, DAG) to FILE", function(rest)
+    local path = path_arg(rest, ":report")
+    local w = worker()
+    if not try(w.profile, w) then problem("%s has not ended a run yet; :report writes the last run that ended", tostring(w)) end
+    try(w.report, w, path)
+    out("wrote %s", path)
+  end)
 
   add("dot", "FILE [full]", "write the open run's DAG as Graphviz (condensed above 500 tasks unless full)",
     function(rest)

@@ -143,7 +143,9 @@ return function(pto)
     if fk == "poisoned" then state = "poisoned (not run)" end
     if (t.group_size or 1) > 1 then state = ("%s, group of %d"):format(state, t.group_size) end
     label[#label + 1] = label_line(state)
-    if t.worker_name then label[#label + 1] = label_line("on " .. t.worker_name) end
+    if t.worker_name then
+      label[#label + 1] = label_line("on " .. t.worker_name .. (t.duration_ms and (", %.3g ms"):format(t.duration_ms) or ""))
+    end
     if uses and uses[t.id] then label[#label + 1] = label_line("uses alloc " .. table.concat(uses[t.id], ", ")) end
     local attrs = ""
     if t.error then
@@ -216,6 +218,7 @@ return function(pto)
           order[#order + 1] = g
         end
         g.n, g.last = g.n + 1, t.id
+        if t.duration_ms then g.ms, g.timed = (g.ms or 0) + t.duration_ms, (g.timed or 0) + 1 end
         if t.worker_name and not g.workers[t.worker_name] then
           g.workers[t.worker_name] = true
           g.nworkers = g.nworkers + 1
@@ -245,6 +248,7 @@ return function(pto)
             if #ws > 4 then ws = { ws[1], ws[2], ws[3], ("... %d workers"):format(#ws) } end
             label[#label + 1] = label_line("on " .. table.concat(ws, ", "), 80)
           end
+          if g.timed then label[#label + 1] = label_line(("mean %.3g ms"):format(g.ms / g.timed)) end
           if g.errors[1] then label[#label + 1] = label_line(g.errors[1]:match("[^\n]*"), 100) end
           local c = colour_of(colours, g.what)
           lines[#lines + 1] = ("%s%sg%d [label=%s, %s];"):format(indent, prefix, g.id, quote_lines(label),
@@ -334,7 +338,23 @@ return function(pto)
   -- The run as cluster `name` of a digraph; failure: why the run failed, whose
   -- task is marked failed if it was reclaimed before it could be seen.
   -- PTO_DOT=full in the environment draws every task of a large run.
-  function pto._dot_cluster(rec, name, title, failure)
+  -- w: the Worker, whose profile of this run (if it is the last that
+  -- ended) gives each task's worker and duration.
+  function pto._dot_cluster(rec, name, title, failure, w)
+    local okp, prof = pcall(function() return w and pto._profile_data(w) end)
+    if okp and prof and prof.run == w:stats().runs then
+      local by_id = {}
+      for _, t in ipairs(rec.nodes) do by_id[t.id] = t end
+      for i = 1, #prof.id do
+        local t = by_id[prof.id[i]]
+        if t and prof.member[i] == 0 then
+          t.duration_ms = (prof.finish[i] - prof.start[i]) / 1e6
+          if not t.worker_name then
+            t.worker_name = (prof.kind[i] == 1 and prof.sub_names or prof.next_names)[prof.worker[i]]
+          end
+        end
+      end
+    end
     if type(failure) == "string" then
       local id = math.tointeger(tonumber(failure:match("task (%d+)")))
       for _, t in ipairs(rec.nodes) do

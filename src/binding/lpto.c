@@ -89,6 +89,9 @@ int luaopen_pto(lua_State *L)
     preload_parts(L);
     lpto_open_run(L);
     lpto_open_diag(L);
+    lpto_open_profile(L);
     load_lua_part(L, "pto.inspect");
+    load_lua_part(L, "pto.profile");
+    load_lua_part(L, "pto.report");
     return 1;
 }

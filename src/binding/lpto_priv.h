@@ -359,6 +359,8 @@ void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err);
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */
 void lpto_open_debug(lua_State *L);
+/* pto._profile_data and pto._extend_worker (lpto_profile.c). */
+void lpto_open_profile(lua_State *L);
 /* The Worker methods it defines, for the Worker's method table. */
 extern const luaL_Reg lpto_debug_methods[];
 void lpto_debug_track(lua_State *L, int idx);

@@ -28,6 +28,9 @@
 
 static const char STATE_KEY = 'T';
 
+/* ptolua --profile / --report: each top-level Worker's last run is kept when it closes. */
+static bool cli_profiles;
+
 static void push_state(lua_State *L)
 {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY) == LUA_TTABLE) return;
@@ -185,8 +188,11 @@ static void push_traced(lua_State *L, lworker *W)
     lua_pop(L, 1);
 }
 
+static void snapshot_profile(lua_State *L, int idx);
+
 int lpto_trace_closing(lua_State *L, lworker *W, bool gc)
 {
+    if (cli_profiles && lua_touserdata(L, 1) == W) snapshot_profile(L, 1);
     int errs = 0, base = lua_gettop(L);
     /* Not while a run is in progress (close then refuses). A Worker child
      * being collected is unreachable, so is its parent: nothing runs it. */
@@ -312,6 +318,27 @@ void lpto_open_trace(lua_State *L)
  * subs, hosts of Worker children) could never reach the files. */
 static pid_t cli_pid;
 static bool cli_dot;   /* --dot: runs of the Worker:run method record their DAG */
+static bool cli_profiles;
+static int call_pto(lua_State *L, const char *fn, int n, int nres);   /* --profile / --report: each top-level Worker's last run is kept when it closes */
+
+/* --profile / --report: keep the profile data of the Worker at idx (a
+ * top-level one of this process, not yet closed) in state.profiles, by its
+ * serial, before closing frees it (lua/pto/report.lua's _cli_snapshot). */
+static void snapshot_profile(lua_State *L, int idx)
+{
+    lworker *W = lua_touserdata(L, idx);
+    if (!cli_profiles || getpid() != cli_pid || W->parent || W->state != W_READY || W->in_run) return;
+    int top = lua_gettop(L);
+    lua_Integer serial = serial_of(L, idx);
+    lua_pushvalue(L, idx);
+    lua_pushinteger(L, serial);
+    if (call_pto(L, "_cli_snapshot", 2, 1) == LUA_OK && lua_istable(L, -1)) {
+        push_field(L, "profiles");
+        lua_insert(L, -2);
+        lua_rawseti(L, -2, serial);
+    }
+    lua_settop(L, top);
+}
 
 void lpto_trace_new_worker(lua_State *L, int idx)
 {
@@ -415,7 +442,8 @@ void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err)
     lua_getfield(L, rec, "title");
     if (err) lua_pushvalue(L, err);
     else lua_pushnil(L);
-    if (call_pto(L, "_dot_cluster", 4, 1) == LUA_OK && lua_isstring(L, -1)) {
+    lua_pushvalue(L, widx);   /* its profile: who ran each task, for how long */
+    if (call_pto(L, "_dot_cluster", 5, 1) == LUA_OK && lua_isstring(L, -1)) {
         push_field(L, "dags");
         lua_insert(L, -2);
         lua_rawseti(L, -2, serial);
@@ -425,16 +453,24 @@ void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err)
 
 int lpto_trace_cli(lua_State *L)
 {
-    bool trace = lua_isstring(L, 1), dot = lua_isstring(L, 2);
-    if (!trace && !dot) return 0;
+    bool trace = lua_isstring(L, 1), dot = lua_isstring(L, 2), profile = lua_toboolean(L, 3),
+         report = lua_isstring(L, 4);
+    if (!trace && !dot && !profile && !report) return 0;
     cli_pid = getpid();
     push_state(L);
     lua_pushvalue(L, 1);
     lua_setfield(L, -2, "cli_trace");
     lua_pushvalue(L, 2);
     lua_setfield(L, -2, "cli_dot");
+    lua_pushboolean(L, profile);
+    lua_setfield(L, -2, "cli_profile");
+    lua_pushvalue(L, 4);
+    lua_setfield(L, -2, "cli_report");
+    lua_newtable(L);
+    lua_setfield(L, -2, "profiles");
     lua_pop(L, 1);
     cli_dot = dot;
+    cli_profiles = profile || report;
     lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
     lua_getfield(L, -1, "pto");
     if (!lua_istable(L, -1)) return luaL_error(L, "--trace/--dot: the pto module is not loaded");
@@ -506,6 +542,21 @@ int lpto_trace_cli_finish(lua_State *L)
         size_t len;
         const char *text = lua_tolstring(L, -1, &len);
         write_file(L, "--dot", lua_tostring(L, 3), text, len);
+    }
+    if (cli_profiles) {
+        /* Workers still open at the end of the script: they close after this. */
+        lua_settop(L, 4);
+        lua_getfield(L, 1, "serials");
+        lua_pushnil(L);
+        while (lua_next(L, 5)) {
+            lua_pop(L, 1);
+            if (luaL_testudata(L, -1, LPTO_WORKER)) snapshot_profile(L, lua_gettop(L));
+        }
+        lua_settop(L, 4);
+        lua_getfield(L, 1, "profiles");
+        lua_getfield(L, 1, "cli_profile");
+        lua_getfield(L, 1, "cli_report");
+        if (call_pto(L, "_cli_profile", 3, 0) != LUA_OK) return lua_error(L);
     }
     return 0;
 }

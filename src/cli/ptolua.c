@@ -44,10 +44,15 @@ static const char *progname = "ptolua";
  * installed and never changed while it is, so the handler only reads it. */
 static lua_State *volatile sigint_L;
 
-/* --trace FILE, --dot FILE (argv strings), or NULL. */
-static const char *trace_path, *dot_path;
+/* --trace FILE, --dot FILE, --report FILE (argv strings), or NULL; --profile. */
+static const char *trace_path, *dot_path, *report_path;
+static int profile_flag;
 
-static int is_file_option(const char *a) { return strcmp(a, "--trace") == 0 || strcmp(a, "--dot") == 0; }
+static int is_file_option(const char *a) {
+  return strcmp(a, "--trace") == 0 || strcmp(a, "--dot") == 0 || strcmp(a, "--report") == 0;
+}
+
+#define CLI_RECORDS() (trace_path || dot_path || report_path || profile_flag)
 
 /* ---- messages ---------------------------------------------------------- */
 
@@ -93,6 +98,8 @@ static void print_usage(FILE *f, const char *badoption) {
           "              500 tasks; recording roughly doubles a run of short tasks\n"
           "  --check     run every Worker in check mode (PTO_CHECK=1): each task is\n"
           "              checked against its tags, and may run twice (docs/check.md)\n"
+          "  --profile   print the profile of every Worker's last run to stderr at exit\n"
+          "  --report f  write an HTML run report (profile, timeline, DAG) to 'f' at exit\n"
           "  --          stop handling options\n"
           "  -           stop handling options and execute stdin\n"
           "The pto module is preloaded as the global 'pto'.\n",
@@ -306,7 +313,12 @@ static int collectargs(int argc, char **argv, int *first) {
     if (is_file_option(a)) { /* "--trace FILE": the next argument, whatever it is */
       if (++i >= argc) return ARG_ERROR;
       if (a[2] == 't') trace_path = argv[i];
+      else if (a[2] == 'r') report_path = argv[i];
       else dot_path = argv[i];
+      continue;
+    }
+    if (strcmp(a, "--profile") == 0) {
+      profile_flag = 1;
       continue;
     }
     switch (a[1]) {
@@ -612,11 +624,13 @@ static int pmain(lua_State *L) {
   }
   luaL_openlibs(L);
   if (open_pto(L) != LUA_OK) return 0;
-  if (trace_path || dot_path) {
+  if (CLI_RECORDS()) {
     lua_pushcfunction(L, lpto_trace_cli);
     lua_pushstring(L, trace_path);
     lua_pushstring(L, dot_path);
-    if (report(L, docall(L, 2, 0)) != LUA_OK) return 0;
+    lua_pushboolean(L, profile_flag);
+    lua_pushstring(L, report_path);
+    if (report(L, docall(L, 4, 0)) != LUA_OK) return 0;
   }
   create_arg_table(L, argc, argv, script);
   lua_gc(L, LUA_GCRESTART); /* stopped in main while the libraries load */
@@ -656,7 +670,7 @@ int main(int argc, char **argv) {
   ok = lua_toboolean(L, -1);
   report(L, status);
   /* Written whatever the script did: a failing run is what one traces. */
-  if (trace_path || dot_path) {
+  if (CLI_RECORDS()) {
     lua_settop(L, 0);
     lua_pushcfunction(L, lpto_trace_cli_finish);
     if (report(L, lua_pcall(L, 0, 0, 0)) != LUA_OK) ok = 0;

@@ -777,10 +777,12 @@ int pto_drain(pto_orch *o)
 {
     if (!pto_orch_check_open(o)) return -1;
     atomic_store_explicit(&o->sched->finish_target, o->submitted, memory_order_seq_cst);
+    uint64_t t0 = pto_now_ns();
     if (!wait_until(o, finished_all, ORCH_WAIT_FINISH)) {
         pto_set_error("the Worker was shut down");
         return -1;
     }
+    pto_prof_waited(&o->sched->prof, t0);   /* profile.h: waiting is not orchestrating */
     drain_retired(o);
     return 0;
 }

@@ -41,6 +41,7 @@ void pto_sched_destroy(pto_scheduler *s)
     for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
     free(s->names);
     free(s->breaks);
+    pto_prof_free(&s->prof);
     pthread_mutex_destroy(&s->fail_mu);
     pthread_mutex_destroy(&s->gate_mu);
     if (s->ev) munmap(s->ev, sizeof *s->ev);
@@ -129,6 +130,8 @@ static void finish_all(pto_scheduler *s)
     while (s->nwork) {
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
+        if (PTO_UNLIKELY(x->poisoned) && x->kind >= 0)   /* it never ran: the profile's DAG still shows it */
+            pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, -1, 0, 0, 0, 2);
         if (failed) {
             atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
             record_failure(s, x->error ? x->error : "task failed");
@@ -142,6 +145,7 @@ static void finish_all(pto_scheduler *s)
             if (failed) poison_consumer(c, x);
             if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
+                c->ready_by = x->id;
                 if (c->poisoned) work_push(s, c);
                 else make_ready(s, c);
             }
@@ -161,9 +165,11 @@ static void wire(pto_scheduler *s, pto_slot *c)
 {
     int32_t live = 0;
     if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
+    c->ready_by = -1;
     for (int32_t i = 0; i < c->nrefs; i++) {
         if (!c->refs[i].dep) continue;
         pto_slot *p = c->refs[i].slot;
+        pto_prof_edge(&s->prof, c->id, p->id);
         /* Only a terminal producer is skipped: a group's failed flag is set by
          * its first failing member, while other members may still run and
          * the group's own failure is not yet recorded as the run's error. */
@@ -254,6 +260,7 @@ static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot,
         after = slot;
         slot = next;
         slot->chained = true;
+        slot->ready_by = after->id;
         next = chain_next(wt, slot);
     }
 }
@@ -636,6 +643,8 @@ bool pto_sched_retry(pto_scheduler *s, int64_t id)
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
+    if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
+                             c->status == PTO_DONE_FAILED);
     if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (PTO_UNLIKELY(c->status == PTO_DONE_OK && c->error)) {   /* check mode's warnings (check.c) */

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include "event.h"
+#include "profile.h"
 #include "worker_manager.h"
 
 struct pto_slot;
@@ -89,6 +90,8 @@ typedef struct pto_scheduler {
      * read only on the failure path, under fail_mu. */
     struct pto_callable_name *names;
     int32_t nnames, names_cap;
+
+    pto_profile prof;                       /* written by this thread only (profile.h) */
 } pto_scheduler;
 
 typedef struct pto_callable_name {

@@ -82,6 +82,7 @@ struct pto_slot {
     pto_slot **consumers;
     int32_t members_done;
     bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain) */
+    int64_t ready_by;                 /* the producer whose completion made it ready, -1 if none (profile.h) */
     _Atomic bool group_failed;
     _Atomic bool ran_ok;              /* worker: a single task ran and returned 0 */
     char *error;                      /* malloc'ed; set before FAILED is published */

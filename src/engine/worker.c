@@ -228,6 +228,7 @@ bool pto_run_begin_session(pto_worker *w)
         pto_set_error("the Worker is shut down");
         return false;
     }
+    pto_prof_run_begin(&w->sched.prof);
     pto_orch_begin(&w->orch);
     pto_check_run_begin(&w->orch, &w->wm, w->check);
     /* Wake whoever sleeps now, while the first submits are made, rather
@@ -250,7 +251,10 @@ int pto_run_end(pto_worker *w)
         pto_set_error("the open run is shared by submitted runs; wait for them (pto_run_wait, pto_runs_end)");
         return -1;
     }
+    pto_prof_run_draining(&w->sched.prof);
     int rc = pto_orch_end(&w->orch);
+    /* After a shutdown the scheduler may still be recording. */
+    if (!atomic_load(&w->shutdown)) pto_prof_run_end(&w->sched.prof);
     pto_diag_run_end(&w->wm);
     /* Children that died in this run are back before it returns, so the
      * next run starts with as many live children as the first. */
@@ -408,7 +412,10 @@ int pto_dispatch_break(pto_worker *w, int32_t kind, uint64_t callable, int32_t o
 int pto_dispatch_wait(pto_worker *w, int32_t timeout_ms)
 {
     if (!dispatch_check(w)) return -1;
-    return pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms) ? 1 : 0;
+    uint64_t t0 = pto_now_ns();
+    bool quiet = pto_sched_wait_quiet(&w->sched, timeout_ms < 0 ? 0 : timeout_ms);
+    pto_prof_waited(&w->sched.prof, t0);   /* not orchestration: the profile leaves it out */
+    return quiet ? 1 : 0;
 }
 
 int pto_dispatch_sync(pto_worker *w)

@@ -136,11 +136,13 @@ static void complete(pto_worker_thread *wt, pto_completion c)
     atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);
 }
 
-/* The leaf ran (rc): account for it, trace it, report it. */
-static void ran(pto_worker_thread *wt, pto_completion *c, uint64_t t0, int rc, const char *err)
+/* The leaf ran (rc) from t0 to t1: account for it, trace it, report it. */
+static void ran(pto_worker_thread *wt, pto_completion *c, uint64_t t0, uint64_t t1, int rc, const char *err)
 {
     pto_slot *s = c->slot;
     atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+    c->t0 = t0;
+    c->t1 = t1;
     pto_trace *tr = pto_trace_on(&wt->wm->trace);
     if (tr && t0) pto_trace_task(tr, wt, s, c->member, t0, rc);   /* before the completion: ends precede consumers */
     if (rc != 0) {
@@ -192,10 +194,9 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
         char err[PTO_MB_ERR_CAP];
         err[0] = 0;
-        bool tracing = pto_trace_on(&wt->wm->trace) != NULL;
-        uint64_t now = tracing ? pto_now_ns() : pto_now_coarse_ns();
-        started(wt, s, member, now);
-        uint64_t t0 = tracing ? now : 0;
+        /* The precise clock, always: the run profile (profile.h) keeps every task's times. */
+        uint64_t t0 = pto_now_ns();
+        started(wt, s, member, t0);
         leaf_tags = m->tags;
         pto_crash_current(wt, s);   /* crash.c: last words if the task takes the process down */
         const pto_call_config *cfg = &s->cfg->cfg;
@@ -205,7 +206,7 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
                      : wt->call(wt->call_ctx, s->callable, &v, cfg, err, sizeof err);
         pto_crash_current(wt, NULL);
         leaf_tags = NULL;
-        ran(wt, &c, t0, rc, err);
+        ran(wt, &c, t0, pto_now_ns(), rc, err);
     }
     complete(wt, c);
     pto_event_notify(wt->wm->sched_ev);
@@ -255,11 +256,17 @@ static bool pump_claim(pto_worker_thread *wt)
     return true;
 }
 
+/* The child's own clock readings time the task (CLOCK_MONOTONIC is
+ * system-wide); a task that never got a result (its child died, or the post
+ * failed) ends now. */
 static void pump_done(pto_worker_thread *wt, int rc, const char *err)
 {
     pto_completion c = {.slot = wt->task, .origin = wt->task_origin, .member = wt->task_member, .status = PTO_DONE_OK};
     if (PTO_UNLIKELY(pto_diag_wanted(&wt->task->cfg->cfg))) pto_diag_finish(wt->wm, wt->task, &wt->child->mb->diag);
-    ran(wt, &c, wt->task_t0, rc, err);
+    uint64_t t0 = wt->task_posted ? wt->child->mb->posted_ns : 0, t1 = t0 ? wt->child->mb->done_ns : 0;
+    if (t0 && t1 < t0) t1 = pto_now_ns();
+    if (wt->task_t0) t0 = wt->task_t0;   /* a traced task keeps the span its trace event has */
+    ran(wt, &c, t0, t1, rc, err);
     complete(wt, c);
     wt->task = NULL;
 }

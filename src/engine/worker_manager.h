@@ -57,6 +57,7 @@ typedef struct pto_completion {
     int32_t member;
     int32_t status;
     char *error;                  /* malloc'ed, or NULL */
+    uint64_t t0, t1;              /* when it ran (pto_now_ns), 0 if it did not run (profile.h) */
 } pto_completion;
 
 typedef struct pto_worker_thread {

@@ -476,6 +476,39 @@ uint64_t pto_trace_epoch(void);
  * several processes share one time axis. */
 void pto_trace_set_epoch(uint64_t epoch_ns);
 
+/* ---- run profile (profile.c, docs/tracing.md) ----
+ * Every Worker keeps the start and end of each task of its last run (at most 65536 tasks a run;
+ * later ones are counted, not kept). Call from the thread that runs w's runs. */
+typedef struct pto_profile_task {
+    uint64_t start_ns, end_ns;   /* CLOCK_MONOTONIC; PROCESS mode: post to the child, its result */
+    int64_t id;                  /* task id in its run */
+    int64_t ready_by;            /* the producer whose completion made it ready; -1: ready when submitted */
+    uint64_t callable;
+    int32_t kind;                /* pto_worker_kind */
+    int32_t worker;              /* index of the worker that ran it (-1: see failed) */
+    int32_t member;              /* group member (0 for a single task) */
+    /* 1 if it ran and failed; 2 if it never ran (a producer failed, or the run was interrupted):
+     * then start_ns = end_ns = 0 and worker = -1 */
+    int32_t failed;
+} pto_profile_task;
+
+typedef struct pto_profile_run {
+    uint64_t begin_ns;           /* pto_run_begin */
+    uint64_t drain_ns;           /* pto_run_end was called: the orchestration returned */
+    uint64_t end_ns;             /* the run drained */
+    uint64_t waited_ns;          /* before drain_ns, spent waiting in pto_drain / pto_dispatch_wait */
+    int64_t tasks;               /* records kept */
+    int64_t dropped;             /* tasks beyond the cap, not kept */
+    int64_t run;                 /* 1 for the Worker's first run */
+} pto_profile_run;
+
+/* The last ended run of w: its times into *run (may be NULL) and at most cap task records into out,
+ * in completion order. Returns the number of records, or -1 if no run has ended yet. */
+int64_t pto_profile_get(pto_worker *w, pto_profile_run *run, pto_profile_task *out, int64_t cap);
+/* The dependency edges of w's last ended run (at most 262144): at most cap (consumer, producer) id
+ * pairs into out[2i], out[2i + 1]. Returns the number of edges, or -1 if no run has ended yet. */
+int64_t pto_profile_edges(pto_worker *w, int64_t *out, int64_t cap);
+
 /* ---- shared tensor memory (shm.c) ----
  * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the
  * Lua module takes it when it loads), so every child forked later sees

@@ -1,0 +1,146 @@
+/* lpto_profile.c - the run profile's raw data for the Lua side
+ * (lua/pto/profile.lua: w:profile(); lua/pto/report.lua: w:report()).
+ *
+ * The engine keeps every task's start and end of a Worker's last run
+ * (pto_profile_get); this file copies them into a table of columns, one
+ * array per field, which is cheaper to build and to walk than a table per
+ * task, and adds what only the binding knows: worker names, callable names,
+ * and the Worker children that run in this process (THREAD mode), so the
+ * profile covers every level. Methods written in Lua join the Worker's
+ * method table through pto._extend_worker. */
+#include "lpto_priv.h"
+
+static void set_num(lua_State *L, const char *k, lua_Integer v)
+{
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* Names of the workers of kind, as the failure messages and traces name them. */
+static void push_worker_names(lua_State *L, const lworker *W, int kind, int n)
+{
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        if (kind == PTO_SUB) lua_pushfstring(L, "sub %d", i + 1);
+        else lua_pushfstring(L, W->level >= 4 ? "Worker %d" : "chip %d", i + 1);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+static void push_callable_name(lua_State *L, const lworker *W, int kind, uint64_t callable)
+{
+    char buf[128];
+    int n = pto_worker_callable_name_get(W->w, kind, callable, buf, sizeof buf);
+    if (n >= 0) lua_pushlstring(L, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    else lua_pushfstring(L, "%s %d", kind == PTO_SUB ? "sub" : "chip", (int)callable);
+}
+
+/* Push the columns of W's last run, or nil if it has none. */
+static void push_data(lua_State *L, lworker *W, int depth)
+{
+    pto_profile_run run;
+    int64_t n = W->state == W_READY && W->w ? pto_profile_get(W->w, &run, NULL, 0) : -1;
+    if (n < 0) {
+        lua_pushnil(L);
+        return;
+    }
+    /* Userdata, not malloc: any Lua call below may raise. */
+    pto_profile_task *t = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *t, 0);
+    int64_t ne = pto_profile_edges(W->w, NULL, 0);
+    int64_t *e = lua_newuserdatauv(L, (size_t)(ne > 0 ? ne : 1) * 2 * sizeof *e, 0);
+    int bufs = lua_gettop(L);
+    pto_profile_get(W->w, &run, t, n);
+    if (ne > 0) pto_profile_edges(W->w, e, ne);
+    lua_createtable(L, 0, 24);
+    set_num(L, "run", run.run);
+    set_num(L, "begin_ns", (lua_Integer)run.begin_ns);
+    set_num(L, "drain_ns", (lua_Integer)(run.drain_ns - run.begin_ns));
+    set_num(L, "end_ns", (lua_Integer)(run.end_ns - run.begin_ns));
+    set_num(L, "waited_ns", (lua_Integer)run.waited_ns);
+    set_num(L, "dropped", run.dropped);
+    set_num(L, "level", W->level);
+    lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process");
+    lua_setfield(L, -2, "mode");
+    int nnext = W->level >= 4 ? W->nworkers : W->nchips;
+    push_worker_names(L, W, PTO_NEXT_LEVEL, nnext);
+    lua_setfield(L, -2, "next_names");
+    push_worker_names(L, W, PTO_SUB, W->nsubs);
+    lua_setfield(L, -2, "sub_names");
+    static const char *const cols[] = {"start", "finish", "id", "ready_by", "kind", "worker", "member", "failed",
+                                       "name"};
+    enum { NCOLS = sizeof cols / sizeof *cols };
+    int base = lua_gettop(L);
+    for (int c = 0; c < NCOLS; c++) lua_createtable(L, (int)n, 0);
+    lua_newtable(L);   /* names by kind and callable, resolved once each */
+    int names = lua_gettop(L);
+    for (int64_t i = 0; i < n; i++) {
+        const pto_profile_task *r = &t[i];
+        bool ran = r->start_ns != 0;
+        lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run.begin_ns) : 0,
+                           ran ? (lua_Integer)(r->end_ns - run.begin_ns) : 0, r->id,
+                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed};
+        for (int c = 0; c < NCOLS - 1; c++) {
+            lua_pushinteger(L, v[c]);
+            lua_rawseti(L, base + 1 + c, i + 1);
+        }
+        lua_Integer key = (lua_Integer)(r->callable * 2 + (uint64_t)r->kind);
+        if (lua_rawgeti(L, names, key) == LUA_TNIL) {
+            lua_pop(L, 1);
+            push_callable_name(L, W, r->kind, r->callable);
+            lua_pushvalue(L, -1);
+            lua_rawseti(L, names, key);
+        }
+        lua_rawseti(L, base + NCOLS, i + 1);
+    }
+    lua_pop(L, 1);
+    for (int c = NCOLS - 1; c >= 0; c--) lua_setfield(L, base, cols[c]);
+    lua_createtable(L, (int)(ne > 0 ? ne * 2 : 0), 0);
+    for (int64_t i = 0; i < 2 * ne; i++) {
+        lua_pushinteger(L, e[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "edges");
+    /* THREAD-mode Worker children live in this process: their last runs
+     * are the level below. A PROCESS-mode child's are in its own process. */
+    if (W->level >= 4 && depth < 8) {
+        lua_createtable(L, W->nworkers, 0);
+        for (int i = 0; i < W->nworkers; i++) {
+            push_data(L, W->kids[i], depth + 1);
+            if (lua_isnil(L, -1)) lua_pop(L, 1);
+            else lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, "children");
+    }
+    lua_replace(L, bufs - 1);
+    lua_settop(L, bufs - 1);
+}
+
+/* pto._profile_data(w) -> the columns of w's last run, or nil if none ended yet. */
+static int l_profile_data(lua_State *L)
+{
+    lworker *W = lpto_check_worker(L, 1, luaL_optstring(L, 2, "Worker:profile"));
+    push_data(L, W, 0);
+    return 1;
+}
+
+/* pto._extend_worker(t): every field of t becomes a Worker method. */
+static int l_extend_worker(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_getmetatable(L, LPTO_WORKER);
+    lua_getfield(L, -1, "methods");
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_settable(L, -4);
+    }
+    return 0;
+}
+
+void lpto_open_profile(lua_State *L)
+{
+    static const luaL_Reg fns[] = {{"_profile_data", l_profile_data}, {"_extend_worker", l_extend_worker},
+                                   {NULL, NULL}};
+    luaL_setfuncs(L, fns, 0);
+}

@@ -23,7 +23,7 @@
 #include "lpto_priv.h"
 
 #define LPTO_RESULT_BYTES 16384
-#define RESULT_MAGIC 0x50544f526573756cull   /* "PTOResul": the marker scalar */
+#define RESULT_MAGIC PTO_RESULT_BOX_MARK   /* the marker scalar */
 #define RESULT_MAX_DEPTH 32
 
 typedef struct box_header {

@@ -557,7 +557,9 @@ static bool dumped_after(uint8_t tag) { return tag == PTO_OUTPUT || tag == PTO_I
 static bool dump_all(const pto_args_view *v, bool after, const pto_call_config *cfg, const pto_diag_task *d,
                      uint64_t callable, char *err, size_t errlen)
 {
-    for (int32_t i = 0; i < v->tensor_count && i < d->ntags; i++) {
+    int32_t n = v->tensor_count;
+    if (n > 0 && v->scalar_count > 0 && v->scalars[v->scalar_count - 1] == PTO_RESULT_BOX_MARK) n--;   /* not the user's */
+    for (int32_t i = 0; i < n && i < d->ntags; i++) {
         uint8_t tag = d->tags[i];
         if (!(after ? dumped_after(tag) : dumped_before(tag))) continue;
         if (!dump_one(v, i, after ? "out" : "in", cfg, d, callable, err, errlen)) return false;

@@ -56,11 +56,12 @@ int32_t pto_task_tensors(pto_orch *o, int64_t id, int32_t member, pto_tensor *te
     pto_slot *s = id >= 0 && id < o->pool.next_id ? pto_slot_get(&o->pool, id) : NULL;
     if (!s || member < 0 || member >= s->group_size) return -1;
     const pto_member *m = &s->members[member];
-    for (int32_t i = 0; i < m->tensor_count && i < cap; i++) {
+    int32_t n = pto_member_user_tensors(m);
+    for (int32_t i = 0; i < n && i < cap; i++) {
         if (tensors) tensors[i] = m->tensors[i];
         if (tags) tags[i] = m->tags[i];
     }
-    return m->tensor_count;
+    return n;
 }
 
 int32_t pto_ring_locate(pto_orch *o, uint64_t addr, uint64_t *offset)

@@ -43,6 +43,13 @@ typedef struct pto_member {
     int32_t pin;          /* worker index, or -1 for any */
 } pto_member;
 
+/* How many of m's tensors the submitter gave: a result box (PTO_RESULT_BOX_MARK) is not one. */
+static inline int32_t pto_member_user_tensors(const pto_member *m)
+{
+    bool box = m->tensor_count > 0 && m->scalar_count > 0 && m->scalars[m->scalar_count - 1] == PTO_RESULT_BOX_MARK;
+    return m->tensor_count - (box ? 1 : 0);
+}
+
 #define PTO_SLOT_INLINE_TENSORS 4
 #define PTO_SLOT_INLINE_SCALARS 4
 #define PTO_SLOT_INLINE_REFS 4

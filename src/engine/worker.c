@@ -481,6 +481,10 @@ int32_t pto_worker_catch(pto_worker *w) { return w && atomic_load(&w->sched.catc
 int pto_dispatch_retry(pto_worker *w, int64_t id)
 {
     if (!dispatch_check(w)) return -1;
+    if (id < 0) {   /* the scheduler's "no request" is -1: a negative id would never be answered */
+        pto_set_error("task id %lld is not a task (ids start at 0)", (long long)id);
+        return -1;
+    }
     if (!pto_sched_retry(&w->sched, id)) {
         pto_set_error("task %lld is not a caught failure (catch failures first; a task is caught when it fails "
                       "while they are, and stays caught until it is retried or dispatch is released)",

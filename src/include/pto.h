@@ -562,6 +562,12 @@ pto_leaf pto_chip_leaf(void);
 
 /* ffi-end */
 
+/* A task whose last scalar is PTO_RESULT_BOX_MARK carries, as its last
+ * tensor, a box its leaf writes the orchestration function's results into
+ * (the Lua binding adds one to each task a level >= 4 Worker submits to a
+ * Worker child). Tools that show a task's arguments leave both out. */
+#define PTO_RESULT_BOX_MARK 0x50544f526573756cull   /* "PTOResul" */
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

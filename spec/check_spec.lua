@@ -240,6 +240,8 @@ describe("check mode", function()
     assert.equals("failed", orch:task(0).state)
     assert.equals("pending", orch:task(1).state)   -- not poisoned
     H.assert_error(function() c:retry(1) end, "Worker:retry: ", "task 1 is not a caught failure")
+    H.assert_error(function() c:retry(-1) end, "Worker:retry: ", "task id -1 is not a task")   -- once hung
+    H.assert_error(function() c:retry(math.mininteger) end, "Worker:retry: ", "is not a task")
     x[1] = 3
     assert.is_true(c:retry(0))
     assert.equals(6, z[1])

@@ -188,6 +188,42 @@ describe("enable_pmu", function()
     end)
   end)
 
+  it("w:profile() sums them per callable over the tasks that asked, and prints them", function()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local gemm = w:register(pto.chip_kernel("gemm_tile"), "gemm")
+    w:init()
+    local A, B = filled({32, 32}, math.sin), filled({32, 32}, math.cos)
+    local cfg = pto.CallConfig{enable_pmu = 1}
+    local clock, faults = 0, 0
+    w:run(function(orch)
+      local ids = {}
+      for k = 1, 3 do
+        ids[k] = orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {pto.tensor({32, 32}, "f32"), "out"}}, cfg)
+      end
+      orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {pto.tensor({32, 32}, "f32"), "out"}})   -- no counts
+      orch:drain()
+      for _, id in ipairs(ids) do
+        clock = clock + orch:task(id).pmu.task_clock
+        faults = faults + orch:task(id).pmu.page_faults
+      end
+    end)
+    local p = w:profile()
+    local c = p.callables[1]
+    assert.are.equal("gemm", c.name)
+    assert.are.equal(4, c.count)
+    assert.are.equal(3, c.pmu.tasks)
+    assert.are.equal(clock, c.pmu.task_clock)
+    assert.are.equal(faults, c.pmu.page_faults)
+    local text = tostring(p)
+    assert.matches("counters %(CallConfig enable_pmu%)", text)
+    assert.matches("callable%s+tasks%s+task%-clock%s+page%-faults%s+context%-switches%s+cpu%-migrations", text)
+    assert.matches("gemm%s+3%s+" .. clock .. "%s", text)
+    -- A later run replaces the counts: its profile has none.
+    w:run(function(orch) orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {pto.tensor({32, 32}, "f32"), "out"}}) end)
+    assert.is_nil(w:profile().callables[1].pmu)
+    assert.is_nil(tostring(w:profile()):find("counters", 1, true))
+  end)
+
   it("the prompt's :task N shows them", function()
     local w <close> = pto.Worker{level = 3, chips = 1}
     local gemm = w:register(pto.chip_kernel("gemm_tile"), "gemm")

@@ -3,7 +3,8 @@
 -- engine keeps (pto._profile_data, columns of numbers in ns from the run's
 -- start).
 --
--- w:profile() builds it: per callable (count, total, mean, p50, p95, max),
+-- w:profile() builds it: per callable (count, total, mean, p50, p95, max,
+-- and the sums of CallConfig enable_pmu's counters where tasks asked),
 -- per worker (tasks, busy, idle), orchestration (the run's function, less
 -- the time it waited in orch:drain or the progress line's wait) vs execution
 -- with a one-line verdict, the critical path, and the same for each Worker child that runs in
@@ -95,6 +96,14 @@ return function(pto)
       end
       c.durs[#c.durs + 1] = f - s
       if d.failed[i] == 1 then c.failed = c.failed + 1 end
+      local pm = d.pmu and d.member[i] == 0 and d.pmu[id]
+      if pm then   -- CallConfig enable_pmu: the task's counts (a group's members summed)
+        c.pmu = c.pmu or { tasks = 0 }
+        c.pmu.tasks = c.pmu.tasks + 1
+        for k, v in pairs(pm) do
+          if k ~= "set" then c.pmu[k] = (c.pmu[k] or 0) + v end
+        end
+      end
       local lk = kind .. d.worker[i]
       local lane = lanes[lk]
       if not lane then
@@ -116,7 +125,7 @@ return function(pto)
       for _, x in ipairs(c.durs) do total = total + x end
       p.callables[#p.callables + 1] = { name = c.name, kind = c.kind, count = #c.durs, failed = c.failed,
         total_ms = ms(total), mean_ms = ms(total / #c.durs), p50_ms = ms(pct(c.durs, 50)),
-        p95_ms = ms(pct(c.durs, 95)), max_ms = ms(c.durs[#c.durs]) }
+        p95_ms = ms(pct(c.durs, 95)), max_ms = ms(c.durs[#c.durs]), pmu = c.pmu }
     end
     table.sort(p.callables, function(a, b) return a.total_ms > b.total_ms end)
 
@@ -191,6 +200,24 @@ return function(pto)
     for _, r in ipairs(rows) do line(r, "  ") end
   end
 
+  -- The counter names the callables' sums have, the common software ones first.
+  local PMU_ORDER = { "task_clock", "page_faults", "context_switches", "cpu_migrations", "cycles", "instructions",
+    "cache_references", "cache_misses", "branches", "branch_misses" }
+  local function pmu_events(callables)
+    local seen, events = {}, {}
+    for _, c in ipairs(callables) do
+      for k in pairs(c.pmu or {}) do if k ~= "tasks" then seen[k] = true end end
+    end
+    for _, e in ipairs(PMU_ORDER) do
+      if seen[e] then events[#events + 1] = e; seen[e] = nil end
+    end
+    local rest = {}
+    for e in pairs(seen) do rest[#rest + 1] = e end
+    table.sort(rest)
+    for _, e in ipairs(rest) do events[#events + 1] = e end
+    return events
+  end
+
   local function text(p, out, indent)
     local head = ("Profile of run %d (level %d, %s mode): %d task%s in %s ms"):format(p.run, p.level, p.mode,
       p.tasks, p.tasks == 1 and "" or "s", fmt_ms(p.makespan_ms))
@@ -219,6 +246,22 @@ return function(pto)
       end
       local t = {}
       table_text(t, { "callable", "count", "total ms", "mean ms", "p50 ms", "p95 ms", "max ms" }, rows)
+      for _, l in ipairs(t) do out[#out + 1] = indent .. l end
+    end
+    local events = pmu_events(p.callables)
+    if #events > 0 then
+      out[#out + 1] = indent .. "  counters (CallConfig enable_pmu), summed per callable over the tasks that asked:"
+      local head, rows = { "callable", "tasks" }, {}
+      for _, e in ipairs(events) do head[#head + 1] = (e:gsub("_", "-")) end
+      for _, c in ipairs(p.callables) do
+        if c.pmu then
+          local r = { c.name, tostring(c.pmu.tasks) }
+          for _, e in ipairs(events) do r[#r + 1] = c.pmu[e] and tostring(c.pmu[e]) or "-" end
+          rows[#rows + 1] = r
+        end
+      end
+      local t = {}
+      table_text(t, head, rows)
       for _, l in ipairs(t) do out[#out + 1] = indent .. l end
     end
     local rows = {}

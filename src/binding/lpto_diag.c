@@ -157,22 +157,27 @@ static int l_load_dump(lua_State *L)
     return 1;
 }
 
+void lpto_push_pmu_counts(lua_State *L, const pto_pmu_sample *s)
+{
+    lua_createtable(L, 0, s->count + 1);
+    lua_pushinteger(L, s->set);
+    lua_setfield(L, -2, "set");
+    for (int32_t i = 0; i < s->count; i++) {
+        if (!(s->valid & (1u << i))) continue;
+        char key[32];
+        snprintf(key, sizeof key, "%s", pto_pmu_event_name(s->set, i));
+        for (char *p = key; *p; p++)
+            if (*p == '-') *p = '_';
+        lua_pushinteger(L, s->counts[i]);
+        lua_setfield(L, -2, key);
+    }
+}
+
 void lpto_push_pmu(lua_State *L, pto_orch *o, int64_t id)
 {
     pto_pmu_sample s;
     if (pto_task_pmu_get(o, id, &s) != 1) return;
-    lua_createtable(L, 0, s.count + 1);
-    lua_pushinteger(L, s.set);
-    lua_setfield(L, -2, "set");
-    for (int32_t i = 0; i < s.count; i++) {
-        if (!(s.valid & (1u << i))) continue;
-        char key[32];
-        snprintf(key, sizeof key, "%s", pto_pmu_event_name(s.set, i));
-        for (char *p = key; *p; p++)
-            if (*p == '-') *p = '_';
-        lua_pushinteger(L, s.counts[i]);
-        lua_setfield(L, -2, key);
-    }
+    lpto_push_pmu_counts(L, &s);
     lua_setfield(L, -2, "pmu");
 }
 

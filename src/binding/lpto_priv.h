@@ -75,6 +75,8 @@ void lpto_open_tensor(lua_State *L);
 /* ---- diagnostics (lpto_diag.c) ---- */
 /* Set field "pmu" of the table on top to task id's PMU counts, if it has any. */
 void lpto_push_pmu(lua_State *L, pto_orch *o, int64_t id);
+/* Push s's valid counts as {set = N, task_clock = ..., ...} (event names with '_' for '-'). */
+void lpto_push_pmu_counts(lua_State *L, const pto_pmu_sample *s);
 /* pto.load_dump, into the module table on top (after pto.tensor). */
 void lpto_open_diag(lua_State *L);
 /* The message of a ring storage once its scope has ended. */

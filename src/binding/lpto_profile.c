@@ -100,6 +100,15 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "edges");
+    /* CallConfig enable_pmu's counts by task id (a group's members summed): profile.lua sums them per callable. */
+    lua_newtable(L);
+    for (int64_t i = 0; i < n; i++) {
+        pto_pmu_sample s;
+        if (t[i].member != 0 || pto_profile_pmu_get(W->w, t[i].id, &s) != 1) continue;
+        lpto_push_pmu_counts(L, &s);
+        lua_rawseti(L, -2, t[i].id);
+    }
+    lua_setfield(L, -2, "pmu");
     /* THREAD-mode Worker children live in this process: their last runs
      * are the level below. A PROCESS-mode child's are in its own process. */
     if (W->level >= 4 && depth < 8) {

@@ -386,6 +386,20 @@ int pto_task_pmu_get(pto_orch *o, int64_t id, pto_pmu_sample *out)
     return out->set ? 1 : 0;
 }
 
+int pto_profile_pmu_get(pto_worker *w, int64_t id, pto_pmu_sample *out)
+{
+    memset(out, 0, sizeof *out);
+    const pto_profile *p = w ? &w->sched.prof : NULL;
+    /* The store holds the counts of the run begun last: the profile's run only while no other began. */
+    if (!p || id < 0 || !p->have_last || p->run.run != p->last_run.run) return -1;
+    pto_diag *st = w->wm.diag;
+    if (!st) return 0;
+    pthread_mutex_lock(&st->mu);
+    if (id < st->npmu) *out = st->pmu[id];
+    pthread_mutex_unlock(&st->mu);
+    return out->set ? 1 : 0;
+}
+
 /* ---- PMU event sets ----------------------------------------------------------------- */
 
 typedef struct pmu_event {

@@ -508,6 +508,9 @@ int64_t pto_profile_get(pto_worker *w, pto_profile_run *run, pto_profile_task *o
 /* The dependency edges of w's last ended run (at most 262144): at most cap (consumer, producer) id
  * pairs into out[2i], out[2i + 1]. Returns the number of edges, or -1 if no run has ended yet. */
 int64_t pto_profile_edges(pto_worker *w, int64_t *out, int64_t cap);
+/* The PMU counts (CallConfig enable_pmu) of task id of w's last ended run into out: 1 if it has some,
+ * 0 if none, -1 if no run ended yet or a later run has begun since (its counts replaced them). */
+int pto_profile_pmu_get(pto_worker *w, int64_t id, pto_pmu_sample *out);
 
 /* ---- shared tensor memory (shm.c) ----
  * One MAP_SHARED | MAP_NORESERVE reservation per process, taken once (the

@@ -89,6 +89,21 @@ describe(":why", function()
   end)
 end)
 
+describe(":why, pinned", function()
+  it("names the busy worker a pinned task waits for while another is free", function()
+    session(SETUP:gsub("chips = 1", "chips = 2"), {
+      PROMPT, send("orch = w:open_run()\n"), PROMPT,
+      send("orch:submit_next_level(slow, pto.args{scalars = {1500000}}, nil, {worker = 1})\n"), PROMPT,
+      send("orch:submit_next_level(fill, pto.args{{c, 'out'}, scalars = {2.0}}, nil, {worker = 1})\n"), PROMPT,
+      send("repeat local k = w:children()[1] until k.task == 0\n"), PROMPT,
+      send("orch:task(1).pinned\n"), expect("\n1\n"), PROMPT,
+      send(":why 1\n"), expect("pinned to chip 1 ({worker = 1})"), expect("task 0"), PROMPT,
+      send("w:wait(10000)\n"), PROMPT,
+      send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT,
+    })
+  end)
+end)
+
 local CATCH_SETUP = [[
 w = pto.Worker{chips = 1, num_sub_workers = 1}
 x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")

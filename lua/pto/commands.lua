@@ -479,7 +479,7 @@ return function(repl)
       say("it has run: %s", t.state)
     elseif t.state == "failed" then
       local e = (t.error or "?"):match("[^\n]*")
-      if e:find("interrupted", 1, true) then say("its run was cancelled: %s", e)
+      if e:find("interrupted", 1, true) or e:find("was cancelled", 1, true) then say("its run was cancelled: %s", e)
       else say("it failed: %s", e) end
       if d.caught == t.id then say("the failure is caught: fix what it needs, then :retry %d; :release accepts it", t.id) end
     elseif t.state == "running" then
@@ -487,12 +487,23 @@ return function(repl)
       if kids[t.id] then
         say("it is running on %s", kids[t.id])
       else
-        local busy = {}
+        local busy, busy_children, n = {}, {}, 0
         for _, c in ipairs(w:children()) do
-          if c.kind == kind_name(w, t) and c.task then busy[#busy + 1] = ("%s runs task %d"):format(c.name, c.task) end
+          if c.kind == kind_name(w, t) then
+            n = n + 1
+            busy_children[#busy_children + 1] = { index = n, task = c.task }
+            if c.task then busy[#busy + 1] = ("%s runs task %d"):format(c.name, c.task) end
+          end
         end
-        say("it is queued for a busy %s (queue_depth): %s", kind_name(w, t),
-          #busy > 0 and table.concat(busy, ", ") or "its worker is finishing a task")
+        if t.pinned then
+          local c = nil
+          for _, k in ipairs(busy_children) do if k.index == t.pinned then c = k end end
+          say("it is pinned to %s %d ({worker = %d}) and queued behind %s", kind_name(w, t), t.pinned, t.pinned,
+            c and c.task and ("task %d"):format(c.task) or "its current task")
+        else
+          say("it is queued for a busy %s (queue_depth): %s", kind_name(w, t),
+            #busy > 0 and table.concat(busy, ", ") or "its worker is finishing a task")
+        end
       end
     elseif t.state == "pending" then
       for _, p in ipairs(t.producers) do
@@ -522,14 +533,20 @@ return function(repl)
         if b == name and d.break_task ~= t.id then say("a breakpoint on %s holds dispatch before it", b) end
       end
       local kind = kind_name(w, t)
-      local busy, total = {}, 0
+      local busy, total, by_kind = {}, 0, {}
       for _, c in ipairs(w:children()) do
         if c.kind == kind then
           total = total + 1
+          by_kind[total] = c
           if c.task then busy[#busy + 1] = ("%s runs task %d"):format(c.name, c.task) end
         end
       end
-      if total > 0 and #busy == total then
+      if t.pinned then
+        local c = by_kind[t.pinned]
+        if c and c.task then
+          say("it is pinned to %s ({worker = %d}), which runs task %d", c.name, t.pinned, c.task)
+        end
+      elseif total > 0 and #busy == total then
         say("every %s is busy: %s", kind, table.concat(busy, ", "))
       end
       if #lines == 0 then say("nothing holds it: it dispatches as soon as a %s takes it", kind) end

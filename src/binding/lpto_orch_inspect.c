@@ -153,6 +153,10 @@ int lpto_orch_task(lua_State *L)
         else lua_pushfstring(L, "chip %d", info.worker + 1);
         lua_setfield(L, -2, "worker_name");
     }
+    if (info.pin >= 0 && info.kind >= 0) {
+        lua_pushinteger(L, info.pin + 1);
+        lua_setfield(L, -2, "pinned");
+    }
     lpto_push_pmu(L, O->o, id);
     push_task_tensors(L, O, id, info.group_size);
     push_edges(L, O, id, 0);

@@ -23,6 +23,7 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     info->id = id;
     info->ring = -1;
     info->group_size = 1;
+    info->pin = -1;
     pto_slot *s = pto_slot_get(&o->pool, id);
     if (!s) {
         info->state = PTO_TASK_CONSUMED;
@@ -32,6 +33,7 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     info->state = atomic_load_explicit(&s->state, memory_order_acquire);
     info->kind = s->kind;
     info->callable = s->callable;
+    info->pin = s->kind >= 0 && s->group_size > 0 ? s->members[0].pin : -1;
     int32_t deps = 0;
     for (int32_t i = 0; i < s->nrefs; i++) deps += s->refs[i].dep;
     info->fanin = deps;

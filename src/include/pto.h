@@ -196,6 +196,7 @@ typedef struct pto_task_info {
     const char *error;           /* NULL unless failed; valid until next run */
     /* index of the worker that took it (a group: its member 0), -1 before */
     int32_t worker;
+    int32_t pin;                 /* the worker it must run on (a group: its member 0's), -1 for any */
 } pto_task_info;
 
 /* One TensorMap entry: bytes [start, end) of storage base were last written by task producer. */

@@ -358,21 +358,24 @@ end)
 describe("swimlanes and counters in a trace", function()
   after_each(F.cleanup)
 
-  it("kernel spans (and dispatch/post from level 2) nest inside their task's span, with the PMU counts as args",
-     function()
+  it("kernel spans (dispatch/post from level 2, handoff from 3, their parts at 4) nest inside their task's span, "
+     .. "with the PMU counts as args", function()
     local json = require "dkjson"
     local path = F.tmpname(".json")
+    local dir = fresh_dir()
     local w <close> = pto.Worker{level = 3, chips = 2}
     local gemm = w:register(pto.chip_kernel("gemm_tile"))
     w:init()
     local A, B = filled({32, 32}, math.sin), filled({32, 32}, math.cos)
     local Cs = {}
+    local LEVELS = {2, 2, 1, 1, 3, 4}
     w:trace_start(path)
     w:run(function(orch)
-      for i = 1, 4 do
+      for i, level in ipairs(LEVELS) do
         Cs[i] = pto.tensor({32, 32}, "f32")
         orch:submit_next_level(gemm, pto.args{{A, "in"}, {B, "in"}, {Cs[i], "out"}},
-                               pto.CallConfig{enable_l2_swimlane = i <= 2 and 2 or 1, enable_pmu = 1})
+                               pto.CallConfig{enable_l2_swimlane = level, enable_pmu = 1,
+                                              enable_dump_tensor = level == 4 and 1 or 0, output_prefix = dir .. "/s"})
       end
     end)
     w:trace_stop()
@@ -382,7 +385,8 @@ describe("swimlanes and counters in a trace", function()
       if e.cat == "task" then tasks[e.args.task] = e end
       if e.cat == "swimlane" then lanes[#lanes + 1] = e end
     end
-    local count = {dispatch = 0, kernel = 0, post = 0}
+    local count = {dispatch = 0, kernel = 0, post = 0, handoff = 0, ["dump in"] = 0, ["counters on"] = 0,
+                   ["counters off"] = 0, ["dump out"] = 0}
     local EPS = 1e-6
     for _, l in ipairs(lanes) do
       local t = assert(tasks[l.args.task], "a swimlane span of a task with no span")
@@ -393,7 +397,10 @@ describe("swimlanes and counters in a trace", function()
                                                                                        l.dur, t.ts, t.dur))
       if l.name == "kernel" then assert.is_true(l.args["task-clock"] > 0) end
     end
-    assert.are.same({dispatch = 2, kernel = 4, post = 2}, count)
+    -- the hand-off is the parent's post to the child's receipt: a process-mode point
+    local handoffs = os.getenv("PTO_MODE") == "thread" and 0 or 2
+    assert.are.same({dispatch = 4, kernel = 6, post = 4, handoff = handoffs, ["dump in"] = 1, ["counters on"] = 1,
+                     ["counters off"] = 1, ["dump out"] = 1}, count)
   end)
 end)
 

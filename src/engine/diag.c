@@ -607,6 +607,7 @@ int pto_diag_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_v
     d->ts[PTO_SWIM_RECEIVED] = pto_now_ns();
     d->child_pid = (int32_t)getpid();
     if (cfg->enable_dump_tensor && !dump_all(v, false, cfg, d, callable, err, errlen)) return 1;
+    d->ts[PTO_SWIM_DUMPED_IN] = pto_now_ns();
     int32_t set = cfg->enable_pmu >= 1 && cfg->enable_pmu <= PTO_PMU_SETS ? cfg->enable_pmu : 0;
     int fds[PTO_PMU_MAX];
     if (set) pmu_start(set, fds);
@@ -617,6 +618,7 @@ int pto_diag_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_v
         pmu_stop(fds, d);
         d->pmu_set = set;
     }
+    d->ts[PTO_SWIM_COUNTED] = pto_now_ns();
     if (rc == 0 && cfg->enable_dump_tensor && !dump_all(v, true, cfg, d, callable, err, errlen)) rc = 1;
     d->ts[PTO_SWIM_POSTED] = pto_now_ns();
     if (cfg->enable_l2_swimlane && !d->trace_on) swimlane_write(cfg, d, callable, rc);

@@ -24,7 +24,12 @@ struct pto_worker_manager;
 #define PTO_PMU_MAX 4             /* events per PMU set */
 #define PTO_PMU_SETS 4            /* enable_pmu = 1 .. PTO_PMU_SETS */
 
-enum { PTO_SWIM_RECEIVED = 0, PTO_SWIM_KERNEL_START, PTO_SWIM_KERNEL_END, PTO_SWIM_POSTED, PTO_SWIM_N };
+/* Swimlane points: the first four at every level (and in the per-worker file); from level 3 the hand-off
+ * (PROCESS mode: the parent's post), at level 4 the ends of the dumps before and of the counter read. */
+enum {
+    PTO_SWIM_RECEIVED = 0, PTO_SWIM_KERNEL_START, PTO_SWIM_KERNEL_END, PTO_SWIM_POSTED,
+    PTO_SWIM_HANDED, PTO_SWIM_DUMPED_IN, PTO_SWIM_COUNTED, PTO_SWIM_N
+};
 
 typedef struct pto_diag_task {
     /* in: the dispatcher, before the task runs */

@@ -211,6 +211,7 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
     const uint8_t *tags = PTO_UNLIKELY(mb->check) ? pto_check_tags(mb, &view) : NULL;
     int rc;
     if (PTO_UNLIKELY(pto_diag_wanted(&cfg))) {
+        mb->diag.ts[PTO_SWIM_HANDED] = mb->posted_ns;   /* the parent's post: level 3's hand-off span */
         /* diag.c's dumps go around the checks: they show the task's inputs and its final outputs */
         pto_check_leaf cl = {leaf->run, leaf->ctx, tags, mb};
         rc = mb->check ? pto_diag_call(pto_check_leaf_run, &cl, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP)

@@ -469,25 +469,39 @@ static void format_flows(pto_worker *w, pto_trace *t, int32_t pid, uint64_t epoc
 }
 
 /* The swimlane and PMU spans of tasks whose CallConfig asked (diag.c), on their task's track inside its span:
- * "kernel" (kernel start to end, with the PMU counts as args), and from level 2 "dispatch" (task received to
- * kernel start) and "post" (kernel end to completion posted). */
+ * "kernel" (kernel start to end, with the PMU counts as args); from level 2 "dispatch" (task received to
+ * kernel start) and "post" (kernel end to completion posted); from level 3 "handoff" (PROCESS mode: the
+ * parent's post to the child's receipt); at level 4 the parts of dispatch and post: "dump in", "counters on",
+ * "counters off", "dump out". */
 static void format_diag(pto_worker *w, int32_t pid, uint64_t epoch, sbuf *b)
 {
+    static const struct {
+        const char *name;
+        int level, from, to;
+    } SPANS[] = {
+        {"kernel", 1, PTO_SWIM_KERNEL_START, PTO_SWIM_KERNEL_END},
+        {"dispatch", 2, PTO_SWIM_RECEIVED, PTO_SWIM_KERNEL_START},
+        {"post", 2, PTO_SWIM_KERNEL_END, PTO_SWIM_POSTED},
+        {"handoff", 3, PTO_SWIM_HANDED, PTO_SWIM_RECEIVED},
+        {"dump in", 4, PTO_SWIM_RECEIVED, PTO_SWIM_DUMPED_IN},
+        {"counters on", 4, PTO_SWIM_DUMPED_IN, PTO_SWIM_KERNEL_START},
+        {"counters off", 4, PTO_SWIM_KERNEL_END, PTO_SWIM_COUNTED},
+        {"dump out", 4, PTO_SWIM_COUNTED, PTO_SWIM_POSTED},
+    };
     int64_t n;
     pto_diag_span *sp = pto_diag_spans_copy(&w->wm, &n);
-    static const char *const NAMES[] = {"dispatch", "kernel", "post"};
     for (int64_t i = 0; i < n; i++) {
         const pto_diag_span *s = &sp[i];
-        for (int k = 0; k < 3; k++) {
-            if (k != 1 && s->level < 2) continue;
-            uint64_t t0 = s->ts[k], t1 = s->ts[k + 1];
+        for (size_t k = 0; k < sizeof SPANS / sizeof *SPANS; k++) {
+            uint64_t t0 = s->ts[SPANS[k].from], t1 = s->ts[SPANS[k].to];
+            if (s->level < SPANS[k].level || !t0 || !t1) continue;   /* THREAD mode has no hand-off point */
             sb_printf(b, ",\n{\"name\":\"%s\",\"cat\":\"swimlane\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":",
-                      NAMES[k], pid, tid_of(w, s->kind, s->worker));
+                      SPANS[k].name, pid, tid_of(w, s->kind, s->worker));
             sb_ts(b, t0, epoch);
             sb_printf(b, ",\"dur\":");
             sb_us(b, t1 > t0 ? t1 - t0 : 0);
             sb_printf(b, ",\"args\":{\"run\":%d,\"task\":%" PRId64 ",\"member\":%d", s->run, s->task, s->member);
-            for (int32_t e = 0; k == 1 && e < s->pmu.count; e++)
+            for (int32_t e = 0; k == 0 && e < s->pmu.count; e++)
                 if (s->pmu.valid & (1u << e))
                     sb_printf(b, ",\"%s\":%" PRId64, pto_pmu_event_name(s->pmu.set, e), s->pmu.counts[e]);
             sb_printf(b, "}}");

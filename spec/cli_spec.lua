@@ -643,14 +643,14 @@ describe("ptolua's progress line", function()
 end)
 
 describe("ptolua SIGINT", function()
-  it("stops a script in an endless loop with 'interrupted!' and exit 1", function()
+  it("stops a script in an endless loop with 'interrupted!' and exit 130, as a shell reports SIGINT", function()
     local err = tmpname()
     -- The loop allocates: ThreadSanitizer delivers signals only when the
     -- program enters one of its interceptors, and a bare `while true do end`
     -- never does. The interruption path (hook + lpto_interrupt) is the same.
     local s = script("while true do local t = {} end")
     local code = interrupt(("%s %s 2>%s"):format(q(PTOLUA), q(s), q(err)))
-    assert.are.equal(1, code)
+    assert.are.equal(130, code)
     local text = readfile(err)
     assert.matches("interrupted!", text, 1, true)
     assert.matches("stack traceback:", text, 1, true)
@@ -708,7 +708,7 @@ w:run(function(orch) orch:submit_sub(slow) orch:submit_sub(slow) end)
 ]]):format(done))
     local alive, code = signals(("%s %s 2>%s"):format(q(PTOLUA), q(s), q(err)), {0.8})
     assert.are.same({true}, alive)
-    assert.are.equal(1, code)
+    assert.are.equal(130, code)   -- a script an interrupt stopped
     local text = readfile(err)
     assert.matches("ptolua: interrupted: no new task starts; running tasks finish", text, 1, true)
     assert.matches("interrupted", text:gsub("ptolua: interrupted:[^\n]*", ""), 1, true)
@@ -719,7 +719,7 @@ w:run(function(orch) orch:submit_sub(slow) orch:submit_sub(slow) end)
     local err = tmpname()
     local alive, code = signals(("%s %s 2>%s"):format(q(PTOLUA), q(script(STUCK)), q(err)), {1, 1})
     assert.are.same({true, true}, alive)   -- one Ctrl-C does not end a run whose task hangs
-    assert.are.equal(1, code)
+    assert.are.equal(130, code)   -- a script an interrupt stopped
     local text = readfile(err)
     assert.matches("ptolua: interrupted: no new task starts", text, 1, true)
     assert.matches("ptolua: interrupted again: child processes busy with a task are killed", text, 1, true)

@@ -416,9 +416,9 @@ f:write("ready\n")
 f:close()
 ]]
 
-  it("stops a script waiting for its runs: 'interrupted', no child process left", function()
+  it("stops a script waiting for its runs: 'interrupted', exit 130, no child process left", function()
     local rc, err, _, pids = interrupted(BODY .. "w:wait_all()\n")
-    assert.are.equal(1, rc)
+    assert.are.equal(130, rc)
     assert.truthy(err:find("interrupted", 1, true), err)
     assert.are.equal(H.MODE == "process" and 2 or 0, #pids)   -- thread mode: chips are threads
     local deadline = H.clock() + 5

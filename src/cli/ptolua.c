@@ -141,6 +141,9 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
  * "interrupted!". The steps are announced on stderr whenever a run was in
  * progress; Lua code alone is interrupted as quietly as by lua5.4. */
 static volatile sig_atomic_t sigint_count;
+/* The last chunk ended in an error after a Ctrl-C: a script stopped that way
+ * exits 130, as a shell reports a command that SIGINT ended (lua5.4 says 1). */
+static int last_call_interrupted;
 
 static void say(const char *msg) {
   ssize_t r = write(STDERR_FILENO, msg, strlen(msg));
@@ -211,6 +214,7 @@ static int docall(lua_State *L, int narg, int nres) {
   sigint_L = L;
   set_sigint(on_sigint, &old);
   status = lua_pcall(L, narg, nres, base);
+  last_call_interrupted = status != LUA_OK && sigint_count > 0;
   /* Put back what was there (SIG_DFL, or the prompt's handler), then
    * disarm a hook that a Ctrl-C right at the end of the call armed but no
    * Lua code consumed: it must not interrupt the next, unrelated, code. */
@@ -676,5 +680,6 @@ int main(int argc, char **argv) {
     if (report(L, lua_pcall(L, 0, 0, 0)) != LUA_OK) ok = 0;
   }
   lua_close(L); /* runs __gc and pending to-be-closed values */
-  return status == LUA_OK && ok ? EXIT_SUCCESS : EXIT_FAILURE;
+  if (status == LUA_OK && ok) return EXIT_SUCCESS;
+  return last_call_interrupted ? 128 + SIGINT : EXIT_FAILURE;
 }

@@ -62,6 +62,26 @@ describe("the flow-control report", function()
     assert.truthy(report:find("Increase heap_ring_size (now 64 KiB per ring)", 1, true), report)
   end)
 
+  it("gives the last run's time, as w:profile() measures it, and none before a run ended", function()
+    local w <close> = pto.Worker{chips = 2}
+    local sl = w:register(pto.chip_kernel("sleep_us"))
+    w:init()
+    assert.is_nil(w:stats_report():find("Time (", 1, true))
+    w:run(function(orch) for _ = 1, 4 do orch:submit_next_level(sl, pto.args{scalars = {20000}}) end end)
+    local report, p = w:stats_report(), w:profile()
+    local run, ms, orch, exec, busy = report:match(
+      "\nTime %(run (%d+)%): ([%d.]+) ms from start to drained; orchestration ([%d.]+) ms, execution ([%d.]+) ms; "
+      .. "workers busy (%d+)%%\n")
+    assert.truthy(run, report)
+    assert.are.equal(p.run, tonumber(run))
+    assert.are.equal(("%.3f"):format(p.makespan_ms), ms)
+    assert.are.equal(("%.3f"):format(p.orchestration_ms), orch)
+    assert.are.equal(("%.3f"):format(p.execution_ms), exec)
+    assert.are.equal(("%.0f"):format(p.busy_pct), busy)
+    assert.is_true(tonumber(ms) >= 40, report)   -- four 20 ms tasks on two chips
+    assert.truthy(report:find("Time %(run 1%).*\n\nHeap Rings"), report)   -- after the counts, before the rings
+  end)
+
   it("checks its options", function()
     local w <close> = pto.Worker{chips = 1}
     H.assert_error(function() w:stats_report{fulll = true} end, "Worker:stats_report: ", "unknown field 'fulll'")

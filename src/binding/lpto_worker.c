@@ -662,6 +662,37 @@ static int32_t report_flags(lua_State *L, int idx, const char *who)
     return flags;
 }
 
+/* Push the print_stats line on the time of W's last ended run (from its profile), or nothing (0). */
+static int push_time_line(lua_State *L, lworker *W)
+{
+    pto_profile_run run;
+    int64_t n = W->state == W_READY && W->w ? pto_profile_get(W->w, &run, NULL, 0) : -1;
+    if (n < 0 || run.end_ns <= run.begin_ns) return 0;
+    pto_profile_task *t = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *t, 0);
+    n = pto_profile_get(W->w, &run, t, n);
+    uint64_t busy = 0, first = UINT64_MAX, last = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (t[i].failed == 2) continue;
+        busy += t[i].end_ns - t[i].start_ns;
+        if (t[i].start_ns < first) first = t[i].start_ns;
+        if (t[i].end_ns > last) last = t[i].end_ns;
+    }
+    double span = (double)(run.end_ns - run.begin_ns);
+    uint64_t drain = run.drain_ns > run.begin_ns ? run.drain_ns - run.begin_ns : 0;
+    double orch = drain > run.waited_ns ? (double)(drain - run.waited_ns) : 0;
+    int workers = (W->level >= 4 ? W->nworkers : W->nchips) + W->nsubs;
+    char line[320];
+    snprintf(line, sizeof line,
+             "Time (run %lld): %.3f ms from start to drained; orchestration %.3f ms, execution %.3f ms; "
+             "workers busy %.0f%%\n  (w:profile(), :profile or ptolua --profile: times per callable and worker, "
+             "the critical path, a verdict)\n",
+             (long long)run.run, span / 1e6, orch / 1e6, last > first ? (double)(last - first) / 1e6 : 0.0,
+             workers > 0 ? (double)busy / span / workers * 100 : 0.0);
+    lua_pop(L, 1);
+    lua_pushstring(L, line);
+    return 1;
+}
+
 static void push_report(lua_State *L, lworker *W, int32_t flags)
 {
     pto_stats st;
@@ -673,6 +704,16 @@ static void push_report(lua_State *L, lworker *W, int32_t flags)
     luaL_addsize(&b, (size_t)n);
     if (W->level >= 4) lpto_level_report(W, &b);
     luaL_pushresult(&b);
+    /* The time of the last run goes after the task counts and peaks (when a run has ended). */
+    const char *r = lua_tostring(L, -1), *peaks = strstr(r, "\nPeaks:");
+    const char *at = peaks ? strchr(peaks + 1, '\n') : NULL;
+    if (at && push_time_line(L, W)) {
+        lua_pushlstring(L, r, (size_t)(at + 1 - r));
+        lua_insert(L, -2);
+        lua_pushstring(L, at + 1);
+        lua_concat(L, 3);
+        lua_remove(L, -2);
+    }
 }
 
 /* w:stats_report([{full = true}]) */

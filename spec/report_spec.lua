@@ -112,4 +112,34 @@ describe("the deadlock message", function()
     local ok3, err3 = run_allocs(size)
     assert.is_true(ok3, err3)
   end)
+
+  it("names the scope that holds the memory: its depth and where it was opened, in each form", function()
+    local src = debug.getinfo(1, "S").short_src
+    local w <close> = pto.Worker{chips = 1, heap_ring_size = 64 * 1024}
+    local line
+    local ok, err = pcall(w.run, w, function(orch)
+      orch:scope(function()
+        line = debug.getinfo(1, "l").currentline - 1
+        for _ = 1, 100 do orch:alloc({1024}, "f32") end
+      end)
+    end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(("held by the scope at depth 1 opened at %s:%d, still open"):format(src, line),
+                                     1, true), err)
+    ok, err = pcall(w.run, w, function(orch)
+      orch:scope_begin()
+      do
+        line = debug.getinfo(1, "l").currentline + 1   -- the next line opens the scope
+        local inner <close> = orch:scope()
+        for _ = 1, 100 do orch:alloc({1024}, "f32") end
+      end
+    end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(("held by the scope at depth 2 opened at %s:%d, still open"):format(src, line),
+                                     1, true), err)
+    -- in the run's outer scope, no scope to name but that one
+    ok, err = pcall(w.run, w, function(orch) for _ = 1, 100 do orch:alloc({1024}, "f32") end end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("held by the run's outer scope", 1, true), err)
+  end)
 end)

@@ -601,9 +601,20 @@ void lpto_orch_end(lua_State *L, int oidx)
     lua_setiuservalue(L, oidx, OUV_PINS);
 }
 
+/* Where the Lua code that opens a scope is, so that a deadlock names it (pto_scope_label). */
+static void label_scope(lua_State *L, lorch *O)
+{
+    lua_Debug ar;
+    if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) return;
+    char label[LUA_IDSIZE + 16];
+    snprintf(label, sizeof label, "%s:%d", ar.short_src, ar.currentline);
+    pto_scope_label(O->o, label);
+}
+
 static int scope_begin(lua_State *L, lorch *O, const char *who)
 {
     if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L, who);
+    label_scope(L, O);
     int depth = pto_scope_depth(O->o);
     O->scope_serial[depth] = lpto_next_serial();
     return depth;

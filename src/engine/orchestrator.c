@@ -187,8 +187,18 @@ static void deadlock_error(pto_orch *o, int32_t r, uint64_t bytes, const pto_sla
 {
     pto_heap_ring *ring = &o->rings[r];
     uint64_t need = ring->used + bytes;
+    /* Which scope: its depth, and where it was opened when the caller said (pto_scope_label). */
+    char which[128] = "a scope that is still open";
+    int32_t d = pto_scope_holder(&o->scope, oldest->owner);
+    if (d > 0 && o->scope.frames[d].label[0])
+        snprintf(which, sizeof which, "the scope at depth %d opened at %s, still open", (int)d,
+                 o->scope.frames[d].label);
+    else if (d > 0)
+        snprintf(which, sizeof which, "the scope at depth %d, still open", (int)d);
+    else if (d == 0)
+        snprintf(which, sizeof which, "the run's outer scope");
     pto_set_error("deadlock: heap ring %d is full (%llu of %llu bytes in %u slabs) and cannot drain. Its oldest "
-                  "slab (task %lld, %llu bytes) is held by a scope that is still open, so only that scope's end "
+                  "slab (task %lld, %llu bytes) is held by %s, so only that scope's end "
                   "could free it, and the orchestrator that would end the scope is the one waiting for the space. "
                   "Fix: end scopes sooner (fewer or smaller tensors per scope), or increase heap_ring_size on the "
                   "Worker (current: %llu bytes per ring; this scope needs more than %llu, and how much more it "
@@ -196,7 +206,7 @@ static void deadlock_error(pto_orch *o, int32_t r, uint64_t bytes, const pto_sla
                   "enough (the default, 1 GiB) and use the ring's high-water mark from the Worker's statistics, "
                   "rounded up to a power of two for wrap-around.",
                   r, (unsigned long long)ring->used, (unsigned long long)ring->size, ring->count,
-                  (long long)oldest->owner->id, (unsigned long long)(oldest->end - oldest->start),
+                  (long long)oldest->owner->id, (unsigned long long)(oldest->end - oldest->start), which,
                   (unsigned long long)ring->size, (unsigned long long)need);
 }
 
@@ -684,6 +694,14 @@ int pto_scope_begin(pto_orch *o)
                       PTO_MAX_SCOPE_DEPTH);
         return -1;
     }
+    return 0;
+}
+
+int pto_scope_label(pto_orch *o, const char *label)
+{
+    if (!pto_orch_check_open(o)) return -1;
+    pto_scope_frame *f = pto_scope_innermost(&o->scope);
+    snprintf(f->label, sizeof f->label, "%s", label ? label : "");
     return 0;
 }
 

@@ -16,8 +16,18 @@ void pto_scope_destroy(pto_scope *s)
 int pto_scope_push(pto_scope *s)
 {
     if (s->top > PTO_MAX_SCOPE_DEPTH) return -1;
-    s->frames[s->top++].count = 0;
+    pto_scope_frame *f = &s->frames[s->top++];
+    f->count = 0;
+    f->label[0] = 0;
     return 0;
+}
+
+int32_t pto_scope_holder(const pto_scope *s, const struct pto_slot *slot)
+{
+    for (int32_t d = s->top - 1; d >= 0; d--)
+        for (int32_t i = 0; i < s->frames[d].count; i++)
+            if (s->frames[d].slots[i] == slot) return d;
+    return -1;
 }
 
 void pto_scope_register(pto_scope *s, struct pto_slot *slot)

@@ -13,6 +13,7 @@ struct pto_slot;
 typedef struct pto_scope_frame {
     struct pto_slot **slots;
     int32_t count, cap;
+    char label[64];                  /* pto_scope_label: where it was opened, "" if unknown */
 } pto_scope_frame;
 
 typedef struct pto_scope {
@@ -33,6 +34,8 @@ static inline int32_t pto_scope_ring(const pto_scope *s)
     int32_t d = pto_scope_nested(s);
     return d < PTO_MAX_RING_DEPTH - 1 ? d : PTO_MAX_RING_DEPTH - 1;
 }
+/* The depth of the frame that holds slot (0: the run's outer scope), or -1. */
+int32_t pto_scope_holder(const pto_scope *s, const struct pto_slot *slot);
 /* The innermost frame, for its owner to release and then pop. */
 pto_scope_frame *pto_scope_innermost(pto_scope *s);
 void pto_scope_pop(pto_scope *s);

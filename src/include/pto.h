@@ -408,6 +408,9 @@ int pto_scope_begin(pto_orch *o);
 int pto_scope_end(pto_orch *o);
 /* Current nested depth: 0 in the run's outer scope. */
 int pto_scope_depth(pto_orch *o);
+/* Name the innermost open scope for the messages about it (e.g. where it was opened, "file.lua:12");
+ * copied, at most 63 bytes kept. 0, or -1 if no run is open. */
+int pto_scope_label(pto_orch *o, const char *label);
 /* Wait until every task submitted so far has completed and been reclaimed where possible. 0 or -1
  * on failure. */
 int pto_drain(pto_orch *o);

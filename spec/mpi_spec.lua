@@ -130,6 +130,10 @@ describe("an L4 over L3s on ranks 1 and 2 (mpirun -np 3)", function()
   it("traces the remote ranks' runs on rank 0's time line", function()
     assert_checks("trace_remote", "trace_timeline")
   end)
+
+  it("ships a function registered on the L4 after init to the remote ranks", function()
+    assert_checks("shipped")
+  end)
 end)
 
 describe("examples/mpi_bgemm.lua (mpirun -np 3)", function()

@@ -754,6 +754,29 @@ size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap)
     return n;
 }
 
+int lpto_level_host_load(lworker *W, int i, uint64_t callable, const void *blob, size_t len, char *err,
+                         size_t errlen)
+{
+    return lpto_sub_load(&W->wchildren[i], callable, blob, len, err, errlen);
+}
+
+bool lpto_level_has_remote(const lworker *W)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++)
+        if (W->wchildren[i].remote) return true;
+    return false;
+}
+
+void lpto_level_ship_remote(lworker *W, uint64_t callable, const char *blob, size_t len)
+{
+    for (int i = 0; W->wchildren && i < W->nworkers; i++)
+        if (W->wchildren[i].remote && lpto_mpi_ship(&W->wchildren[i].remote_leaf, callable, blob, len) != 0) {
+            fprintf(stderr, "ptolua: out of memory shipping function %llu to %s\n", (unsigned long long)callable,
+                    W->wchildren[i].s.name);
+            abort();
+        }
+}
+
 void lpto_level_host_close(lua_State *L, lworker *W, int i)
 {
     wchild *C = &W->wchildren[i];

@@ -22,6 +22,10 @@
  *   DATA  0->r   the bytes of each INPUT/INOUT/NO_DEP tensor (views: their byte range only)
  *   REP   r->0   {status, error, statistics records, the run's trace events}
  *   DATA  r->0   the bytes of each OUTPUT/INOUT/OUTPUT_EXISTING tensor
+ *   REQ   0->r   {op = LOAD, callable, ns = blob length} + blob: a function
+ *                 registered on the L4 after init, before the first task
+ *                 that may name it (no answer: a load that fails leaves
+ *                 the callable unknown there, and its task says so)
  * A STOP request is answered by an empty REP before the rank exits. One
  * task per remote child is in flight at a time, so nothing is numbered.
  *
@@ -61,7 +65,7 @@ static bool launched(void) { return env_int(SIZE_VARS, 0) > 0; }
 
 enum { TAG_HELLO = 7101, TAG_REQ, TAG_REP, TAG_DATA, TAG_SYNC };
 #define SYNC_ROUNDS 8            /* clock-offset probes per rank at init: the fastest round trip counts */
-enum { OP_RUN = 1, OP_STOP = 2 };
+enum { OP_RUN = 1, OP_STOP = 2, OP_LOAD = 3 };   /* OP_LOAD: a function registered after init */
 #define CHUNK (1 << 30)          /* bytes per MPI message: counts are ints */
 #define START_MS 30000          /* every rank says hello within this at init */
 #define STOP_MS 10000
@@ -101,7 +105,15 @@ typedef struct remote {
     char *trace;                 /* events sent back with its answers, for the main thread's collect */
     size_t trace_len;
     uint32_t tgen;
+    struct shipment *ships;      /* under tmu: functions to send before the next task, oldest first */
 } remote;
+
+/* A function registered on the L4 after init, on its way to one rank. */
+typedef struct shipment {
+    struct shipment *next;
+    size_t len;                  /* of the request: header and blob */
+    char req[];
+} shipment;
 
 static struct {
     pthread_mutex_t mu;          /* rank 0: held by the thread calling MPI */
@@ -463,6 +475,15 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
              * exit, not _exit: a leak check at exit (ASan) covers this rank too. */
             exit(0);
         }
+        if (h.op == OP_LOAD && child >= 0 && !hi.status) {
+            char lerr[256];
+            if (h.ns < 0 || (size_t)len < sizeof h + (size_t)h.ns ||
+                lpto_level_host_load(W, child, h.callable, buf + sizeof h, (size_t)h.ns, lerr, sizeof lerr) != 0)
+                fprintf(stderr, "ptolua: MPI rank %d: a function registered after init does not load here: %s\n",
+                        me, h.ns < 0 || (size_t)len < sizeof h + (size_t)h.ns ? "malformed" : lerr);
+            free(buf);
+            continue;
+        }
         if (child < 0 || hi.status) {
             /* Rank 0 sends tasks only to children that started: a protocol error. */
             fprintf(stderr, "ptolua: MPI rank %d got a task but hosts no Worker\n", me);
@@ -470,6 +491,39 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
         }
         serve_run(W, child, buf, len, &hi);
         free(buf);
+    }
+}
+
+int lpto_mpi_ship(const pto_leaf *leaf, uint64_t callable, const char *blob, size_t len)
+{
+    remote *R = leaf->ctx;
+    shipment *m = malloc(sizeof *m + sizeof(req_head) + len);
+    if (!m || len > INT32_MAX - sizeof(req_head)) return free(m), -1;
+    req_head h = {.op = OP_LOAD, .ns = (int32_t)len, .callable = callable};
+    memcpy(m->req, &h, sizeof h);
+    memcpy(m->req + sizeof h, blob, len);
+    m->len = sizeof h + len;
+    m->next = NULL;
+    pthread_mutex_lock(&R->tmu);
+    shipment **tail = &R->ships;
+    while (*tail) tail = &(*tail)->next;
+    *tail = m;
+    pthread_mutex_unlock(&R->tmu);
+    return 0;
+}
+
+/* Leaf thread, holding G.mu: send what was registered since the last task. */
+static void send_ships(remote *R)
+{
+    pthread_mutex_lock(&R->tmu);
+    shipment *m = R->ships;
+    R->ships = NULL;
+    pthread_mutex_unlock(&R->tmu);
+    while (m) {
+        shipment *next = m->next;
+        MPI_Send(m->req, (int)m->len, MPI_BYTE, R->rank, TAG_REQ, MPI_COMM_WORLD);
+        free(m);
+        m = next;
     }
 }
 
@@ -502,6 +556,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     p += a->tensor_count;
     if (a->scalar_count) memcpy(p, a->scalars, (size_t)a->scalar_count * 8);
     pthread_mutex_lock(&G.mu);
+    send_ships(R);
     MPI_Send(buf, (int)len, MPI_BYTE, R->rank, TAG_REQ, MPI_COMM_WORLD);
     for (int i = 0; i < a->tensor_count; i++)
         if (goes_out(tags[i]))
@@ -566,6 +621,11 @@ void lpto_mpi_leaf_free(pto_leaf *leaf)
     if (!R) return;
     pthread_mutex_destroy(&R->tmu);
     free(R->trace);
+    while (R->ships) {
+        shipment *m = R->ships;
+        R->ships = m->next;
+        free(m);
+    }
     free(R);
 }
 
@@ -707,6 +767,11 @@ void lpto_mpi_where(const pto_leaf *leaf, char *buf, size_t cap)
     snprintf(buf, cap, "?");
 }
 void lpto_mpi_leaf_free(pto_leaf *leaf) { (void)leaf; }
+int lpto_mpi_ship(const pto_leaf *leaf, uint64_t callable, const char *blob, size_t len)
+{
+    (void)leaf, (void)callable, (void)blob, (void)len;
+    return 0;
+}
 void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
 {
     (void)W, (void)leaves;

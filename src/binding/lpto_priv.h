@@ -308,6 +308,13 @@ int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_vie
 size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap);
 void lpto_level_host_close(lua_State *L, lworker *W, int i);
 void lpto_level_remote_stats(wchild *C, const void *buf, size_t len);
+/* Rank 0: whether W has Worker children on other ranks; ship a function registered after init to them
+ * (blob: lpto_ship_function's). */
+bool lpto_level_has_remote(const lworker *W);
+void lpto_level_ship_remote(lworker *W, uint64_t callable, const char *blob, size_t len);
+/* Rank r: install a function rank 0 shipped, for W's child i (0, or non-zero with a reason in err). */
+int lpto_level_host_load(lworker *W, int i, uint64_t callable, const void *blob, size_t len, char *err,
+                         size_t errlen);
 
 /* lpto_mpi.c: level-3 Workers on other MPI ranks (docs/mpi.md). */
 void lpto_open_mpi(lua_State *L);             /* pto.mpi, into the module table on top */
@@ -323,6 +330,9 @@ int lpto_mpi_rank(void);
 pto_leaf lpto_mpi_leaf(wchild *C, const char *name, int rank);
 void lpto_mpi_where(const pto_leaf *leaf, char *buf, size_t cap);
 void lpto_mpi_leaf_free(pto_leaf *leaf);
+/* Rank 0, main thread: callable's blob goes to the leaf's rank before its next task (0, or -1: out of
+ * memory). */
+int lpto_mpi_ship(const pto_leaf *leaf, uint64_t callable, const char *blob, size_t len);
 /* Rank 0, main thread: its tasks record their remote runs' events from now
  * on (on) or not; collect attaches what came back to w's trace. */
 void lpto_mpi_trace(const pto_leaf *leaf, bool on);

@@ -378,9 +378,12 @@ static void ship_blob(lua_State *L, lworker *W, uint64_t id, const char *who)
 {
     size_t len;
     const char *blob = lua_tolstring(L, -1, &len);
-    if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) lpto_engine_error(L, who);
-    if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
-        lpto_engine_error(L, who);
+    if (W->mode == PTO_MODE_PROCESS) {
+        if (W->nsubs > 0 && pto_worker_ship_callable(W->w, PTO_SUB, id, blob, len) != 0) lpto_engine_error(L, who);
+        if (W->nworkers > 0 && pto_worker_ship_callable(W->w, PTO_NEXT_LEVEL, id, blob, len) != 0)
+            lpto_engine_error(L, who);
+    }
+    lpto_level_ship_remote(W, id, blob, len);   /* Worker children on other MPI ranks, if any */
     lua_pop(L, 1);
 }
 
@@ -388,7 +391,8 @@ static void register_function(lua_State *L, lworker *W, const char *name, const 
 {
     /* Children forked at init cannot see a function registered later; at
      * level >= 4 a function may run on a sub or on a Worker child. */
-    bool ship = W->mode == PTO_MODE_PROCESS && W->state == W_READY && (W->nsubs > 0 || W->nworkers > 0);
+    bool ship = W->state == W_READY && ((W->mode == PTO_MODE_PROCESS && (W->nsubs > 0 || W->nworkers > 0)) ||
+                                        lpto_level_has_remote(W));
     if (ship) lpto_ship_function(L, 2, who);
     uint64_t id = ++W->next_fn;
     if (ship) ship_blob(L, W, id, who);

@@ -470,6 +470,37 @@ describe("the prompt's :runs", function()
   end)
 end)
 
+describe("inspecting submitted runs", function()
+  it("w:orch() shows their tasks with their run; :dag has a run column and run=; it submits nothing", function()
+    local ts = {pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")}
+    W:hold()   -- the tasks stay put while they are looked at
+    local hs = {}
+    for i = 1, 3 do hs[i] = W:submit(function(orch) fill(orch, ts[i], i) end) end
+    local o = W:orch()
+    local tasks = o:tasks()
+    assert.are.equal(3, #tasks)
+    for i, x in ipairs(tasks) do assert.are.equal(hs[i].id, x.run) end
+    H.assert_error(function() fill(o, ts[1], 9) end, "orch:submit_next_level: ", "only inspects them")
+    H.assert_error(function() o:alloc({4}, "f32") end, "orch:alloc: ", "only inspects them")
+    local repl = require "pto.repl"
+    local f, saved = io.tmpfile(), io.stdout
+    io.stdout = f
+    local ok, err = pcall(repl.command, ":dag run=" .. hs[2].id)
+    io.stdout = saved
+    W:release()
+    W:wait_all()
+    assert(ok, err)
+    f:seek("set")
+    local text = f:read("a")
+    assert.truthy(text:find("id%s+run%s+state"), text)
+    assert.truthy(text:find("\n%s*1%s+" .. hs[2].id .. "%s+"), text)   -- task 1 is run 2's
+    assert.is_nil(text:find("\n%s*0%s+" .. hs[1].id .. "%s+"), text)    -- run 1's task is filtered out
+    for i = 1, 3 do assert.are.equal(i, ts[i][1]) end
+    H.assert_error(function() o:tasks() end, "orch:tasks: ", "have all finished")
+    assert.is_nil(W:orch())
+  end)
+end)
+
 describe("results from every level", function()
   local w4, L3FN, BAD
   setup(function()

@@ -375,8 +375,11 @@ return function(repl)
         f.worker = val:gsub("%s", "")
       elseif key == "callable" then
         f.callable = val
+      elseif key == "run" then
+        f.run = math.tointeger(tonumber(val))
+        if not f.run then problem(":dag: run= takes a run id (got '%s')", val) end
       elseif key then
-        problem(":dag: unknown filter '%s' (state=, worker=, callable=, an id or N-M, all)", key)
+        problem(":dag: unknown filter '%s' (state=, worker=, callable=, run=, an id or N-M, all)", key)
       else
         f.callable = word
       end
@@ -388,6 +391,7 @@ return function(repl)
     if f.state and row.state ~= f.state then return false end
     if f.lo and (row.t.id < f.lo or row.t.id > f.hi) then return false end
     if f.callable and row.callable ~= f.callable then return false end
+    if f.run and row.t.run ~= f.run then return false end
     if f.worker then
       local name = (row.t.worker_name or ""):gsub("%s", "")
       if name:sub(1, #f.worker) ~= f.worker then return false end
@@ -395,8 +399,9 @@ return function(repl)
     return true
   end
 
-  add("dag", "[filter]", "the open run's tasks (state, kind, callable, worker, fan-in, fan-out, producers); filter by "
-    .. "state, N-M, worker=, callable= (or its name); all: no row limit", function(rest)
+  add("dag", "[filter]", "the open run's tasks (state, kind, callable, worker, fan-in, fan-out, producers; the run of "
+    .. "each while submitted runs are outstanding); filter by state, N-M, worker=, callable= (or its name), run=; all: "
+    .. "no row limit", function(rest)
     local f = dag_filter(rest)
     local w = worker()
     local orch = open_orch(w)
@@ -415,7 +420,11 @@ return function(repl)
     local summary = {}
     for _, st in ipairs(order) do if by[st] then summary[#summary + 1] = ("%d %s"):format(by[st], st) end end
     out("  by state: %s", table.concat(summary, ", "))
+    -- submitted runs share one engine run: a column says whose each task is
+    local runs = false
+    for _, r in ipairs(rows) do if r.t.run then runs = true break end end
     local cells = { { "id", "state", "kind", "callable", "worker", "in", "out", "producers" } }
+    if runs then table.insert(cells[1], 2, "run") end
     local matched = 0
     for _, r in ipairs(rows) do
       if dag_keep(f, r) then
@@ -424,6 +433,7 @@ return function(repl)
           local t = r.t
           cells[#cells + 1] = { tostring(t.id), r.state, kind_name(w, t), r.callable, t.worker_name or "-",
             tostring(t.fanin), tostring(t.fanout), table.concat(t.producers, ",") }
+          if runs then table.insert(cells[#cells], 2, t.run and tostring(t.run) or "-") end
         end
       end
     end

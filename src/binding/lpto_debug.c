@@ -137,12 +137,20 @@ static int w_close_run(lua_State *L)
     return 1;
 }
 
-/* w:orch() -> the open interactive run's orchestrator, or nil. */
+/* w:orch() -> the open interactive run's orchestrator; while submitted runs are outstanding, one that
+ * inspects them (orch:task, orch:tasks, orch:dag, ...); else nil. */
 static int w_orch(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "Worker:orch");
-    if (!W->interactive) return 0;
-    lua_getiuservalue(L, 1, UV_ORCH);
+    if (W->interactive) {
+        lua_getiuservalue(L, 1, UV_ORCH);
+        return 1;
+    }
+    if (!W->runs_open || W->in_run) return 0;
+    /* Submitted runs are outstanding: an orchestrator that inspects their session. */
+    lorch *O = lpto_push_orch(L, 1, W, W->session_o);
+    O->inspect_only = true;
+    O->session = W->session;
     return 1;
 }
 

@@ -27,6 +27,9 @@ typedef struct lscope {
 /* Raise unless O may be used now, by this thread. */
 static void orch_usable(lua_State *L, const lorch *O, const char *who)
 {
+    if (O->inspect_only && (!O->W->runs_open || O->W->session != O->session))
+        lpto_error(L, who, "the submitted runs this orchestrator showed have all finished; call Worker:orch() again "
+                           "while runs are outstanding");
     if (!O->valid)
         lpto_error(L, who, "this orchestrator's run has ended; an orchestrator is valid only while its run lasts "
                            "(inside the function given to Worker:run, or from Worker:open_run to Worker:close_run)");
@@ -37,6 +40,18 @@ static void orch_usable(lua_State *L, const lorch *O, const char *who)
 
 /* Every caller is a function with the metatable upvalues (lpto_push_mt_upvalues). */
 lorch *lpto_check_orch(lua_State *L, int idx, const char *who)
+{
+    lorch *O = lpto_testudata_up(L, idx, LPTO_UP_ORCH);
+    if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
+                       luaL_typename(L, idx));
+    orch_usable(L, O, who);
+    if (O->inspect_only)
+        lpto_error(L, who, "this orchestrator (from Worker:orch() while submitted runs are outstanding) only inspects "
+                           "them; submit from a run's function (Worker:submit, Worker:run)");
+    return O;
+}
+
+lorch *lpto_check_orch_inspect(lua_State *L, int idx, const char *who)
 {
     lorch *O = lpto_testudata_up(L, idx, LPTO_UP_ORCH);
     if (!O) lpto_error(L, who, "expected the orchestrator given to the run function (call it as orch:...), got %s",
@@ -697,7 +712,7 @@ static int o_scope(lua_State *L)
 
 static int o_scope_depth(lua_State *L)
 {
-    lorch *O = lpto_check_orch(L, 1, "orch:scope_depth");
+    lorch *O = lpto_check_orch_inspect(L, 1, "orch:scope_depth");
     lua_pushinteger(L, pto_scope_depth(O->o));
     return 1;
 }
@@ -711,14 +726,14 @@ static int o_drain(lua_State *L)
 
 static int o_task_count(lua_State *L)
 {
-    lorch *O = lpto_check_orch(L, 1, "orch:task_count");
+    lorch *O = lpto_check_orch_inspect(L, 1, "orch:task_count");
     lua_pushinteger(L, pto_task_count(O->o));
     return 1;
 }
 
 static int o_worker(lua_State *L)
 {
-    lpto_check_orch(L, 1, "orch:worker");
+    lpto_check_orch_inspect(L, 1, "orch:worker");
     lua_getiuservalue(L, 1, OUV_WORKER);
     return 1;
 }
@@ -736,7 +751,7 @@ static int o_tostring(lua_State *L)
  * (the methods written in Lua, lua/pto/inspect.lua). */
 static int l_check_orch(lua_State *L)
 {
-    lpto_check_orch(L, 1, luaL_checkstring(L, 2));
+    lpto_check_orch_inspect(L, 1, luaL_checkstring(L, 2));
     return 0;
 }
 

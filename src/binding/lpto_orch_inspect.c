@@ -78,7 +78,7 @@ static void push_task_tensors(lua_State *L, lorch *O, int64_t id, int32_t member
 /* orch:tensormap() -> {{storage, address, nbytes, producer, ring?}, ...}: each live writer entry. */
 int lpto_orch_tensormap(lua_State *L)
 {
-    lorch *O = lpto_check_orch(L, 1, "orch:tensormap");
+    lorch *O = lpto_check_orch_inspect(L, 1, "orch:tensormap");
     int64_t n = pto_tensormap_list(O->o, NULL, 0);
     if (n < 0) return lpto_engine_error(L, "orch:tensormap");
     pto_tm_item *items = lua_newuserdatauv(L, sizeof *items * (size_t)(n ? n : 1), 0);
@@ -111,7 +111,7 @@ int lpto_orch_tensormap(lua_State *L)
 int lpto_orch_task(lua_State *L)
 {
     const char *who = "orch:task";
-    lorch *O = lpto_check_orch(L, 1, who);
+    lorch *O = lpto_check_orch_inspect(L, 1, who);
     int isint;
     lua_Integer id = lua_tointegerx(L, 2, &isint);
     if (!isint) return lpto_error(L, who, "expected a task id returned by a submit (got %s)", luaL_typename(L, 2));
@@ -152,6 +152,10 @@ int lpto_orch_task(lua_State *L)
         else if (O->W->level >= 4) lua_pushfstring(L, "L%d worker %d", O->W->level - 1, info.worker + 1);
         else lua_pushfstring(L, "chip %d", info.worker + 1);
         lua_setfield(L, -2, "worker_name");
+    }
+    if (info.run > 0) {
+        lua_pushinteger(L, info.run);
+        lua_setfield(L, -2, "run");
     }
     if (info.pin >= 0 && info.kind >= 0) {
         lua_pushinteger(L, info.pin + 1);

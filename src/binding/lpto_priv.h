@@ -184,6 +184,8 @@ struct lworker {
     bool runs_open;            /* the engine's session of submitted runs is open */
     int64_t run_lo, run_hi;    /* ids of the handles UV_RUNS may hold (0: none) */
     pthread_t home;            /* the thread that initialised it: the only one that may submit runs */
+    pto_orch *session_o;       /* the open session's engine orchestrator (runs_open) */
+    uint64_t session;          /* serial of the open session, 0 when none is */
 };
 
 /* Whether submits and allocs must give the interpreter lock up while they
@@ -204,6 +206,11 @@ typedef struct lorch {
      * ring storages its OUV_SCOPES list holds (the lists are reused). */
     uint64_t scope_serial[PTO_MAX_SCOPE_DEPTH + 2];
     int32_t nlisted[PTO_MAX_SCOPE_DEPTH + 2];
+    /* w:orch() while submitted runs are outstanding: it inspects their session
+     * (orch:task, orch:tasks, ...) and submits nothing; valid while that
+     * session (W->session) is open. */
+    bool inspect_only;
+    uint64_t session;
 } lorch;
 
 /* A new serial (never 0) for runs and scopes; unique in the process. */
@@ -233,6 +240,8 @@ void lpto_open_orch(lua_State *L);
 /* The orchestrator at idx (a function with the metatable upvalues calls
  * this), usable now by this thread; raises otherwise. */
 lorch *lpto_check_orch(lua_State *L, int idx, const char *who);
+/* The same for the methods that only look (orch:task, orch:tensormap): an inspect-only orchestrator passes. */
+lorch *lpto_check_orch_inspect(lua_State *L, int idx, const char *who);
 /* orch:task(id) and orch:tensormap() (lpto_orch_inspect.c). */
 int lpto_orch_task(lua_State *L);
 int lpto_orch_tensormap(lua_State *L);

@@ -304,7 +304,11 @@ static int submit_run(lua_State *L, const char *who)
     pto_orch *o = pto_run_submit(W->w, &run);
     if (!o) return lpto_engine_error(L, who);
     /* While runs are outstanding, Ctrl-C interrupts them, waited for or not. */
-    if (!W->runs_open) lpto_active_add(W->w);
+    if (!W->runs_open) {
+        lpto_active_add(W->w);
+        W->session = lpto_next_serial();   /* w:orch() inspects this session until it settles */
+        W->session_o = o;
+    }
     W->runs_open = true;
     W->in_run = true;
     lpto_active_add(W->w);

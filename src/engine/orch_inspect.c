@@ -4,6 +4,7 @@
  * on the orchestrator's thread like everything in orchestrator.c; kept
  * apart so that file holds the submit path and the run's life only. */
 #include "orchestrator.h"
+#include "run.h"
 #include "common.h"
 #include "scheduler.h"
 
@@ -34,6 +35,7 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     info->kind = s->kind;
     info->callable = s->callable;
     info->pin = s->kind >= 0 && s->group_size > 0 ? s->members[0].pin : -1;
+    info->run = s->run ? s->run->id : 0;
     int32_t deps = 0;
     for (int32_t i = 0; i < s->nrefs; i++) deps += s->refs[i].dep;
     info->fanin = deps;

@@ -197,6 +197,7 @@ typedef struct pto_task_info {
     /* index of the worker that took it (a group: its member 0), -1 before */
     int32_t worker;
     int32_t pin;                 /* the worker it must run on (a group: its member 0's), -1 for any */
+    int64_t run;                 /* the id of the submitted run it belongs to (pto_run_info), 0 in a blocking run */
 } pto_task_info;
 
 /* One TensorMap entry: bytes [start, end) of storage base were last written by task producer. */

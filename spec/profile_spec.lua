@@ -137,7 +137,7 @@ describe("w:profile()", function()
     local p = w:profile()
     assert.equal(2, p.run)
     assert.equal(2, p.tasks)
-    assert.same({{id = 2, name = "ok"}}, p.not_run)
+    assert.same({{id = 2, name = "ok", scope = 0}}, p.not_run)   -- scope 0: the run's own
     assert.equal(1, by_name(p.callables, "bad").failed)
     assert.equal(0, by_name(p.callables, "ok").failed)
     local text = tostring(p)

@@ -45,11 +45,18 @@ describe("the HTML run report in headless Chromium", function()
     local sub = w:register(function() end, "check")
     w:run(function(orch)
       local a = pto.tensor{4}
-      for _ = 1, 4 do
+      for i = 1, 4 do
         orch:submit_next_level(gemm, pto.args{{a, "inout"}, scalars = {2000}})
         local b = pto.tensor{4}
-        orch:submit_next_level(add, pto.args{{a, "in"}, {b, "out"}})
-        orch:submit_sub(sub, pto.args{{b, "in"}})
+        if i <= 3 then   -- three nested scopes, one per step; the fourth step in the run's own scope
+          orch:scope(function()
+            orch:submit_next_level(add, pto.args{{a, "in"}, {b, "out"}})
+            orch:submit_sub(sub, pto.args{{b, "in"}})
+          end)
+        else
+          orch:submit_next_level(add, pto.args{{a, "in"}, {b, "out"}})
+          orch:submit_sub(sub, pto.args{{b, "in"}})
+        end
       end
     end)
     local p = w:profile()
@@ -71,6 +78,8 @@ describe("the HTML run report in headless Chromium", function()
     assert.equal(p.critical_path.count, count(dom, '<rect class="task critical'))
     assert.equal(12, count(dom, '<circle [^>]*class="node'))
     assert.equal(3 + 4 + 4, count(dom, 'class="edge"'))          -- the gemm chain, gemm -> add, add -> check
+    assert.equal(3, count(dom, '<rect [^>]*class="scope"'))     -- a box per nested scope
+    for k = 1, 3 do assert.truthy(dom:find('data-scope="' .. k .. '"', 1, true), dom) end
     assert.truthy(dom:find('<table class="callables">', 1, true))
     assert.truthy(dom:find("<td>gemm</td>", 1, true))
     assert.truthy(dom:find('<pre class="stats">', 1, true))

@@ -73,7 +73,7 @@ return function(pto)
     for i = 1, n do
       local id, s, f = d.id[i], d.start[i], d.finish[i]
       if d.failed[i] == 2 then
-        p.not_run[#p.not_run + 1] = { id = id, name = d.name[i] }
+        p.not_run[#p.not_run + 1] = { id = id, name = d.name[i], scope = d.scope and d.scope[i] or 0 }
         goto continue
       end
       ran = ran + 1
@@ -112,7 +112,7 @@ return function(pto)
       end
       lane.busy, lane.tasks = lane.busy + (f - s), lane.tasks + 1
       p.timeline[#p.timeline + 1] = { id = id, lane = lk, start_ms = ms(s), finish_ms = ms(f), name = d.name[i],
-        member = d.member[i], failed = d.failed[i] == 1 }
+        member = d.member[i], failed = d.failed[i] == 1, scope = d.scope and d.scope[i] or 0 }
       ::continue::
     end
     p.tasks = ran

@@ -3,7 +3,8 @@
 -- It holds the profile's tables (lua/pto/profile.lua), a zoomable timeline
 -- with one lane per worker at every level and the critical path
 -- highlighted, the DAG of the run (layered, coloured by callable, failed
--- tasks distinct) and the flow-control report.
+-- tasks distinct, a box around each nested scope's tasks) and the
+-- flow-control report.
 --
 -- Nothing is fetched: the data is embedded as JSON and drawn by a small
 -- script in the page into SVG. When the script has drawn everything it sets
@@ -95,13 +96,13 @@ return function(pto)
     for _, t in ipairs(p.timeline) do
       if not seen[t.id] then
         seen[t.id] = true
-        nodes[#nodes + 1] = { t.id, callable(t.name), t.failed and 1 or 0, crit[t.id] and 1 or 0 }
+        nodes[#nodes + 1] = { t.id, callable(t.name), t.failed and 1 or 0, crit[t.id] and 1 or 0, t.scope or 0 }
       end
     end
     for _, t in ipairs(p.not_run) do
       if not seen[t.id] then
         seen[t.id] = true
-        nodes[#nodes + 1] = { t.id, callable(t.name), 2, 0 }
+        nodes[#nodes + 1] = { t.id, callable(t.name), 2, 0, t.scope or 0 }
       end
     end
     for i = 1, #p.edges, 2 do
@@ -253,13 +254,49 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     edges.forEach(function (e) { depth[e[1]] = Math.max(depth[e[1]], depth[e[0]] + 1); });
     var layers = [];
     nodes.forEach(function (n) { var d = depth[n[0]]; (layers[d] = layers[d] || []).push(n); });
-    var CW = 46, RH = 22, maxRows = 1, pos = {};
-    layers.forEach(function (l, d) { maxRows = Math.max(maxRows, l.length); l.forEach(function (n, r) { pos[n[0]] = [d * CW + 20, r * RH + 14]; }); });
+    // Each scope (n[4]; 0: the run's own) gets a band of rows as tall as its widest layer, so the box around a
+    // nested scope's tasks holds no other scope's; within a band, id order.
+    layers.forEach(function (l) { l.sort(function (a, b) { return (a[4] - b[4]) || (a[0] - b[0]); }); });
+    var band = {}, order = [];
+    layers.forEach(function (l) {
+      var c = {};
+      l.forEach(function (n) { c[n[4]] = (c[n[4]] || 0) + 1; });
+      Object.keys(c).forEach(function (k) {
+        if (!band[k]) { band[k] = {h: 0}; order.push(+k); }
+        band[k].h = Math.max(band[k].h, c[k]);
+      });
+    });
+    order.sort(function (a, b) { return a - b; });
+    var CW = 46, RH = 22, maxRows = 0, pos = {};
+    order.forEach(function (k) { band[k].start = maxRows; maxRows += band[k].h; });
+    maxRows = Math.max(maxRows, 1);
+    layers.forEach(function (l, d) {
+      var used = {};
+      l.forEach(function (n) {
+        var k = n[4], r = band[k].start + (used[k] || 0);
+        used[k] = (used[k] || 0) + 1;
+        pos[n[0]] = [d * CW + 20, r * RH + 14];
+      });
+    });
     var W = Math.max(600, Math.min(1400, window.innerWidth - 60)), H = Math.min(700, maxRows * RH + 20);
     var box = el("div", {"class": "dag"}, parent);
     if (sec.nodes.length > MAX) el("p", {}, parent, "The first " + MAX + " of " + sec.nodes.length + " tasks are drawn.");
     var svg = el("svg", {width: W, height: H, "class": "dag-svg"}, box);
     var g = el("g", {}, svg);
+    // Nested scopes (orch:scope, scope_begin): a box around each one's tasks, under the edges and nodes.
+    var boxes = {};
+    nodes.forEach(function (n) {
+      if (!n[4]) return;
+      var p = pos[n[0]], b = boxes[n[4]];
+      if (!b) boxes[n[4]] = b = [p[0], p[1], p[0], p[1]];
+      b[0] = Math.min(b[0], p[0]); b[1] = Math.min(b[1], p[1]); b[2] = Math.max(b[2], p[0]); b[3] = Math.max(b[3], p[1]);
+    });
+    Object.keys(boxes).forEach(function (k) {
+      var b = boxes[k];
+      var r = el("rect", {x: b[0] - 11, y: b[1] - 10, width: b[2] - b[0] + 22, height: b[3] - b[1] + 20, rx: 6,
+                          fill: "#eef3fb", stroke: "#9db3d9", "stroke-width": 0.8, "class": "scope", "data-scope": k}, g);
+      el("title", {}, r, "scope " + k);
+    });
     edges.forEach(function (e) {
       var a = pos[e[0]], b = pos[e[1]];
       el("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: "#999", "stroke-width": 0.7, "class": "edge"}, g);

@@ -67,7 +67,7 @@ static void push_data(lua_State *L, lworker *W, int depth)
     push_worker_names(L, W, PTO_SUB, W->nsubs);
     lua_setfield(L, -2, "sub_names");
     static const char *const cols[] = {"start", "finish", "id", "ready_by", "kind", "worker", "member", "failed",
-                                       "name"};
+                                       "scope", "name"};
     enum { NCOLS = sizeof cols / sizeof *cols };
     int base = lua_gettop(L);
     for (int c = 0; c < NCOLS; c++) lua_createtable(L, (int)n, 0);
@@ -78,7 +78,7 @@ static void push_data(lua_State *L, lworker *W, int depth)
         bool ran = r->start_ns != 0;
         lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run.begin_ns) : 0,
                            ran ? (lua_Integer)(r->end_ns - run.begin_ns) : 0, r->id,
-                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed};
+                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope};
         for (int c = 0; c < NCOLS - 1; c++) {
             lua_pushinteger(L, v[c]);
             lua_rawseti(L, base + 1 + c, i + 1);

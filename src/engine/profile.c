@@ -52,7 +52,7 @@ void pto_prof_run_end(pto_profile *p)
 }
 
 void pto_prof_task(pto_profile *p, int64_t id, int64_t ready_by, uint64_t callable, int32_t kind, int32_t index,
-                   int32_t member, uint64_t t0, uint64_t t1, int failed)
+                   int32_t member, uint64_t t0, uint64_t t1, int failed, uint32_t scope)
 {
     if (PTO_UNLIKELY(p->ncur == p->cap_cur)) {
         if (p->cap_cur >= PTO_PROF_CAP) {
@@ -71,7 +71,7 @@ void pto_prof_task(pto_profile *p, int64_t id, int64_t ready_by, uint64_t callab
     }
     p->cur[p->ncur++] = (pto_profile_task){.start_ns = t0, .end_ns = t1 > t0 ? t1 : t0, .id = id,
                                            .ready_by = ready_by, .callable = callable, .kind = kind,
-                                           .worker = index, .member = member, .failed = failed};
+                                           .worker = index, .member = member, .failed = failed, .scope = scope};
 }
 
 void pto_prof_edge(pto_profile *p, int64_t consumer, int64_t producer)

@@ -48,7 +48,7 @@ void pto_prof_run_end(pto_profile *p);
 /* Scheduler thread: member of task `id` ran on worker (kind, index) from t0 to t1; failed: 0, 1,
  * or 2 for a task that never ran (pto_profile_task). */
 void pto_prof_task(pto_profile *p, int64_t id, int64_t ready_by, uint64_t callable, int32_t kind, int32_t index,
-                   int32_t member, uint64_t t0, uint64_t t1, int failed);
+                   int32_t member, uint64_t t0, uint64_t t1, int failed, uint32_t scope);
 /* Scheduler thread: task consumer depends on task producer. */
 void pto_prof_edge(pto_profile *p, int64_t consumer, int64_t producer);
 void pto_prof_free(pto_profile *p);

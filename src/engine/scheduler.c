@@ -131,7 +131,7 @@ static void finish_all(pto_scheduler *s)
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
         if (PTO_UNLIKELY(x->poisoned) && x->kind >= 0)   /* it never ran: the profile's DAG still shows it */
-            pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, -1, 0, 0, 0, 2);
+            pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, -1, 0, 0, 0, 2, x->scope_seq);
         if (failed) {
             atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
             record_failure(s, x->error ? x->error : "task failed");
@@ -644,7 +644,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
 {
     pto_slot *x = c->slot;
     if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
-                             c->status == PTO_DONE_FAILED);
+                             c->status == PTO_DONE_FAILED, x->scope_seq);
     if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (PTO_UNLIKELY(c->status == PTO_DONE_OK && c->error)) {   /* check mode's warnings (check.c) */

@@ -1,4 +1,5 @@
 #include "scope.h"
+#include "slot.h"
 #include "common.h"
 
 #include <assert.h>
@@ -19,6 +20,8 @@ int pto_scope_push(pto_scope *s)
     pto_scope_frame *f = &s->frames[s->top++];
     f->count = 0;
     f->label[0] = 0;
+    if (s->top == 1) s->opened = 0;   /* the run's outer scope: a new run */
+    f->seq = s->top == 1 ? 0 : ++s->opened;
     return 0;
 }
 
@@ -36,6 +39,7 @@ void pto_scope_register(pto_scope *s, struct pto_slot *slot)
     pto_scope_frame *f = &s->frames[s->top - 1];
     pto_grow((void **)&f->slots, &f->cap, f->count + 1, sizeof *f->slots);
     f->slots[f->count++] = slot;
+    slot->scope_seq = f->seq;
 }
 
 pto_scope_frame *pto_scope_innermost(pto_scope *s) { return s->top ? &s->frames[s->top - 1] : NULL; }

@@ -14,11 +14,13 @@ typedef struct pto_scope_frame {
     struct pto_slot **slots;
     int32_t count, cap;
     char label[64];                  /* pto_scope_label: where it was opened, "" if unknown */
+    uint32_t seq;                    /* which nested scope of the run: 1, 2, ... in opening order; 0 the outer */
 } pto_scope_frame;
 
 typedef struct pto_scope {
     pto_scope_frame frames[PTO_MAX_SCOPE_DEPTH + 1];
     int32_t top;                     /* frames in use; 0 = no run open */
+    uint32_t opened;                 /* nested scopes opened in this run (frame seq) */
 } pto_scope;
 
 void pto_scope_init(pto_scope *s);

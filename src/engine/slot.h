@@ -64,6 +64,7 @@ struct pto_slot {
     int8_t ring;                      /* heap ring of its slab, -1 if none */
     int32_t group_size;
     _Atomic int32_t worker;           /* index of the worker that runs it (member 0), -1 before it starts */
+    uint32_t scope_seq;               /* orchestrator: its nested scope's instance (pto_scope_frame.seq) */
     uint64_t callable;
     pto_cfg_ref *cfg;
     struct pto_run *run;              /* its submitted run (run.h), NULL in a blocking run */

@@ -495,6 +495,7 @@ typedef struct pto_profile_task {
     /* 1 if it ran and failed; 2 if it never ran (a producer failed, or the run was interrupted):
      * then start_ns = end_ns = 0 and worker = -1 */
     int32_t failed;
+    uint32_t scope;              /* the nested scope it was submitted in: 1, 2, ... in opening order; 0 the run's */
 } pto_profile_task;
 
 typedef struct pto_profile_run {

@@ -738,6 +738,21 @@ w:run(function(orch) orch:submit_sub(slow) orch:submit_sub(slow) end)
     assert.matches("back\n.*next run ok\n", readfile(out))
   end)
 
+  it("counts in w:children() only the tasks that ran before the interrupt", function()
+    local out, err = tmpname(), tmpname()
+    local setup = script("w = pto.Worker{chips = 2}\nsl = w:register(pto.chip_kernel('sleep_us'))\nw:init()\n"
+      .. "print(pcall(w.run, w, function(orch) for _ = 1, 40 do orch:submit_next_level(sl, pto.args{scalars = {100000}}) end end))\n")
+    local feed = ("(cat %s; sleep 3; echo 'n = 0 for _, c in ipairs(w:children()) do n = n + c.tasks_run end "
+      .. "print(\"ran\", n, \"completed\", w:stats().tasks_completed)')"):format(q(setup))
+    local alive, code = signals(("%s | %s -i >%s 2>%s"):format(feed, q(PTOLUA), q(out), q(err)), {1.0})
+    assert.are.same({true}, alive)
+    assert.are.equal(0, code, readfile(err))
+    local ran, completed = readfile(out):match("ran\t(%d+)\tcompleted\t(%d+)")
+    assert.truthy(ran, readfile(out) .. readfile(err))
+    assert.are.equal(completed, ran)   -- the tasks the interrupt kept from running are not counted as run
+    assert.is_true(tonumber(ran) < 40, ran)
+  end)
+
   it("leaves ptolua only at the third Ctrl-C (status 130), saying so", function()
     local err = tmpname()
     local s = script(UNBREAKABLE)

@@ -261,6 +261,21 @@ describe("failures and cancellation across runs", function()
     H.check_vector_add(W, K.vector_add)
   end)
 
+  it("w:children() counts only the tasks a chip ran, not the cancelled ones", function()
+    local function chips_ran()
+      local n = 0
+      for _, c in ipairs(W:children()) do if c.kind == "chip" then n = n + c.tasks_run end end
+      return n
+    end
+    local before = chips_ran()
+    local h = W:submit(function(orch) for _ = 1, 20 do sleep(orch, 20000) end end)
+    assert.is_true(h:cancel())
+    pcall(h.wait, h)
+    local _, counts = h:status()
+    assert.is_true(counts.completed < 20)
+    assert.are.equal(counts.completed, chips_ran() - before)
+  end)
+
   it("a failing run function raises from submit, unchanged; the Worker is usable after", function()
     local ok, err = pcall(W.submit, W, function(orch)
       sleep(orch, 1000)

@@ -184,3 +184,16 @@ void lpto_push_weak_keys(lua_State *L)
     lua_setfield(L, -2, "__mode");
     lua_setmetatable(L, -2);
 }
+
+void lpto_weak_registry(lua_State *L, const void *key, const char *mode)
+{
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE) return;
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushstring(L, mode);
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}

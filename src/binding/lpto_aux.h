@@ -73,4 +73,7 @@ void lpto_set_int(lua_State *L, const char *name, lua_Integer v);
 /* Push a new table whose keys do not keep their values alive ("k" mode). */
 void lpto_push_weak_keys(lua_State *L);
 
+/* Push the registry table at key, made on first use with weak keys or values (mode "k" or "v"). */
+void lpto_weak_registry(lua_State *L, const void *key, const char *mode);
+
 #endif

@@ -28,16 +28,7 @@ void lpto_check_note(lua_State *L, int idx)
 {
     if (!recording) return;
     idx = lua_absindex(L, idx);
-    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &SITES) != LUA_TTABLE) {
-        lua_pop(L, 1);
-        lua_newtable(L);
-        lua_createtable(L, 0, 1);
-        lua_pushliteral(L, "k");
-        lua_setfield(L, -2, "__mode");
-        lua_setmetatable(L, -2);
-        lua_pushvalue(L, -1);
-        lua_rawsetp(L, LUA_REGISTRYINDEX, &SITES);
-    }
+    lpto_weak_registry(L, &SITES, "k");
     lua_pushvalue(L, idx);
     luaL_where(L, 1);   /* the Lua code that called pto.tensor */
     lua_rawset(L, -3);

@@ -38,16 +38,7 @@ void lpto_idle_end(void *token)
 void lpto_debug_track(lua_State *L, int idx)
 {
     idx = lua_absindex(L, idx);
-    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY) != LUA_TTABLE) {
-        lua_pop(L, 1);
-        lua_newtable(L);
-        lua_createtable(L, 0, 1);
-        lua_pushliteral(L, "v");
-        lua_setfield(L, -2, "__mode");
-        lua_setmetatable(L, -2);
-        lua_pushvalue(L, -1);
-        lua_rawsetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY);
-    }
+    lpto_weak_registry(L, &WORKERS_KEY, "v");
     /* Collected entries leave holes: keep a counter rather than #t. */
     lua_getfield(L, -1, "n");
     lua_Integer n = lua_tointeger(L, -1) + 1;

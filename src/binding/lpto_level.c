@@ -609,6 +609,19 @@ static void level_stop(void *ctx)
     lpto_worker_free(C->s.T, C->child);
 }
 
+/* Child i of W into C: its userdata (referenced), its Lua thread (kept in W's thread list) and its name.
+ * The stack has W's thread list and children list on top. */
+static void bind_child(lua_State *L, lworker *W, wchild *C, int i)
+{
+    lua_rawgeti(L, -1, i + 1);
+    C->child = lua_touserdata(L, -1);
+    C->child_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    C->s.W = W;
+    C->s.T = lua_newthread(L);
+    lua_rawseti(L, -3, W->nsubs + i + 1);
+    snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
+}
+
 void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
 {
     idx = lua_absindex(L, idx);
@@ -622,14 +635,8 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
     lua_getiuservalue(L, idx, UV_CHILDREN);
     for (int i = 0; i < W->nworkers; i++) {
         wchild *C = &W->wchildren[i];
-        lua_rawgeti(L, -1, i + 1);
-        C->child = lua_touserdata(L, -1);
-        C->child_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-        C->s.W = W;
-        C->s.T = lua_newthread(L);
-        lua_rawseti(L, -3, W->nsubs + i + 1);
+        bind_child(L, W, C, i);
         C->process = W->mode == PTO_MODE_PROCESS;
-        snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
         pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
         if (C->child->rank) {   /* on another MPI rank: the leaf sends it the tasks */
             C->remote = C->process = true;
@@ -718,14 +725,8 @@ int lpto_level_host_init(lua_State *L, int idx, lworker *W, int i, char *err, si
     wchild *C = &W->wchildren[i];
     lua_getiuservalue(L, idx, UV_THREADS);
     lua_getiuservalue(L, idx, UV_CHILDREN);
-    lua_rawgeti(L, -1, i + 1);
-    C->child = lua_touserdata(L, -1);
-    C->child_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    C->s.W = W;
-    C->s.T = lua_newthread(L);
-    lua_rawseti(L, -3, W->nsubs + i + 1);
+    bind_child(L, W, C, i);
     lua_pop(L, 2);
-    snprintf(C->s.name, sizeof C->s.name, "L%d worker %d", C->child->level, i + 1);
     /* As a THREAD-mode parent hosts it, run by this rank's main thread, which holds the interpreter lock. */
     lua_pushcfunction(L, init_protected);
     lua_pushlightuserdata(L, C);

@@ -14,6 +14,8 @@
 # rounds in us/task, tasks/ms, and each Lua row's ratio to the C row of its
 # mode (best to best, median to median).
 # A benchmark, not a test (Release build in build-bench/).
+# Last, the TensorMap with many live writers of one storage against one
+# writer per storage (scripts/bench_tensormap.lua).
 #   scripts/bench_lua.sh [rounds]        (default 5)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,3 +89,9 @@ awk '
     }
     print "peak per round (GFLOP/s):" peaks
   }' "$out/job"
+
+echo
+echo "TensorMap: writers of one storage (views of one tensor) against one writer per storage (scripts/bench_tensormap.lua)"
+for mode in thread process; do
+  PTO_MODE=$mode "$build/ptolua" "$root/scripts/bench_tensormap.lua"
+done

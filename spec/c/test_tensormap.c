@@ -718,6 +718,129 @@ static void test_unit_lookups_stay_o_live(void)
     pto_tm_destroy(&churned);
 }
 
+/* Many writers of one base against a plain list that holds the same entries: random inserts (views of
+ * mixed sizes, identical re-inserts, covering writes), lookups and erases (by range, as the orchestrator
+ * erases, and by producer), so the sorted array, its tombstones, their reuse, the compaction and maxlen are
+ * all exercised. Every lookup must find exactly the model's overlapping producers. */
+typedef struct model_e {
+    uint64_t s, e;
+    int p;
+    bool live;
+} model_e;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(uint64_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state % n;
+}
+
+static void test_unit_one_base_many_writers(void)
+{
+    enum { MAXE = 4096, ROUNDS = 60000 };
+    static model_e mod[MAXE];
+    int nm = 0, bad = 0, live = 0;
+    unsigned next_p = 0;
+    pto_tensormap m;
+    pto_tm_init(&m);
+    const uint64_t base = 0x50000000ull;
+    for (int r = 0; r < ROUNDS; r++) {
+        int op = (int)rnd(10);
+        uint64_t unit = rnd(8) == 0 ? 4096 : 256;   /* tiles, and now and then a bigger view */
+        uint64_t s = base + rnd(512) * 64, e = s + unit * (1 + rnd(4));
+        if (rnd(500) == 0) { s = base; e = base + 512 * 64 + 4096; }   /* a write of everything */
+        if (op < 4 && nm < MAXE) {
+            /* A new task: its slot's earlier use was reclaimed first (all its entries erased), and it
+             * may name one range twice in one submit (INOUT and OUTPUT of one view): a no-op. */
+            int p = (int)(next_p++ & 255);
+            pto_tm_erase(&m, base, FAKE(p));
+            for (int k = 0; k < nm; k++)
+                if (mod[k].live && mod[k].p == p) {
+                    mod[k].live = false;
+                    live--;
+                }
+            int times = rnd(8) == 0 ? 2 : 1;
+            for (int t = 0; t < times; t++) pto_tm_insert(&m, base, s, e, FAKE(p));
+            for (int k = 0; k < nm; k++)
+                if (mod[k].live && s <= mod[k].s && mod[k].e <= e) {
+                    mod[k].live = false;
+                    live--;
+                }
+            mod[nm++] = (model_e){s, e, p, true};
+            live++;
+        } else if (op < 8) {
+            found f = look(&m, base, s, e);
+            int want = 0;
+            for (int k = 0; k < nm; k++)
+                if (mod[k].live && mod[k].s < e && s < mod[k].e) {
+                    want++;
+                    if (f.n <= 64 && !has(&f, FAKE(mod[k].p))) bad++;   /* look() keeps the first 64 */
+                }
+            if (f.n != want) bad++;
+        } else if (nm > 0) {
+            int k = (int)rnd((uint64_t)nm);
+            if (!mod[k].live) continue;
+            if (op == 8) {   /* by range: the orchestrator's erase */
+                pto_tm_erase_range(&m, base, mod[k].s, mod[k].e, FAKE(mod[k].p));
+                mod[k].live = false;
+                live--;
+                /* a second one of the same producer and range was never entered twice */
+            } else {         /* by producer: every entry of it */
+                pto_tm_erase(&m, base, FAKE(mod[k].p));
+                int p = mod[k].p;
+                for (int j = 0; j < nm; j++)
+                    if (mod[j].live && mod[j].p == p) {
+                        mod[j].live = false;
+                        live--;
+                    }
+            }
+        }
+        if (m.live != live) bad++;
+        if (nm == MAXE) {   /* keep the model small: forget the dead */
+            int n = 0;
+            for (int k = 0; k < nm; k++)
+                if (mod[k].live) mod[n++] = mod[k];
+            nm = n;
+        }
+    }
+    CHECK_EQ(bad, 0);
+    for (int k = 0; k < nm; k++)
+        if (mod[k].live) pto_tm_erase_range(&m, base, mod[k].s, mod[k].e, FAKE(mod[k].p));
+    CHECK_EQ(m.live, 0);
+    CHECK_EQ(m.bases.count, 0);   /* the cell goes with its last entry */
+    pto_tm_destroy(&m);
+}
+
+/* A heap ring's slabs: appended in address order, erased oldest first, then wrapping around to low
+ * addresses, thousands live at once: every lookup finds its one writer, and lookups stay cheap. */
+static void test_unit_ring_slabs(void)
+{
+    enum { SLAB = 16384, LIVE = 2000, N = 200000 };
+    const uint64_t ring = 0x60000000ull, size = (uint64_t)SLAB * (LIVE + 100);
+    pto_tensormap m;
+    pto_tm_init(&m);
+    int bad = 0;
+    double t0 = now_s();
+    for (long i = 0; i < N; i++) {
+        uint64_t s = ring + (uint64_t)(i * SLAB) % size;
+        pto_tm_insert(&m, ring, s, s + SLAB, FAKE(i & 255));
+        found f = look(&m, ring, s + 100, s + 200);
+        if (f.n != 1 || f.p[0] != FAKE(i & 255)) bad++;
+        if (i >= LIVE) {
+            uint64_t o = ring + (uint64_t)((i - LIVE) * SLAB) % size;
+            pto_tm_erase_range(&m, ring, o, o + SLAB, FAKE((i - LIVE) & 255));
+        }
+    }
+    double dt = now_s() - t0;
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(m.live, LIVE);
+    printf("  tensormap: %d slabs of one ring (%d live): %.0f ns per insert + lookup + erase\n", N, LIVE,
+           dt / N * 1e9);
+    pto_tm_destroy(&m);
+}
+
 int main(void)
 {
     RUN(test_input_after_output_waits);
@@ -733,5 +856,7 @@ int main(void)
     RUN(test_unit_lookup_insert_erase);
     RUN(test_unit_many_bases);
     RUN(test_unit_lookups_stay_o_live);
+    RUN(test_unit_one_base_many_writers);
+    RUN(test_unit_ring_slabs);
     return tu_finish();
 }

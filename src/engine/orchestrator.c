@@ -87,9 +87,17 @@ static void reclaim(pto_orch *o, pto_slot *s)
     }
     for (int32_t m = 0; m < s->group_size; m++) {
         const pto_member *mb = &s->members[m];
-        for (int32_t i = 0; i < mb->tensor_count; i++)
-            if (mb->tensors[i].base) pto_tm_erase(&o->tm, mb->tensors[i].base, s);
+        for (int32_t i = 0; i < mb->tensor_count; i++) {
+            const pto_tensor *t = &mb->tensors[i];
+            uint64_t start = t->base + t->offset;   /* the range record_writers (or alloc) entered */
+            if (t->base) pto_tm_erase_range(&o->tm, t->base, start, start + pto_tensor_nbytes(t), s);
+        }
     }
+#ifndef NDEBUG   /* every entry went: a stale producer would be a use after free */
+    for (int32_t m = 0; m < s->group_size; m++)
+        for (int32_t i = 0; i < s->members[m].tensor_count; i++)
+            assert(!pto_tm_holds(&o->tm, s->members[m].tensors[i].base, s));
+#endif
     if (s->ring >= 0) pto_ring_release(&o->rings[s->ring], s->slab_seq);
     cfg_unref(o, s->cfg);
     pto_slot_recycle(&o->pool, s);

@@ -44,57 +44,177 @@ static void remove_cell(pto_tensormap *m, pto_tm_base *b)
     pto_u64map_remove(&m->bases, b);
 }
 
+/* First index of es[0..n) whose start is >= key (upper: > key). */
+static int32_t lower(const pto_tm_entry *es, int32_t n, uint64_t key)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (es[mid].start < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int32_t upper(const pto_tm_entry *es, int32_t n, uint64_t key)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (es[mid].start <= key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* The first entry that can overlap [start, ...): none starting maxlen or more before it. */
+static int32_t first_candidate(const pto_tm_base *b, uint64_t start)
+{
+    return lower(b->more, b->count, b->maxlen <= start ? start - b->maxlen + 1 : 0);
+}
+
+static void kill(pto_tensormap *m, pto_tm_base *b, pto_tm_entry *e)
+{
+    e->producer = NULL;
+    b->dead++;
+    m->live--;
+}
+
+/* Squeeze the tombstones out once they are half the array: amortised O(1) per erase. */
+static void maybe_compact(pto_tm_base *b)
+{
+    if (b->dead < 16 || b->dead * 2 < b->count) return;
+    int32_t n = 0;
+    uint64_t maxlen = 0;
+    for (int32_t k = 0; k < b->count; k++) {
+        if (!b->more[k].producer) continue;
+        b->more[n++] = b->more[k];
+        if (b->more[k].end - b->more[k].start > maxlen) maxlen = b->more[k].end - b->more[k].start;
+    }
+    b->count = n;
+    b->dead = 0;
+    b->maxlen = maxlen;
+}
+
+static void drop_if_empty(pto_tensormap *m, pto_tm_base *b)
+{
+    if ((b->cap ? b->count - b->dead : b->count) == 0) remove_cell(m, b);
+}
+
 void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end,
                    void (*fn)(struct pto_slot *, void *), void *arg)
 {
     pto_tm_base *b = find(m, base);
     if (!b) return;
-    pto_tm_entry *es = ents(b);
-    for (int32_t k = 0; k < b->count; k++) {
-        pto_tm_entry *e = &es[k];
-        if (e->start < end && start < e->end) fn(e->producer, arg);
+    if (!b->cap) {
+        if (b->count && b->one.start < end && start < b->one.end) fn(b->one.producer, arg);
+        return;
     }
+    for (int32_t k = first_candidate(b, start); k < b->count && b->more[k].start < end; k++) {
+        pto_tm_entry *e = &b->more[k];
+        if (e->producer && start < e->end) fn(e->producer, arg);
+    }
+}
+
+/* A second entry: the cell's one moves into a sorted array. */
+static void spill(pto_tm_base *b)
+{
+    b->cap = 4;
+    b->more = pto_xmalloc((size_t)b->cap * sizeof *b->more);
+    b->more[0] = b->one;
+    b->dead = 0;
+    b->maxlen = b->one.end - b->one.start;
 }
 
 void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer)
 {
     pto_tm_base *b = find_or_add(m, base);
-    pto_tm_entry *es = ents(b);
-    for (int32_t k = 0; k < b->count;) {
-        pto_tm_entry *e = &es[k];
-        if (e->producer == producer && e->start == start && e->end == end) return;
-        if (start <= e->start && e->end <= end) {
-            es[k] = es[--b->count];
-            m->live--;
+    pto_tm_entry ne = {start, end, producer};
+    if (!b->cap) {
+        if (b->count == 1) {
+            pto_tm_entry *e = &b->one;
+            if (e->producer == producer && e->start == start && e->end == end) return;
+            if (start <= e->start && e->end <= end) {   /* covered: the new writer replaces it */
+                *e = ne;
+                return;
+            }
+            spill(b);
         } else {
-            k++;
+            b->one = ne;
+            b->count = 1;
+            if (++m->live > m->hwm) m->hwm = m->live;
+            return;
         }
     }
-    if (b->count == 1 && b->cap == 0) {   /* a second entry: move out of the cell */
-        b->cap = 4;
-        b->more = pto_xmalloc((size_t)b->cap * sizeof *b->more);
-        b->more[0] = b->one;
-    } else if (b->cap) {
-        pto_grow((void **)&b->more, &b->cap, b->count + 1, sizeof *b->more);
+    /* Entries the new range covers completely start inside it. */
+    for (int32_t k = lower(b->more, b->count, start); k < b->count && b->more[k].start <= end; k++) {
+        pto_tm_entry *e = &b->more[k];
+        if (!e->producer) continue;
+        if (e->producer == producer && e->start == start && e->end == end) return;
+        if (e->end <= end) kill(m, b, e);
     }
-    ents(b)[b->count++] = (pto_tm_entry){start, end, producer};
+    int32_t pos = upper(b->more, b->count, start);
+    if (pos > 0 && !b->more[pos - 1].producer) {   /* a tombstone right before: the order holds */
+        b->more[pos - 1] = ne;
+        b->dead--;
+    } else {
+        pto_grow((void **)&b->more, &b->cap, b->count + 1, sizeof *b->more);
+        memmove(&b->more[pos + 1], &b->more[pos], (size_t)(b->count - pos) * sizeof *b->more);
+        b->more[pos] = ne;
+        b->count++;
+    }
+    if (end - start > b->maxlen) b->maxlen = end - start;
     if (++m->live > m->hwm) m->hwm = m->live;
+    maybe_compact(b);
 }
 
 void pto_tm_erase(pto_tensormap *m, uint64_t base, struct pto_slot *producer)
 {
     pto_tm_base *b = find(m, base);
     if (!b) return;
-    pto_tm_entry *es = ents(b);
-    for (int32_t k = 0; k < b->count;) {
-        if (es[k].producer == producer) {
-            es[k] = es[--b->count];
+    if (!b->cap) {
+        if (b->count && b->one.producer == producer) {
+            b->count = 0;
             m->live--;
-        } else {
-            k++;
         }
+    } else {
+        for (int32_t k = 0; k < b->count; k++)
+            if (b->more[k].producer == producer) kill(m, b, &b->more[k]);
+        maybe_compact(b);
     }
-    if (b->count == 0) remove_cell(m, b);
+    drop_if_empty(m, b);
+}
+
+void pto_tm_erase_range(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer)
+{
+    pto_tm_base *b = find(m, base);
+    if (!b) return;
+    if (!b->cap) {
+        if (b->count && b->one.producer == producer && b->one.start == start && b->one.end == end) {
+            b->count = 0;
+            m->live--;
+        }
+    } else {
+        for (int32_t k = lower(b->more, b->count, start); k < b->count && b->more[k].start == start; k++) {
+            pto_tm_entry *e = &b->more[k];
+            if (e->producer == producer && e->end == end) {
+                kill(m, b, e);
+                break;   /* an insert never repeats an entry */
+            }
+        }
+        maybe_compact(b);
+    }
+    drop_if_empty(m, b);
+}
+
+bool pto_tm_holds(pto_tensormap *m, uint64_t base, const struct pto_slot *producer)
+{
+    pto_tm_base *b = find(m, base);
+    if (!b) return false;
+    const pto_tm_entry *e = ents(b);
+    for (int32_t k = 0; k < b->count; k++)
+        if (e[k].producer == producer) return true;
+    return false;
 }
 
 void pto_tm_clear(pto_tensormap *m)
@@ -120,6 +240,7 @@ void pto_tm_each(pto_tensormap *m, void (*fn)(uint64_t base, const pto_tm_entry 
         pto_tm_base *b = pto_u64map_cell(&m->bases, c);
         if (!b->base) continue;
         const pto_tm_entry *e = ents(b);
-        for (int32_t i = 0; i < b->count; i++) fn(b->base, &e[i], arg);
+        for (int32_t i = 0; i < b->count; i++)
+            if (e[i].producer) fn(b->base, &e[i], arg);
     }
 }

@@ -7,6 +7,7 @@
 #ifndef PTO_TENSORMAP_H
 #define PTO_TENSORMAP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "u64map.h"
 
@@ -19,12 +20,23 @@ typedef struct pto_tm_entry {
 
 /* Most bases have one writer at a time, so the first entry lives in the
  * cell: inserting and erasing it costs no malloc/free. cap == 0 means the
- * entries are `one`; cap > 0 means `more` holds them (one is unused). */
+ * entries are `one`; cap > 0 means `more` holds them (one is unused).
+ *
+ * Many writers of one base (the tiles of a big tensor, the slabs of a heap
+ * ring) must not cost a scan of all of them per lookup, so `more` is kept
+ * sorted by start, and maxlen bounds how far before a query an overlapping
+ * entry can start: a lookup is a binary search plus the entries it meets.
+ * An erased entry becomes a tombstone (producer NULL) that keeps the order;
+ * tombstones are reused by an insert that lands on them and squeezed out
+ * once they are half of the array, so heap-ring slabs (appended in address
+ * order, erased oldest first) cost O(1) amortised and O(log n) to find. */
 typedef struct pto_tm_base {
     uint64_t base;                   /* the key (u64map.h); 0 = empty cell */
     pto_tm_entry one;
     pto_tm_entry *more;
-    int32_t count, cap;
+    int32_t count, cap;              /* entries in more, tombstones included */
+    int32_t dead;                    /* tombstones in more */
+    uint64_t maxlen;                 /* >= every entry's end - start in more */
 } pto_tm_base;
 
 typedef struct pto_tensormap {
@@ -43,6 +55,11 @@ void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end
 void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer);
 /* Drop every entry of producer on base. */
 void pto_tm_erase(pto_tensormap *m, uint64_t base, struct pto_slot *producer);
+/* Drop producer's entry [start, end) of base, if it still has one (a later writer may have covered it):
+ * the erase of a reclaimed task's tensor, found by binary search. */
+void pto_tm_erase_range(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer);
+/* Whether producer has an entry on base (a linear scan: for asserts). */
+bool pto_tm_holds(pto_tensormap *m, uint64_t base, const struct pto_slot *producer);
 /* Call fn(base, entry, arg) for every live entry (inspection: orch:tensormap). */
 void pto_tm_each(pto_tensormap *m, void (*fn)(uint64_t base, const pto_tm_entry *e, void *arg), void *arg);
 /* Drop everything (end of run). */

@@ -146,11 +146,10 @@ describe("w:profile()", function()
     assert.truthy(text:find("\n  worker +tasks +busy ms +busy +idle\n  chip 1 +2 "), text)
   end)
 
-  H.thread_only("profiles a THREAD-mode Worker child as the level below", "a PROCESS-mode child's profile is in its process",
-    function()
-      local l3 = pto.Worker{level = 3, chips = 1, mode = "thread"}
+  it("profiles a Worker child as the level below (a PROCESS-mode child publishes its last run)", function()
+      local l3 = pto.Worker{level = 3, chips = 1}
       local k = l3:register(pto.chip_kernel("spin_us"), "inner")
-      local w4 <close> = pto.Worker{level = 4, mode = "thread"}
+      local w4 <close> = pto.Worker{level = 4}
       local f = w4:register(function(orch) orch:submit_next_level(k, pto.args{{pto.tensor{4}, "out"}, scalars = {2 * MS}}) end,
         "outer")
       w4:add_worker(l3)
@@ -163,6 +162,10 @@ describe("w:profile()", function()
       assert.equal("inner", p.levels[1].callables[1].name)
       assert.is_true(p.levels[1].callables[1].max_ms >= 2)
       assert.truthy(tostring(p):find("\n  Profile of run 1 %(level 3"), tostring(p))
+      -- The next L4 run's L3 run replaces it (the child publishes after each of its runs).
+      w4:run(function(orch) orch:submit_next_level(f, pto.args{}, pto.CallConfig()) end)
+      assert.equal(2, w4:profile().levels[1].run)
+      assert.equal(H.MODE, w4:profile().levels[1].mode)
     end)
 
   it("w:report(path) checks its path and needs an ended run", function()

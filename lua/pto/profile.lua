@@ -7,8 +7,8 @@
 -- and the sums of CallConfig enable_pmu's counters where tasks asked),
 -- per worker (tasks, busy, idle), orchestration (the run's function, less
 -- the time it waited in orch:drain or the progress line's wait) vs execution
--- with a one-line verdict, the critical path, and the same for each Worker child that runs in
--- this process (THREAD mode). tostring() of it is the text ptolua --profile
+-- with a one-line verdict, the critical path, and the same for each Worker child's last run
+-- (a PROCESS-mode child's as its process published it). tostring() of it is the text ptolua --profile
 -- and the prompt's :profile print. The critical path is the longest chain of
 -- dependent tasks weighted by their durations (the engine keeps the run's
 -- edges); when the edges were too many to keep, the producer that released

@@ -50,6 +50,27 @@ typedef struct stats_block {
     stats_rec recs[STATS_RECS];
 } stats_block;
 
+/* A PROCESS-mode Worker child's last run profile, for its parent's
+ * w:profile() and run report: after each run the child copies its profile
+ * (at most PROF_RECS tasks, PROF_EDGES edges, the names of its callables)
+ * into this block of shared memory behind a seqlock, as the statistics. */
+#define PROF_RECS 8192
+#define PROF_EDGES 16384
+typedef struct prof_block {
+    _Atomic uint32_t seq;        /* odd while the child writes */
+    uint32_t have;               /* a run ended */
+    pto_profile_run run;
+    int64_t n, ne;
+    int32_t nnames;
+    struct {
+        int32_t kind;
+        uint64_t callable;
+        char name[48];
+    } names[LPTO_CHILD_PROF_NAMES];
+    pto_profile_task recs[PROF_RECS];
+    int64_t edges[2 * PROF_EDGES];
+} prof_block;
+
 /* A PROCESS-mode Worker child's trace, travelling up. While its parent
  * traces, the parent sets `want` (a trace generation) and its time origin;
  * the child then traces its runs and, after each, pushes the run's events
@@ -79,6 +100,7 @@ struct wchild {
     uint64_t arena_bytes;
     bool process;
     trace_link *tl;              /* PROCESS mode: in shared memory */
+    prof_block *prof;            /* PROCESS mode: in shared memory */
     uint32_t tgen;               /* parent: the last generation it asked for */
     uint32_t traced_gen;         /* child: the generation its blocks belong to */
     bool traced_here;            /* THREAD mode: its trace was started for its parent's */
@@ -220,6 +242,70 @@ static void publish_stats(wchild *C)
     uint32_t q = atomic_fetch_add_explicit(&sb->seq, 1, memory_order_acq_rel);
     sb->count = (uint32_t)tree_records(C->child, sb->recs, STATS_RECS);
     atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
+}
+
+/* In the child process, after a run: its profile for the parent (best effort, like the statistics). */
+static void publish_profile(wchild *C)
+{
+    prof_block *pb = C->prof;
+    pto_worker *w = C->child->w;
+    pto_profile_run run;
+    int64_t total = pb && w ? pto_profile_get(w, &run, NULL, 0) : -1;
+    if (total < 0) return;
+    uint32_t q = atomic_fetch_add_explicit(&pb->seq, 1, memory_order_acq_rel);
+    int64_t n = total < PROF_RECS ? total : PROF_RECS;
+    pto_profile_get(w, &pb->run, pb->recs, n);
+    pb->run.dropped += total - n;
+    pb->n = n;
+    int64_t ne = pto_profile_edges(w, pb->edges, PROF_EDGES);
+    pb->ne = ne < 0 ? 0 : ne < PROF_EDGES ? ne : PROF_EDGES;
+    pb->nnames = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const pto_profile_task *r = &pb->recs[k];
+        int32_t j = 0;
+        while (j < pb->nnames && !(pb->names[j].kind == r->kind && pb->names[j].callable == r->callable)) j++;
+        if (j < pb->nnames || pb->nnames == LPTO_CHILD_PROF_NAMES) continue;
+        if (pto_worker_callable_name_get(w, r->kind, r->callable, pb->names[j].name, sizeof pb->names[j].name) < 0)
+            continue;
+        pb->names[j].kind = r->kind;
+        pb->names[j].callable = r->callable;
+        pb->nnames++;
+    }
+    pb->have = 1;
+    atomic_store_explicit(&pb->seq, q + 2, memory_order_release);
+}
+
+int lpto_level_child_profile(lworker *W, int i, lpto_child_profile *out)
+{
+    wchild *C = W->wchildren && i < W->nworkers ? &W->wchildren[i] : NULL;
+    prof_block *pb = C ? C->prof : NULL;
+    if (!pb) return 0;
+    out->recs = malloc(PROF_RECS * sizeof *out->recs);
+    out->edges = malloc(2 * PROF_EDGES * sizeof *out->edges);
+    if (!out->recs || !out->edges) goto none;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t q = atomic_load_explicit(&pb->seq, memory_order_acquire);
+        if (q & 1) continue;
+        int have = (int)pb->have;
+        out->run = pb->run;
+        out->n = pb->n >= 0 && pb->n <= PROF_RECS ? pb->n : 0;
+        out->ne = pb->ne >= 0 && pb->ne <= PROF_EDGES ? pb->ne : 0;
+        out->nnames = pb->nnames >= 0 && pb->nnames <= LPTO_CHILD_PROF_NAMES ? pb->nnames : 0;
+        memcpy(out->names, pb->names, sizeof out->names);
+        memcpy(out->recs, pb->recs, (size_t)out->n * sizeof *out->recs);
+        memcpy(out->edges, pb->edges, (size_t)out->ne * 2 * sizeof *out->edges);
+        /* An RMW, not a fence: its release half keeps the copy before the re-check (as read_published). */
+        if (atomic_fetch_add_explicit(&pb->seq, 0, memory_order_acq_rel) == q) {
+            if (have) return 1;
+            break;
+        }
+    }
+none:
+    free(out->recs);
+    free(out->edges);
+    out->recs = NULL;
+    out->edges = NULL;
+    return 0;
 }
 
 /* Records W's tree may take: THREAD-mode children are read live, PROCESS-mode ones published. */
@@ -542,6 +628,7 @@ static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, co
     }
     lua_settop(T, 0);
     publish_stats(C);
+    publish_profile(C);
     return rc;
 }
 
@@ -646,7 +733,10 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         } else if (C->process) {
             C->stats = pto_shm_alloc(sizeof *C->stats);
             C->tl = pto_shm_alloc(sizeof *C->tl);
-            if (!C->stats || !C->tl) lpto_engine_error(L, who);
+            C->prof = pto_shm_alloc(sizeof *C->prof);   /* virtual: backed as the child writes it */
+            if (!C->stats || !C->tl || !C->prof) lpto_engine_error(L, who);
+            C->prof->have = 0;
+            atomic_store(&C->prof->seq, 0);
             pto_shm_stats ss;
             pto_shm_stats_get(&ss);
             /* Virtual: pages are backed only when touched. */
@@ -694,6 +784,7 @@ void lpto_level_free(lua_State *L, lworker *W)
             remote = true;
         }
         pto_shm_free(C->stats);
+        pto_shm_free(C->prof);
         pto_shm_free(C->tl);
         pto_shm_free(C->arena);
         luaL_unref(L, LUA_REGISTRYINDEX, C->child_ref);

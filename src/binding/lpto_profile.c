@@ -5,9 +5,13 @@
  * (pto_profile_get); this file copies them into a table of columns, one
  * array per field, which is cheaper to build and to walk than a table per
  * task, and adds what only the binding knows: worker names, callable names,
- * and the Worker children that run in this process (THREAD mode), so the
- * profile covers every level. Methods written in Lua join the Worker's
+ * and the level below: THREAD-mode Worker children run in this process,
+ * PROCESS-mode ones publish their last run (lpto_level.c), so the profile
+ * covers every level. Methods written in Lua join the Worker's
  * method table through pto._extend_worker. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "lpto_priv.h"
 
 static void set_num(lua_State *L, const char *k, lua_Integer v)
@@ -35,29 +39,37 @@ static void push_callable_name(lua_State *L, const lworker *W, int kind, uint64_
     else lua_pushfstring(L, "%s %d", kind == PTO_SUB ? "sub" : "chip", (int)callable);
 }
 
-/* Push the columns of W's last run, or nil if it has none. */
-static void push_data(lua_State *L, lworker *W, int depth)
+/* Where a level's callable names come from: its Worker in this process, or the table its process published. */
+typedef struct namer {
+    const lworker *W;                    /* this process */
+    const lpto_child_profile *cp;        /* published (W NULL) */
+} namer;
+
+static void push_name(lua_State *L, const namer *nm, int kind, uint64_t callable)
 {
-    pto_profile_run run;
-    int64_t n = W->state == W_READY && W->w ? pto_profile_get(W->w, &run, NULL, 0) : -1;
-    if (n < 0) {
-        lua_pushnil(L);
+    if (nm->W) {
+        push_callable_name(L, nm->W, kind, callable);
         return;
     }
-    /* Userdata, not malloc: any Lua call below may raise. */
-    pto_profile_task *t = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *t, 0);
-    int64_t ne = pto_profile_edges(W->w, NULL, 0);
-    int64_t *e = lua_newuserdatauv(L, (size_t)(ne > 0 ? ne : 1) * 2 * sizeof *e, 0);
-    int bufs = lua_gettop(L);
-    pto_profile_get(W->w, &run, t, n);
-    if (ne > 0) pto_profile_edges(W->w, e, ne);
+    for (int32_t j = 0; j < nm->cp->nnames; j++)
+        if (nm->cp->names[j].kind == kind && nm->cp->names[j].callable == callable) {
+            lua_pushstring(L, nm->cp->names[j].name);
+            return;
+        }
+    lua_pushfstring(L, "%s %d", kind == PTO_SUB ? "sub" : "chip", (int)callable);
+}
+
+/* Push the columns of one level's run: W's shape, the records t[0..n) and edges e[0..ne). */
+static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *run, const pto_profile_task *t,
+                         int64_t n, const int64_t *e, int64_t ne, const namer *nm)
+{
     lua_createtable(L, 0, 24);
-    set_num(L, "run", run.run);
-    set_num(L, "begin_ns", (lua_Integer)run.begin_ns);
-    set_num(L, "drain_ns", (lua_Integer)(run.drain_ns - run.begin_ns));
-    set_num(L, "end_ns", (lua_Integer)(run.end_ns - run.begin_ns));
-    set_num(L, "waited_ns", (lua_Integer)run.waited_ns);
-    set_num(L, "dropped", run.dropped);
+    set_num(L, "run", run->run);
+    set_num(L, "begin_ns", (lua_Integer)run->begin_ns);
+    set_num(L, "drain_ns", (lua_Integer)(run->drain_ns - run->begin_ns));
+    set_num(L, "end_ns", (lua_Integer)(run->end_ns - run->begin_ns));
+    set_num(L, "waited_ns", (lua_Integer)run->waited_ns);
+    set_num(L, "dropped", run->dropped);
     set_num(L, "level", W->level);
     lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process");
     lua_setfield(L, -2, "mode");
@@ -76,8 +88,8 @@ static void push_data(lua_State *L, lworker *W, int depth)
     for (int64_t i = 0; i < n; i++) {
         const pto_profile_task *r = &t[i];
         bool ran = r->start_ns != 0;
-        lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run.begin_ns) : 0,
-                           ran ? (lua_Integer)(r->end_ns - run.begin_ns) : 0, r->id,
+        lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run->begin_ns) : 0,
+                           ran ? (lua_Integer)(r->end_ns - run->begin_ns) : 0, r->id,
                            r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope};
         for (int c = 0; c < NCOLS - 1; c++) {
             lua_pushinteger(L, v[c]);
@@ -86,7 +98,7 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_Integer key = (lua_Integer)(r->callable * 2 + (uint64_t)r->kind);
         if (lua_rawgeti(L, names, key) == LUA_TNIL) {
             lua_pop(L, 1);
-            push_callable_name(L, W, r->kind, r->callable);
+            push_name(L, nm, r->kind, r->callable);
             lua_pushvalue(L, -1);
             lua_rawseti(L, names, key);
         }
@@ -100,6 +112,26 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "edges");
+}
+
+/* Push the columns of W's last run, or nil if it has none. */
+static void push_data(lua_State *L, lworker *W, int depth)
+{
+    pto_profile_run run;
+    int64_t n = W->state == W_READY && W->w ? pto_profile_get(W->w, &run, NULL, 0) : -1;
+    if (n < 0) {
+        lua_pushnil(L);
+        return;
+    }
+    /* Userdata, not malloc: any Lua call below may raise. */
+    pto_profile_task *t = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *t, 0);
+    int64_t ne = pto_profile_edges(W->w, NULL, 0);
+    int64_t *e = lua_newuserdatauv(L, (size_t)(ne > 0 ? ne : 1) * 2 * sizeof *e, 0);
+    int bufs = lua_gettop(L);
+    pto_profile_get(W->w, &run, t, n);
+    if (ne > 0) pto_profile_edges(W->w, e, ne);
+    namer nm = {.W = W};
+    push_columns(L, W, &run, t, n, e, ne > 0 ? ne : 0, &nm);
     /* CallConfig enable_pmu's counts by task id (a group's members summed): profile.lua sums them per callable. */
     lua_newtable(L);
     for (int64_t i = 0; i < n; i++) {
@@ -109,12 +141,31 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_rawseti(L, -2, t[i].id);
     }
     lua_setfield(L, -2, "pmu");
-    /* THREAD-mode Worker children live in this process: their last runs
-     * are the level below. A PROCESS-mode child's are in its own process. */
+    /* The level below: a THREAD-mode Worker child's last run lives in this
+     * process; a PROCESS-mode child's is what its process published. */
     if (W->level >= 4 && depth < 8) {
         lua_createtable(L, W->nworkers, 0);
         for (int i = 0; i < W->nworkers; i++) {
-            push_data(L, W->kids[i], depth + 1);
+            lpto_child_profile cp;
+            if (W->kids[i]->state == W_READY) {
+                push_data(L, W->kids[i], depth + 1);
+            } else if (lpto_level_child_profile(W, i, &cp)) {
+                /* Copied into Lua before anything can raise: the buffers are malloc'ed. */
+                int64_t *ce = cp.edges;
+                pto_profile_task *cr = cp.recs;
+                pto_profile_task *tr = lua_newuserdatauv(L, (size_t)(cp.n ? cp.n : 1) * sizeof *tr, 0);
+                int64_t *te = lua_newuserdatauv(L, (size_t)(cp.ne ? cp.ne : 1) * 2 * sizeof *te, 0);
+                memcpy(tr, cr, (size_t)cp.n * sizeof *tr);
+                memcpy(te, ce, (size_t)cp.ne * 2 * sizeof *te);
+                free(cr);
+                free(ce);
+                namer cn = {.cp = &cp};
+                push_columns(L, W->kids[i], &cp.run, tr, cp.n, te, cp.ne, &cn);
+                lua_replace(L, -3);
+                lua_pop(L, 1);
+            } else {
+                lua_pushnil(L);
+            }
             if (lua_isnil(L, -1)) lua_pop(L, 1);
             else lua_rawseti(L, -2, i + 1);
         }

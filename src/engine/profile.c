@@ -110,7 +110,8 @@ int64_t pto_profile_get(pto_worker *w, pto_profile_run *run, pto_profile_task *o
         return -1;
     }
     if (run) *run = p->last_run;
-    if (out && cap > 0) memcpy(out, p->last, (size_t)(cap < p->nlast ? cap : p->nlast) * sizeof *out);
+    int64_t n = cap < p->nlast ? cap : p->nlast;
+    if (out && n > 0) memcpy(out, p->last, (size_t)n * sizeof *out);   /* last is NULL before any record */
     return p->nlast;
 }
 
@@ -118,6 +119,7 @@ int64_t pto_profile_edges(pto_worker *w, int64_t *out, int64_t cap)
 {
     if (!w || !w->sched.prof.have_last) return -1;
     const pto_profile *p = &w->sched.prof;
-    if (out && cap > 0) memcpy(out, p->elast, (size_t)(cap < p->nelast ? cap : p->nelast) * 2 * sizeof *out);
+    int64_t n = cap < p->nelast ? cap : p->nelast;
+    if (out && n > 0) memcpy(out, p->elast, (size_t)n * 2 * sizeof *out);   /* elast is NULL before any edge */
     return p->nelast;
 }

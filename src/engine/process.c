@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -938,7 +939,13 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
      * says it is one of the zygote's, so nobody is told to signal a stranger. */
     char state;
     int ppid = 0;
-    return read_stat(pid, &state, &ppid) && ppid == p->zygote_pid ? pid : -1;
+    if (read_stat(pid, &state, &ppid)) return ppid == p->zygote_pid ? pid : -1;
+    /* Gone from the kernel but not yet DEAD here: the zygote reaped it and is
+     * about to say so. Report it gone only once the mailbox says so, so that
+     * a caller that waits for a killed child to disappear and then posts a
+     * task finds the death instead of a dead child's idle mailbox. */
+    for (int i = 0; i < 10000 && pto_mb_state(mb) != PTO_MB_DEAD && zygote_alive(p); i++) sched_yield();
+    return -1;
 }
 
 

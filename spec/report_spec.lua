@@ -82,6 +82,25 @@ describe("the flow-control report", function()
     assert.truthy(report:find("Time %(run 1%).*\n\nHeap Rings"), report)   -- after the counts, before the rings
   end)
 
+  it("names the scope whose allocations filled a stalled ring, and where it opened", function()
+    local src = debug.getinfo(1, "S").short_src
+    local w <close> = pto.Worker{chips = 1, heap_ring_size = 64 * 1024}
+    local sl = w:register(pto.chip_kernel("sleep_us"))
+    local line
+    w:run(function(orch)
+      for _ = 1, 12 do
+        line = debug.getinfo(1, "l").currentline + 1   -- the next line opens the scope
+        orch:scope(function()
+          local t = orch:alloc({4096}, "f32")   -- 16 KiB of a 64 KiB ring, held until the task ran
+          orch:submit_next_level(sl, pto.args{{t, "in"}, scalars = {3000}})
+        end)
+      end
+    end)
+    local report = w:stats_report()
+    assert.truthy(report:find(("or end the scope opened at %s:%d (depth 1) sooner."):format(src, line), 1, true),
+                  report)
+  end)
+
   it("checks its options", function()
     local w <close> = pto.Worker{chips = 1}
     H.assert_error(function() w:stats_report{fulll = true} end, "Worker:stats_report: ", "unknown field 'fulll'")

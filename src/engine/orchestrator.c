@@ -231,6 +231,8 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     uint64_t timeout = (uint64_t)o->alloc_timeout_ms * 1000000ull;
     bool ok = false;
     ring->stalls++;
+    const pto_scope_frame *f = pto_scope_innermost(&o->scope);   /* the scope whose allocations filled it */
+    snprintf(ring->stall_scope, sizeof ring->stall_scope, "%s", f ? f->label : "");
     for (;;) {
         uint32_t before = ring->count;
         uint64_t head_before = ring->head_seq;

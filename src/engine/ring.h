@@ -26,6 +26,7 @@ typedef struct pto_heap_ring {
     uint64_t head_seq;            /* FIFO position of fifo[head] */
     uint64_t used, hwm;
     int64_t stalls, stall_ns;
+    char stall_scope[64];         /* the allocating scope's label at the last stall (stats advice) */
     _Atomic uint64_t top;         /* the highest end of any slab so far: check mode protects [0, top) */
 } pto_heap_ring;
 

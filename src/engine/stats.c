@@ -23,7 +23,8 @@ void pto_worker_stats_get(pto_worker *w, pto_stats *st)
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         const pto_heap_ring *ring = &w->rings[r];
         st->rings[r] = (pto_ring_stats){ring->stalls, ring->stall_ns, ring->hwm, ring->size, ring->used,
-                                        ring->count};
+                                        ring->count, ""};
+        memcpy(st->rings[r].stall_scope, ring->stall_scope, sizeof ring->stall_scope);
     }
 }
 
@@ -129,7 +130,13 @@ static int put_advice(out *o, const pto_stats *st)
             put(o, "  [!] Heap Ring %d reached %.1f%% of its capacity", r, p);
         put(o, ".\n      Increase heap_ring_size (now ");
         put_bytes(o, rs->capacity_bytes, u, 0);
-        put(o, " %s per ring), or end the scopes at depth %d sooner.\n", u.name, r);
+        char at[sizeof rs->stall_scope];
+        memcpy(at, rs->stall_scope, sizeof at);
+        at[sizeof at - 1] = 0;   /* a child's record: trust no terminator */
+        if (rs->stalls > 0 && at[0])
+            put(o, " %s per ring), or end the scope opened at %s (depth %d) sooner.\n", u.name, at, r);
+        else
+            put(o, " %s per ring), or end the scopes at depth %d sooner.\n", u.name, r);
         advice++;
     }
     if (!advice) put(o, "  none: no resource stalled or came near its limit.\n");

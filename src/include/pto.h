@@ -166,6 +166,7 @@ typedef struct pto_ring_stats {
     uint64_t capacity_bytes;
     uint64_t used_bytes;         /* now */
     int64_t live_slabs;          /* now */
+    char stall_scope[64];        /* where the scope opened that allocated at the last stall (pto_scope_label), or "" */
 } pto_ring_stats;
 
 typedef struct pto_stats {

@@ -62,11 +62,7 @@ typedef struct prof_block {
     pto_profile_run run;
     int64_t n, ne;
     int32_t nnames;
-    struct {
-        int32_t kind;
-        uint64_t callable;
-        char name[48];
-    } names[LPTO_CHILD_PROF_NAMES];
+    lpto_prof_name names[LPTO_CHILD_PROF_NAMES];
     pto_profile_task recs[PROF_RECS];
     int64_t edges[2 * PROF_EDGES];
 } prof_block;

@@ -321,17 +321,18 @@ void lpto_level_remote_stats(wchild *C, const void *buf, size_t len);
  * (lpto_profile.c draws it as the level below): 1 with *out filled (free recs and edges), 0 if there is
  * none (not a PROCESS-mode child, or no run ended there yet). */
 #define LPTO_CHILD_PROF_NAMES 32
+typedef struct lpto_prof_name {
+    int32_t kind;
+    uint64_t callable;
+    char name[48];
+} lpto_prof_name;
 typedef struct lpto_child_profile {
     pto_profile_run run;
     int64_t n, ne;
     pto_profile_task *recs;
     int64_t *edges;              /* ne (consumer, producer) pairs */
     int32_t nnames;
-    struct {
-        int32_t kind;
-        uint64_t callable;
-        char name[48];
-    } names[LPTO_CHILD_PROF_NAMES];
+    lpto_prof_name names[LPTO_CHILD_PROF_NAMES];
 } lpto_child_profile;
 int lpto_level_child_profile(lworker *W, int i, lpto_child_profile *out);
 /* Rank 0: whether W has Worker children on other ranks; ship a function registered after init to them

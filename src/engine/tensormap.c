@@ -73,7 +73,7 @@ static int32_t first_candidate(const pto_tm_base *b, uint64_t start)
     return lower(b->more, b->count, b->maxlen <= start ? start - b->maxlen + 1 : 0);
 }
 
-static void kill(pto_tensormap *m, pto_tm_base *b, pto_tm_entry *e)
+static void entomb(pto_tensormap *m, pto_tm_base *b, pto_tm_entry *e)
 {
     e->producer = NULL;
     b->dead++;
@@ -151,7 +151,7 @@ void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end
         pto_tm_entry *e = &b->more[k];
         if (!e->producer) continue;
         if (e->producer == producer && e->start == start && e->end == end) return;
-        if (e->end <= end) kill(m, b, e);
+        if (e->end <= end) entomb(m, b, e);
     }
     int32_t pos = upper(b->more, b->count, start);
     if (pos > 0 && !b->more[pos - 1].producer) {   /* a tombstone right before: the order holds */
@@ -179,7 +179,7 @@ void pto_tm_erase(pto_tensormap *m, uint64_t base, struct pto_slot *producer)
         }
     } else {
         for (int32_t k = 0; k < b->count; k++)
-            if (b->more[k].producer == producer) kill(m, b, &b->more[k]);
+            if (b->more[k].producer == producer) entomb(m, b, &b->more[k]);
         maybe_compact(b);
     }
     drop_if_empty(m, b);
@@ -198,7 +198,7 @@ void pto_tm_erase_range(pto_tensormap *m, uint64_t base, uint64_t start, uint64_
         for (int32_t k = lower(b->more, b->count, start); k < b->count && b->more[k].start == start; k++) {
             pto_tm_entry *e = &b->more[k];
             if (e->producer == producer && e->end == end) {
-                kill(m, b, e);
+                entomb(m, b, e);
                 break;   /* an insert never repeats an entry */
             }
         }

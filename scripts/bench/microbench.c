@@ -83,6 +83,7 @@ typedef struct peer {
     uint32_t spin_max;
     pthread_t thread;
     pid_t pid;
+    uint32_t seq;
 } peer;
 
 static void *peer_body(void *arg)
@@ -100,6 +101,7 @@ static void peer_start(peer *p, bool as_process, uint32_t spin_max)
     atomic_store(&p->mb->state, PTO_MB_STARTING);
     p->spin_max = spin_max;
     p->pid = -1;
+    p->seq = 0;
     if (as_process) {
         fflush(NULL);
         p->pid = fork();
@@ -125,9 +127,8 @@ static void peer_stop(peer *p)
 static void round_trip(peer *p, int64_t spin)
 {
     pto_args_view v = {0, 0, NULL, NULL};
-    if (pto_mb_post(p->mb, 1, &v, NULL, NULL, 0) != 0) die("pto_mb_post");
-    if (pto_mb_wait(p->mb, BIT(PTO_MB_TASK_READY), NULL, NULL, spin, WAIT_MAX_NS) != PTO_MB_TASK_DONE) die("task");
-    if (!pto_mb_cas(p->mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL)) die("collect");
+    if (pto_mb_post(p->mb, p->seq, 1, &v, NULL, NULL, 0, false) != 0) die("pto_mb_post");
+    if (!pto_mb_wait_done(p->mb, p->seq++, spin, WAIT_MAX_NS)) die("task");
 }
 
 static int cmp_u64(const void *a, const void *b)

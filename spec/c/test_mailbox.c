@@ -1,6 +1,7 @@
 /* The PROCESS-mode mailbox protocol (mailbox.c) on its own, without the
  * zygote: a "child" that is a thread (so TSan sees both sides) or a forked
- * process, many round trips through the spinning and the futex paths, error
+ * process, many round trips through the spinning and the futex paths, a
+ * full ring of cells in flight, chained cells skipped after a failure, error
  * messages, start failure, shipped callables, malformed input and shutdown.
  * The hand-off latency is a benchmark: scripts/bench/microbench.c. */
 #include <pthread.h>
@@ -85,6 +86,7 @@ typedef struct peer {
     uint32_t spin_max;
     pthread_t thread;
     pid_t pid;
+    uint32_t seq;                  /* the parent's count of posts (= collections: one at a time) */
 } peer;
 
 static void peer_body(peer *p)
@@ -108,6 +110,7 @@ static void peer_start(peer *p, const pto_leaf *leaf, bool as_process, uint32_t 
     atomic_store(&p->mb->state, PTO_MB_STARTING);
     p->spin_max = spin_max;
     p->pid = -1;
+    p->seq = 0;
     if (as_process) {
         fflush(NULL);
         p->pid = fork();
@@ -127,6 +130,7 @@ static bool peer_started(peer *p)
 
 static void peer_stop(peer *p)
 {
+    CHECK_EQ(atomic_load(&p->mb->done), p->seq);   /* nothing left running */
     CHECK(pto_mb_cas(p->mb, PTO_MB_IDLE, PTO_MB_SHUTDOWN, NULL));
     pto_event_notify(&p->mb->to_child);
     if (p->pid > 0) {
@@ -139,17 +143,19 @@ static void peer_stop(peer *p)
     pto_mb_unmap(p->mb);
 }
 
+/* The cell of the last task a round trip collected. */
+static pto_mb_cell *last_cell(peer *p) { return pto_mb_cell_of(p->mb, p->seq - 1); }
+
 /* One task: post, wait, collect (rc, and the message when it failed). */
 static int round_trip(peer *p, uint64_t callable, const pto_args_view *v, const pto_call_config *cfg, int64_t spin,
                       const void *load, uint64_t load_len, char *msg, size_t cap)
 {
-    int r = pto_mb_post(p->mb, callable, v, cfg, load, load_len);
+    int r = pto_mb_post(p->mb, p->seq, callable, v, cfg, load, load_len, false);
     if (r != 0) return -1000 + r;
-    uint32_t st = pto_mb_wait(p->mb, BIT(PTO_MB_TASK_READY), NULL, NULL, spin, WAIT_MAX_NS);
-    if (st != PTO_MB_TASK_DONE) return -2000 - (int)st;
-    int rc = p->mb->rc;
-    if (msg) snprintf(msg, cap, "%s", rc ? p->mb->err : "");
-    CHECK(pto_mb_cas(p->mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL));
+    if (!pto_mb_wait_done(p->mb, p->seq, spin, WAIT_MAX_NS)) return -2000 - (int)pto_mb_state(p->mb);
+    pto_mb_cell *c = pto_mb_cell_of(p->mb, p->seq++);
+    int rc = c->rc;
+    if (msg) snprintf(msg, cap, "%s", rc ? c->err : "");
     return rc;
 }
 
@@ -270,9 +276,9 @@ static void test_shipped_callable(void)
         CHECK_EQ(round_trip(&p, OP_SHIPPED, &v, NULL, 20000, NULL, 0, msg, sizeof msg), 1);
         CHECK_CONTAINS(msg, "not loaded");
         CHECK_EQ(round_trip(&p, OP_SHIPPED, &v, NULL, 20000, blob, 9, msg, sizeof msg), 0);
-        CHECK_EQ(p.mb->loaded, 1);
+        CHECK_EQ(last_cell(&p)->loaded, 1);
         CHECK_EQ(round_trip(&p, OP_SHIPPED, &v, NULL, 20000, NULL, 0, msg, sizeof msg), 0);
-        CHECK_EQ(p.mb->loaded, 0);
+        CHECK_EQ(last_cell(&p)->loaded, 0);
         CHECK_EQ(atomic_load(&SH->loads), 1);
         /* A blob outside shared memory is refused before the hook sees it. */
         static char private_blob[16] = "shipped!";
@@ -314,30 +320,73 @@ static void test_malformed_mailbox(void)
         {UINT32_MAX, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        pto_mailbox *mb = p.mb;
-        memcpy(mb->blob, &cases[i].t, 4);
-        memcpy(mb->blob + 4, &cases[i].s, 4);
-        mb->blob_len = cases[i].len;
-        mb->callable = OP_NOOP;
-        mb->load_addr = 0;
-        CHECK(pto_mb_cas(mb, PTO_MB_IDLE, PTO_MB_TASK_READY, NULL));
-        pto_event_notify(&mb->to_child);
-        CHECK_EQ(pto_mb_wait(mb, BIT(PTO_MB_TASK_READY), NULL, NULL, 20000, WAIT_MAX_NS), PTO_MB_TASK_DONE);
-        CHECK_EQ(mb->rc, 1);
-        CHECK_CONTAINS(mb->err, "malformed");
-        CHECK(pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL));
+        pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
+        memcpy(c->blob, &cases[i].t, 4);
+        memcpy(c->blob + 4, &cases[i].s, 4);
+        c->blob_len = cases[i].len;
+        c->callable = OP_NOOP;
+        c->load_addr = 0;
+        c->after_prev = 0;
+        atomic_store(&p.mb->posted, p.seq + 1);
+        pto_event_notify(&p.mb->to_child);
+        CHECK(pto_mb_wait_done(p.mb, p.seq++, 20000, WAIT_MAX_NS));
+        CHECK_EQ(c->rc, 1);
+        CHECK_CONTAINS(c->err, "malformed");
     }
     /* A shipped blob address that wraps. */
-    p.mb->blob_len = 8;
-    memset(p.mb->blob, 0, 8);
-    p.mb->load_addr = UINT64_MAX - 4;
-    p.mb->load_len = 100;
-    CHECK(pto_mb_cas(p.mb, PTO_MB_IDLE, PTO_MB_TASK_READY, NULL));
+    pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
+    c->blob_len = 8;
+    memset(c->blob, 0, 8);
+    c->load_addr = UINT64_MAX - 4;
+    c->load_len = 100;
+    atomic_store(&p.mb->posted, p.seq + 1);
     pto_event_notify(&p.mb->to_child);
-    CHECK_EQ(pto_mb_wait(p.mb, BIT(PTO_MB_TASK_READY), NULL, NULL, 20000, WAIT_MAX_NS), PTO_MB_TASK_DONE);
-    CHECK_CONTAINS(p.mb->err, "outside shared memory");
-    CHECK(pto_mb_cas(p.mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL));
+    CHECK(pto_mb_wait_done(p.mb, p.seq++, 20000, WAIT_MAX_NS));
+    CHECK_CONTAINS(c->err, "outside shared memory");
     peer_stop(&p);
+}
+
+/* A full ring in flight: the child runs the cells in order without waiting
+ * for the parent between them, and each result stays in its cell until
+ * the parent reads it. A chained cell (after_prev) is skipped, not run,
+ * when the one before it failed, and runs when it succeeded. */
+static void test_ring(void)
+{
+    for (int proc = 0; proc < 2; proc++) {
+        peer p;
+        atomic_store(&SH->runs, 0);
+        peer_start(&p, &LEAF, proc, 20000);
+        CHECK(peer_started(&p));
+        uint64_t ns = 20000000;
+        pto_args_view slow = {0, 1, NULL, &ns}, none = {0, 0, NULL, NULL};
+        int runs = 0;
+        for (int round = 0; round < 50; round++) {
+            /* slow, fail, chained (skipped), chained to a skipped one (skipped) */
+            uint64_t ops[PTO_MB_CELLS] = {round ? OP_NOOP : OP_SLEEP, OP_FAIL, OP_NOOP, OP_NOOP};
+            bool after[PTO_MB_CELLS] = {false, false, true, true};
+            if (round % 2) { ops[1] = OP_NOOP; }   /* odd rounds: nothing fails, the chain runs */
+            for (uint32_t k = 0; k < PTO_MB_CELLS; k++)
+                CHECK_EQ(pto_mb_post(p.mb, p.seq + k, ops[k], ops[k] == OP_SLEEP ? &slow : &none, NULL, NULL, 0,
+                                     after[k]), 0);
+            if (round == 0) CHECK(atomic_load(&p.mb->done) == p.seq);   /* all four posted while the first sleeps */
+            for (uint32_t k = 0; k < PTO_MB_CELLS; k++) CHECK(pto_mb_wait_done(p.mb, p.seq + k, 20000, WAIT_MAX_NS));
+            pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
+            CHECK_EQ(c[0].rc, 0);
+            CHECK(c[0].start_ns >= c[0].posted_ns && c[0].done_ns >= c[0].start_ns);
+            if (round % 2) {
+                for (int k = 1; k < 4; k++) CHECK(c[k].rc == 0 && !c[k].skipped);
+                runs += 4;
+            } else {
+                CHECK_EQ(c[1].rc, 5);
+                CHECK_CONTAINS(c[1].err, "failed on purpose");
+                CHECK(c[2].skipped && c[3].skipped);
+                runs += 2;
+            }
+            p.seq += PTO_MB_CELLS;
+        }
+        CHECK_EQ(atomic_load(&SH->runs), runs);
+        peer_stop(&p);
+    }
 }
 
 static void test_blob_too_big(void)
@@ -348,7 +397,7 @@ static void test_blob_too_big(void)
     int32_t n = PTO_MB_BLOB_CAP / 8;   /* n scalars need 8 * n + 8 bytes */
     uint64_t *sc = calloc((size_t)n, 8);
     pto_args_view v = {0, n, NULL, sc};
-    CHECK_EQ(pto_mb_post(p.mb, OP_NOOP, &v, NULL, NULL, 0), -1);
+    CHECK_EQ(pto_mb_post(p.mb, p.seq, OP_NOOP, &v, NULL, NULL, 0, false), -1);
     CHECK_CONTAINS(pto_errmsg(), "at most 262144 bytes");
     CHECK_EQ(pto_mb_state(p.mb), PTO_MB_IDLE);   /* nothing was handed over */
     v.scalar_count = n - 1;                      /* exactly the cap */
@@ -363,11 +412,12 @@ static void test_states(void)
     pto_mailbox *mb = pto_mb_map();
     CHECK_EQ(pto_mb_state(mb), PTO_MB_EMPTY);
     pto_args_view v = {0, 0, NULL, NULL};
-    CHECK_EQ(pto_mb_post(mb, 1, &v, NULL, NULL, 0), PTO_MB_EMPTY);
+    CHECK_EQ(pto_mb_post(mb, 0, 1, &v, NULL, NULL, 0, false), PTO_MB_EMPTY);
     atomic_store(&mb->state, PTO_MB_DEAD);
-    CHECK_EQ(pto_mb_post(mb, 1, &v, NULL, NULL, 0), PTO_MB_DEAD);
+    CHECK_EQ(pto_mb_post(mb, 0, 1, &v, NULL, NULL, 0, false), PTO_MB_DEAD);
+    CHECK_EQ(atomic_load(&mb->posted), 0u);   /* nothing was handed over */
     uint32_t seen;
-    CHECK(!pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, &seen));
+    CHECK(!pto_mb_cas(mb, PTO_MB_IDLE, PTO_MB_SHUTDOWN, &seen));
     CHECK_EQ(seen, PTO_MB_DEAD);
     /* A wait on a state that does not change times out. */
     uint64_t t0 = pto_now_ns();
@@ -403,6 +453,7 @@ int main(void)
     RUN(test_start_failure);
     RUN(test_shipped_callable);
     RUN(test_malformed_mailbox);
+    RUN(test_ring);
     RUN(test_blob_too_big);
     return tu_finish();
 }

@@ -79,12 +79,13 @@ bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen)
 
 /* ---- parent side ---- */
 
-int pto_mb_post(pto_mailbox *mb, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                const void *load, uint64_t load_len)
+int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
+                const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
 {
     uint32_t st = pto_mb_state(mb);
     if (st != PTO_MB_IDLE) return (int)st;
-    int64_t n = pto_blob_encode(args, mb->blob, PTO_MB_BLOB_CAP);
+    pto_mb_cell *c = pto_mb_cell_of(mb, seq);
+    int64_t n = pto_blob_encode(args, c->blob, PTO_MB_BLOB_CAP);
     if (n < 0) {
         pto_set_error("the task's arguments take %zu bytes (%d tensors, %d scalars); a PROCESS-mode mailbox holds at "
                       "most %u bytes (PTO_MB_BLOB_CAP): pass fewer tensors or scalars per task",
@@ -92,15 +93,17 @@ int pto_mb_post(pto_mailbox *mb, uint64_t callable, const pto_args_view *args, c
                       PTO_MB_BLOB_CAP);
         return -1;
     }
-    mb->blob_len = (uint32_t)n;
-    mb->callable = callable;
-    mb->load_addr = (uint64_t)(uintptr_t)load;
-    mb->load_len = load ? load_len : 0;
-    mb->posted_ns = pto_now_ns();
-    if (cfg) mb->cfg = *cfg;
-    else memset(&mb->cfg, 0, sizeof mb->cfg);
-    /* The release of the CAS publishes every field above to the child. */
-    if (!pto_mb_cas(mb, PTO_MB_IDLE, PTO_MB_TASK_READY, &st)) return (int)st;
+    c->blob_len = (uint32_t)n;
+    c->callable = callable;
+    c->load_addr = (uint64_t)(uintptr_t)load;
+    c->load_len = load ? load_len : 0;
+    c->after_prev = after_prev;
+    c->posted_ns = pto_now_ns();
+    if (cfg) c->cfg = *cfg;
+    else memset(&c->cfg, 0, sizeof c->cfg);
+    /* The release publishes every field above to the child; seq_cst orders
+     * it before the sleeper check in pto_event_notify (Dekker). */
+    atomic_store_explicit(&mb->posted, seq + 1, memory_order_seq_cst);
     pto_event_notify(&mb->to_child);
     return 0;
 }
@@ -137,6 +140,34 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
     return pto_mb_state(mb);
 }
 
+typedef struct done_arg {
+    pto_mailbox *mb;
+    uint32_t seq;
+} done_arg;
+
+static bool cell_done(void *p)
+{
+    done_arg *a = p;
+    return pto_mb_done_beyond(a->mb, a->seq) > 0 || pto_mb_state(a->mb) != PTO_MB_IDLE;
+}
+
+bool pto_mb_wait_done(pto_mailbox *mb, uint32_t seq, int64_t spin_ns, int64_t timeout_ns)
+{
+    done_arg a = {mb, seq};
+    if (!spin_for(cell_done, &a, spin_ns)) {
+        uint64_t t0 = pto_now_ns();
+        for (;;) {
+            int64_t left = -1;
+            if (timeout_ns >= 0) {
+                left = timeout_ns - (int64_t)(pto_now_ns() - t0);
+                if (left < 0) left = 0;
+            }
+            if (pto_event_wait(&mb->to_parent, cell_done, &a, 0, left) || left == 0) break;
+        }
+    }
+    return pto_mb_done_beyond(mb, seq) > 0;
+}
+
 /* ---- child side ---- */
 
 void pto_mb_wake_parent(pto_mailbox *mb)
@@ -162,8 +193,10 @@ int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
 
 static bool child_has_work(void *p)
 {
-    uint32_t s = pto_mb_state(p);
-    return s == PTO_MB_TASK_READY || s == PTO_MB_SHUTDOWN;
+    pto_mailbox *mb = p;
+    return atomic_load_explicit(&mb->posted, memory_order_acquire) !=
+               atomic_load_explicit(&mb->done, memory_order_relaxed) ||
+           pto_mb_state(mb) == PTO_MB_SHUTDOWN;
 }
 
 /* A shipped callable lives in the shared arena: refuse anything else, so a
@@ -174,22 +207,22 @@ static bool load_range_ok(uint64_t addr, uint64_t len)
     return len > 0 && addr + len > addr && pto_shm_contains(p) && pto_shm_contains(p + len - 1);
 }
 
-static int serve(pto_mailbox *mb, const pto_leaf *leaf)
+static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
 {
-    char *err = mb->err;
-    uint64_t callable = mb->callable;
-    uint32_t len = mb->blob_len;
+    char *err = c->err;
+    uint64_t callable = c->callable;
+    uint32_t len = c->blob_len;
     pto_args_view view;
-    mb->loaded = 0;
+    c->loaded = 0;
     err[0] = 0;
-    if (len > PTO_MB_BLOB_CAP || pto_blob_decode(mb->blob, len, &view) != 0) {
+    if (len > PTO_MB_BLOB_CAP || pto_blob_decode(c->blob, len, &view) != 0) {
         snprintf(err, PTO_MB_ERR_CAP, "the task's arguments arrived malformed in the mailbox (%" PRIu32 " bytes)", len);
         return 1;
     }
     /* A private copy: the leaf must see a NUL-terminated prefix whatever the bytes say. */
-    pto_call_config cfg = mb->cfg;
+    pto_call_config cfg = c->cfg;
     cfg.output_prefix[sizeof cfg.output_prefix - 1] = 0;
-    uint64_t addr = mb->load_addr, llen = mb->load_len;
+    uint64_t addr = c->load_addr, llen = c->load_len;
     if (addr) {
         if (!load_range_ok(addr, llen)) {
             snprintf(err, PTO_MB_ERR_CAP, "callable %" PRIu64 " was shipped with a blob outside shared memory", callable);
@@ -206,12 +239,12 @@ static int serve(pto_mailbox *mb, const pto_leaf *leaf)
             if (!err[0]) snprintf(err, PTO_MB_ERR_CAP, "installing shipped callable %" PRIu64 " returned %d", callable, rc);
             return rc;
         }
-        mb->loaded = 1;
+        c->loaded = 1;
     }
     const uint8_t *tags = PTO_UNLIKELY(mb->check) ? pto_check_tags(mb, &view) : NULL;
     int rc;
     if (PTO_UNLIKELY(pto_diag_wanted(&cfg))) {
-        mb->diag.ts[PTO_SWIM_HANDED] = mb->posted_ns;   /* the parent's post: level 3's hand-off span */
+        mb->diag.ts[PTO_SWIM_HANDED] = c->posted_ns;   /* the parent's post: level 3's hand-off span */
         /* diag.c's dumps go around the checks: they show the task's inputs and its final outputs */
         pto_check_leaf cl = {leaf->run, leaf->ctx, tags, mb};
         rc = mb->check ? pto_diag_call(pto_check_leaf_run, &cl, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP)
@@ -228,20 +261,34 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
 {
     pto_mb_spin spin;
     pto_mb_spin_init(&spin, spin_max_ns);
+    /* This child's own count: what the memory says may be scribbled on. */
+    uint32_t seq = atomic_load_explicit(&mb->done, memory_order_relaxed);
+    int prev_rc = 0;
     for (;;) {
         uint64_t t0 = pto_now_ns();
-        int64_t b = pto_mb_spin_budget(&spin);
-        if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
-            pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
-        uint32_t st = pto_mb_state(mb);
-        if (st == PTO_MB_SHUTDOWN) return;
-        if (st != PTO_MB_TASK_READY) continue;   /* a spurious wake-up */
-        pto_mb_spin_observe(&spin, mb->posted_ns > t0 ? mb->posted_ns - t0 : 0);
-        mb->rc = serve(mb, leaf);
-        mb->done_ns = pto_now_ns();
-        /* Only this child leaves TASK_READY (the zygote writes DEAD only
-         * after reaping it), so a plain release store is enough. */
-        atomic_store_explicit(&mb->state, PTO_MB_TASK_DONE, memory_order_release);
+        if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) {
+            int64_t b = pto_mb_spin_budget(&spin);
+            if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
+                pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
+        }
+        if (pto_mb_state(mb) == PTO_MB_SHUTDOWN) return;
+        if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) continue;   /* a spurious wake-up */
+        pto_mb_cell *c = pto_mb_cell_of(mb, seq);
+        pto_mb_spin_observe(&spin, c->posted_ns > t0 ? c->posted_ns - t0 : 0);
+        c->start_ns = pto_now_ns();
+        atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
+        c->skipped = c->after_prev && prev_rc != 0;
+        if (c->skipped) {
+            c->rc = 0;
+            c->loaded = 0;
+            c->err[0] = 0;
+        } else {
+            c->rc = serve(mb, c, leaf);
+        }
+        prev_rc = c->skipped ? 1 : c->rc;
+        c->done_ns = pto_now_ns();
+        /* Only this child advances done; the zygote writes DEAD, never done. */
+        atomic_store_explicit(&mb->done, ++seq, memory_order_seq_cst);
         pto_mb_wake_parent(mb);
     }
 }

@@ -5,22 +5,42 @@
  * One mailbox per worker, each its own MAP_SHARED|MAP_ANONYMOUS
  * mapping taken before any fork, so the zygote and every child it forks see
  * it at the same address. Three processes write to it, each only in the
- * states that give it ownership:
+ * states that give it ownership. The state word is the child's life:
  *
  *   state        owner of the other fields      next state (by whom)
  *   EMPTY        parent                         STARTING (parent, then asks the zygote to fork)
  *   STARTING     child (rc, err: start failure) IDLE (child) or DEAD (zygote)
- *   IDLE         parent (task fields)           TASK_READY / SHUTDOWN (parent) or DEAD (zygote)
- *   TASK_READY   child (rc, err, loaded)        TASK_DONE (child) or DEAD (zygote)
- *   TASK_DONE    parent                         IDLE (parent) or DEAD (zygote)
+ *   IDLE         see the cells below            SHUTDOWN (parent) or DEAD (zygote)
  *   SHUTDOWN     -                              DEAD (zygote)
  *   DEAD         parent (pid, exit fields are   STARTING (parent)
  *                final: the zygote reaped it)
  *
- * Every transition is a CAS or an exchange, so a DEAD written by the zygote
- * is never overwritten by a late parent store. A child whose start hook
- * fails writes rc != 0 and the message, then exits: the zygote's DEAD
- * (died_in = STARTING) is the one signal the parent waits for.
+ * While IDLE (up), tasks travel through a ring of PTO_MB_CELLS cells, so a
+ * child runs the tasks staged for it back to back without waiting for the
+ * parent between them, and the parent collects results whenever it gets
+ * the core. Two counters, each written by one side only, say who owns
+ * which cell (sequence numbers, cell = seq % PTO_MB_CELLS):
+ *
+ *   cells [done, posted)        child: it runs them in order (started says
+ *                               which one it has begun), then writes the
+ *                               result and advances done (release)
+ *   cells [posted, done + N)    parent: it writes a task, then advances
+ *                               posted (release)
+ *   cells the parent has not    the result waits for the parent, who owns
+ *   collected below done        the cell again once it has read it
+ *
+ * The parent keeps its own copies of the counters: the child's memory is
+ * untrusted, so a done that passes posted is a corrupt child, killed.
+ * A cell may ask to run only if the one before it succeeded (after_prev: a
+ * consumer chained behind its producer); the child then skips it, and the
+ * parent decides what the skipped task becomes.
+ *
+ * Every state transition is a CAS or an exchange, so a DEAD written by the
+ * zygote is never overwritten by a late parent store. A child whose start
+ * hook fails writes rc != 0 and the message, then exits: the zygote's DEAD
+ * (died_in = STARTING) is the one signal the parent waits for. A child
+ * that dies leaves the cells it had not begun unrun: the parent posts
+ * them again to the replacement.
  *
  * Waiting: the child spins briefly (an adaptive budget, see pto_mb_spin)
  * and then sleeps on a futex in the mailbox (pto_event, shared futexes, no
@@ -40,13 +60,15 @@
 
 #define PTO_MB_BLOB_CAP (256u * 1024u)   /* bytes of args blob a task may carry */
 #define PTO_MB_ERR_CAP 4096u             /* error message incl. a Lua traceback */
+/* Tasks a child may have staged: enough to cover a parent that is off its
+ * core for a few tasks' time, few enough that an idle sibling rarely waits
+ * while tasks sit here unstealable. Power of two. */
+#define PTO_MB_CELLS 4u
 
 enum {
     PTO_MB_EMPTY = 0,
     PTO_MB_STARTING,
     PTO_MB_IDLE,
-    PTO_MB_TASK_READY,
-    PTO_MB_TASK_DONE,
     PTO_MB_SHUTDOWN,
     PTO_MB_DEAD,
     PTO_MB_NSTATES
@@ -62,6 +84,24 @@ enum {
     PTO_KILL_CORRUPT,          /* its mailbox was in a state no protocol step leads to */
     PTO_KILL_SUBTREE,          /* the Worker it hosts lost its forkserver (written by that Worker's sentinel) */
 };
+
+/* One staged task and, once done, its result. */
+typedef struct pto_mb_cell {
+    /* The task: written by the parent before it advances posted. */
+    _Alignas(64) uint64_t callable;
+    uint64_t load_addr, load_len;    /* shipped callable to install first (shared memory), or 0 */
+    uint32_t blob_len;
+    uint32_t after_prev;             /* 1: skip it unless the cell before it succeeded */
+    uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
+    pto_call_config cfg;
+    /* The result: written by the child before it advances done. */
+    uint64_t start_ns, done_ns;      /* pto_now_ns() when the child began it and posted the result */
+    int32_t rc;
+    uint32_t loaded;                 /* 1 if load_addr was installed */
+    uint32_t skipped;                /* 1 if not run (after_prev and the cell before failed) */
+    char err[PTO_MB_ERR_CAP];
+    _Alignas(64) unsigned char blob[PTO_MB_BLOB_CAP];
+} pto_mb_cell;
 
 typedef struct pto_mailbox {
     _Alignas(64) _Atomic uint32_t state;
@@ -80,27 +120,21 @@ typedef struct pto_mailbox {
      * event in another shared mapping, set before the fork; NULL if none.
      * The child and the zygote ring it with to_parent. */
     pto_event *bell;
+    /* The start's failure: written by the child before it exits (or by the zygote when fork fails). */
+    int32_t rc;
+    char err[PTO_MB_ERR_CAP];
     _Alignas(64) pto_event to_child;    /* the child sleeps here */
     _Alignas(64) pto_event to_parent;   /* the parent side sleeps here */
-    /* The task: written by the parent before TASK_READY. */
-    _Alignas(64) uint64_t callable;
-    uint64_t load_addr, load_len;    /* shipped callable to install first (shared memory), or 0 */
-    uint32_t blob_len;
-    uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
-    pto_call_config cfg;
-    /* Check mode (check.c): 1 to run the task under the checks, with its tags. */
-    uint32_t check, check_ntags;
+    _Alignas(64) _Atomic uint32_t posted;    /* parent: cells handed over (a sequence number) */
+    _Alignas(64) _Atomic uint32_t started;   /* child: cells begun */
+    _Atomic uint32_t done;                   /* child: cells finished */
+    /* Check mode (check.c) and diagnostics (diag.c) are per task but live
+     * here, once: a task that uses them is posted alone, into an empty ring. */
+    _Alignas(64) uint32_t check, check_ntags;
     uint64_t check_ring_base[PTO_MAX_RING_DEPTH], check_ring_size[PTO_MAX_RING_DEPTH], check_shm_top;
     uint8_t check_tags[8192];
-    /* diag.c: written with the task when its cfg asks for diagnostics (pto_diag_wanted), results with the result */
     pto_diag_task diag;
-    /* The result: written by the child before TASK_DONE (or before it exits
-     * when its start hook failed). */
-    int32_t rc;
-    uint32_t loaded;                 /* 1 if load_addr was installed */
-    uint64_t done_ns;                /* pto_now_ns() when the result was posted */
-    char err[PTO_MB_ERR_CAP];
-    _Alignas(64) unsigned char blob[PTO_MB_BLOB_CAP];
+    pto_mb_cell cells[PTO_MB_CELLS];
 } pto_mailbox;
 
 /* An adaptive spin budget: spin about twice the recent wait when that is
@@ -138,17 +172,33 @@ bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen);
 
 /* ---- parent side ---- */
 
-/* Copy a task into mb and hand it to the child (IDLE -> TASK_READY).
+/* Copy a task into cell seq (the parent's own count of posts: the cell must
+ * be the parent's, seq - collected < PTO_MB_CELLS) and hand it to the child.
  * Returns 0; -1 (errmsg set) if the args blob does not fit; or the state
  * found instead of IDLE (PTO_MB_DEAD ...), nothing handed over. */
-int pto_mb_post(pto_mailbox *mb, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                const void *load, uint64_t load_len);
+int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
+                const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev);
+
+static inline pto_mb_cell *pto_mb_cell_of(pto_mailbox *mb, uint32_t seq)
+{
+    return &mb->cells[seq & (PTO_MB_CELLS - 1)];
+}
+
+/* How many cells the child reports finished beyond seq (acquire: their
+ * results are visible). Negative or above what was posted: a corrupt child. */
+static inline int32_t pto_mb_done_beyond(pto_mailbox *mb, uint32_t seq)
+{
+    return (int32_t)(atomic_load_explicit(&mb->done, memory_order_acquire) - seq);
+}
 
 /* Wait while the state is in while_mask (bit 1 << state), until abort(arg)
  * (may be NULL) or timeout_ns (< 0: none). Spins spin_ns first. Returns the
  * state seen last. */
 uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *), void *arg, int64_t spin_ns,
                      int64_t timeout_ns);
+/* Wait until cell seq is done, the state leaves IDLE, or timeout_ns (< 0:
+ * none); spins spin_ns first. true if the cell is done. */
+bool pto_mb_wait_done(pto_mailbox *mb, uint32_t seq, int64_t spin_ns, int64_t timeout_ns);
 
 /* ---- child side ---- */
 
@@ -159,10 +209,11 @@ void pto_mb_wake_parent(pto_mailbox *mb);
  * caller exits). 0 or the start hook's result. */
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf);
 
-/* Serve tasks until SHUTDOWN (waiting for each with an adaptive spin of
- * at most spin_max_ns, or cold_spin_ns outside the hot window): decode (the mailbox is untrusted bytes: bad
- * lengths fail the task), install a shipped callable, run the leaf, post the
- * result. Returns when told to shut down. */
+/* Serve cells in order until SHUTDOWN (waiting for each with an adaptive
+ * spin of at most spin_max_ns, or cold_spin_ns outside the hot window):
+ * decode (the mailbox is untrusted bytes: bad lengths fail the task),
+ * install a shipped callable, run the leaf, post the result. Returns when
+ * told to shut down. */
 void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns);
 
 #endif

@@ -2,6 +2,7 @@
 #include "shm.h"
 #include "common.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -159,7 +160,7 @@ static void zygote_mark_dead(pto_proc *p, int32_t slot, int status)
     pto_mailbox *mb = p->mbs[slot];
     atomic_store_explicit(&mb->wait_status, status, memory_order_relaxed);
     /* died_in must match the state this CAS replaces: the parent may move
-     * IDLE -> TASK_READY (or similar) at any moment. */
+     * IDLE -> SHUTDOWN (or similar) at any moment. */
     uint32_t prev = atomic_load_explicit(&mb->state, memory_order_relaxed);
     do {
         atomic_store_explicit(&mb->died_in, prev, memory_order_relaxed);
@@ -360,7 +361,7 @@ static void zygote_handle(pto_proc *p, const zmsg *m)
         break;
     case Z_KILL_BUSY:
         for (int32_t i = 0; i < p->n; i++)
-            if (atomic_load(&p->mbs[i]->state) == PTO_MB_TASK_READY) zygote_kill(p, i, m->reason);
+            if (atomic_load(&p->mbs[i]->posted) != atomic_load(&p->mbs[i]->done)) zygote_kill(p, i, m->reason);
         break;
     case Z_EXIT:
         zygote_exit(p);
@@ -644,6 +645,12 @@ static bool request_spawn(pto_child *c)
     atomic_store(&mb->wait_status, 0);
     mb->start_deadline_ns = start_deadline(c->proc, &c->deadline_cut);
     memset(c->loaded, 0, sizeof c->loaded);
+    /* A fresh ring: the new child starts at cell 0, and the cells the dead
+     * one never began are posted again by the dispatcher. */
+    atomic_store(&mb->posted, 0);
+    atomic_store(&mb->started, 0);
+    atomic_store(&mb->done, 0);
+    c->posted = c->collected = 0;
     if (!pto_mb_cas(mb, st, PTO_MB_STARTING, NULL)) return false;
     return send_msg(c->proc, Z_SPAWN, c->slot, 0);
 }
@@ -761,11 +768,16 @@ static void kill_corrupt(pto_child *c)
 }
 
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                      char *err, size_t errlen)
+                      bool after_prev, char *err, size_t errlen)
 {
+    assert(c->posted - c->collected < PTO_MB_CELLS);
     pto_proc *p = c->proc;
     pto_mailbox *mb = c->mb;
     char why[PTO_MB_ERR_CAP];
+    /* With cells in flight the child's end is pto_proc_poll's to report
+     * (it fails the task begun and takes the rest back); a spawn from here
+     * would reset the ring under them. */
+    if (c->posted != c->collected && pto_mb_state(mb) != PTO_MB_IDLE) return 1;
     for (int attempt = 0; attempt < 2; attempt++) {
         uint32_t st = pto_mb_state(mb);
         if (atomic_load_explicit(&p->zygote_gone, memory_order_relaxed) || (st != PTO_MB_IDLE && !zygote_alive(p))) {
@@ -812,16 +824,23 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
         c->awaiting = false;
         int32_t e = ship_find(p->ships, c->kind, callable);
         const pto_shipped *sh = e >= 0 && !(c->loaded[e / 8] & (1u << (e % 8))) ? &p->ships->entries[e] : NULL;
-        int r = pto_mb_post(mb, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0);
+        /* Installed once per child: a cell already carrying it installs it
+         * first; its result (the bell) says whether this one needs it. */
+        for (uint32_t k = c->collected; sh && k != c->posted; k++)
+            if (c->ship[k & (PTO_MB_CELLS - 1)] == e) return 1;
+        int r = pto_mb_post(mb, c->posted, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0, after_prev);
         if (r == 0) {
-            c->posted_ship = e;
+            c->ship[c->posted & (PTO_MB_CELLS - 1)] = sh ? e : -1;
+            c->posted++;
             return 0;
         }
         if (r < 0) {
             snprintf(err, errlen, "%s", pto_errmsg());
             return -1;
         }
-        /* r is the state found: the child died since. Once more. */
+        /* r is the state found: the child died since. Once more, unless
+         * cells are in flight (see above). */
+        if (c->posted != c->collected) return 1;
     }
     snprintf(err, errlen, "%s has no live child process to run the task (mailbox state %u)", c->name, pto_mb_state(mb));
     return -1;
@@ -833,43 +852,26 @@ void pto_proc_timeout(pto_child *c, uint32_t ms)
     send_msg(c->proc, Z_KILL, c->slot, PTO_KILL_TASK_TIMEOUT);   /* a failed send marks the zygote gone */
 }
 
-int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen)
+uint64_t pto_proc_head_started(const pto_child *c)
 {
-    pto_proc *p = c->proc;
     pto_mailbox *mb = c->mb;
-    uint32_t st = pto_mb_state(mb);
-    /* A result that raced the kill is not taken: the child it came from is
-     * about to die, and the next task must not be posted to it. */
-    if (PTO_UNLIKELY(c->timed_out_ms) && st != PTO_MB_DEAD) {
-        st = PTO_MB_TASK_READY;
-        check_zygote = check_zygote || atomic_load_explicit(&p->zygote_gone, memory_order_relaxed);
-    }
-    if (st == PTO_MB_TASK_READY) {
-        if (!check_zygote || zygote_alive(p)) return 0;
-        zygote_gone_msg(err, errlen, c);
-        c->timed_out_ms = 0;
-        *rc = 1;
-        return 1;
-    }
+    if ((int32_t)(atomic_load_explicit(&mb->started, memory_order_acquire) - c->collected) <= 0) return 0;
+    return pto_mb_cell_of(mb, c->collected)->start_ns;
+}
+
+/* The child is gone (or must be): fail the oldest cell if it had begun,
+ * take the others back, and have it replaced. */
+static int lost(pto_child *c, uint32_t st, pto_proc_result *r, char *err, size_t errlen)
+{
+    pto_mailbox *mb = c->mb;
     char who[96], how[256];
-    if (st == PTO_MB_TASK_DONE) {
-        int32_t e = c->posted_ship;
-        *rc = mb->rc;
-        if (e >= 0 && mb->loaded) c->loaded[e / 8] |= (uint8_t)(1u << (e % 8));
-        if (*rc != 0) {
-            label(who, sizeof who, c);
-            /* Name the process too: its logs, core or debugger need the pid. */
-            if (mb->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);
-            else snprintf(err, errlen, "%s: the leaf returned %d", who, *rc);
-        } else if (PTO_UNLIKELY(mb->check == 1) && mb->err[0]) {
-            snprintf(err, errlen, "%.*s", (int)strnlen(mb->err, PTO_MB_ERR_CAP), mb->err);   /* check mode's warnings */
-        }
-        /* Fails only if the child died since: the next task replaces it. */
-        pto_mb_cas(mb, PTO_MB_TASK_DONE, PTO_MB_IDLE, NULL);
-        return 1;
-    }
-    *rc = 1;
     label(who, sizeof who, c);
+    /* The zygote's DEAD is final: after it, the counters no longer move. */
+    r->lost = c->timed_out_ms || st != PTO_MB_DEAD ||
+              (int32_t)(atomic_load_explicit(&mb->started, memory_order_acquire) - c->collected) > 0;
+    r->rc = 1;
+    r->skipped = false;
+    r->t0 = r->t1 = 0;
     if (st == PTO_MB_DEAD && c->timed_out_ms) {
         snprintf(err, errlen, "%s timed out after %u ms and was killed (SIGKILL)", who, c->timed_out_ms);
         c->timed_out_ms = 0;
@@ -878,20 +880,78 @@ int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t er
         snprintf(err, errlen, "%s %s while running the task", who, how);
     }
     if (st == PTO_MB_DEAD) {
-        /* Start the replacement now; the next task on this child waits
-         * for it, and so does the end of the run. Not when the Worker is
-         * going away. */
+        /* Start the replacement now; the tasks taken back wait for it, and
+         * so does the end of the run. Not when the Worker is going away. */
         if (atomic_load(&mb->kill_reason) != PTO_KILL_SHUTDOWN && request_spawn(c)) {
             c->replacing = true;
             c->kill_sent = false;
-            atomic_fetch_add(&p->replacing, 1);
+            atomic_fetch_add(&c->proc->replacing, 1);
         }
     } else {
         snprintf(err, errlen, "%s left its mailbox in an impossible state (%u) while running the task (memory of the "
                  "child was overwritten); it was killed and is replaced", who, st);
         kill_corrupt(c);
     }
-    return 1;
+    c->posted = c->collected;   /* request_spawn may have reset both to 0 */
+    return PTO_PROC_LOST;
+}
+
+int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err, size_t errlen)
+{
+    pto_proc *p = c->proc;
+    pto_mailbox *mb = c->mb;
+    assert(c->posted != c->collected);
+    uint32_t st = pto_mb_state(mb);
+    /* A result that raced the kill is not taken: the child it came from is
+     * about to die, and nothing more must be posted to it. */
+    if (PTO_UNLIKELY(c->timed_out_ms)) {
+        if (st == PTO_MB_DEAD) return lost(c, st, r, err, errlen);
+        check_zygote = check_zygote || atomic_load_explicit(&p->zygote_gone, memory_order_relaxed);
+        if (!check_zygote || zygote_alive(p)) return PTO_PROC_RUNNING;
+        zygote_gone_msg(err, errlen, c);
+        c->timed_out_ms = 0;
+        r->rc = 1;
+        r->lost = true;
+        c->posted = c->collected;
+        return PTO_PROC_LOST;
+    }
+    int32_t fin = pto_mb_done_beyond(mb, c->collected);
+    if (fin > 0 && fin <= (int32_t)(c->posted - c->collected)) {
+        /* Finished, even if the child died since: its result stands. */
+        pto_mb_cell *cell = pto_mb_cell_of(mb, c->collected);
+        int32_t e = c->ship[c->collected & (PTO_MB_CELLS - 1)];
+        r->rc = cell->rc;
+        r->skipped = cell->skipped != 0;
+        r->lost = false;
+        r->t0 = cell->start_ns;
+        r->t1 = cell->done_ns;
+        if (e >= 0 && cell->loaded) c->loaded[e / 8] |= (uint8_t)(1u << (e % 8));
+        err[0] = 0;
+        if (r->rc != 0 && !r->skipped) {
+            char who[96];
+            label(who, sizeof who, c);
+            /* Name the process too: its logs, core or debugger need the pid. */
+            if (cell->err[0]) snprintf(err, errlen, "%s: %.*s", who, (int)strnlen(cell->err, PTO_MB_ERR_CAP), cell->err);
+            else snprintf(err, errlen, "%s: the leaf returned %d", who, r->rc);
+        } else if (PTO_UNLIKELY(mb->check == 1) && cell->err[0] && !r->skipped) {
+            snprintf(err, errlen, "%.*s", (int)strnlen(cell->err, PTO_MB_ERR_CAP), cell->err);   /* check mode's warnings */
+        }
+        c->collected++;
+        return PTO_PROC_DONE;
+    }
+    if (fin != 0) {
+        st = PTO_MB_NSTATES + 1;   /* done ran past what was posted: the child wrote over its counters */
+        if (pto_mb_state(mb) == PTO_MB_DEAD) st = PTO_MB_DEAD;
+    }
+    if (st == PTO_MB_IDLE) {
+        if (!check_zygote || zygote_alive(p)) return PTO_PROC_RUNNING;
+        zygote_gone_msg(err, errlen, c);
+        r->rc = 1;
+        r->lost = true;
+        c->posted = c->collected;
+        return PTO_PROC_LOST;
+    }
+    return lost(c, st, r, err, errlen);
 }
 
 static bool settled(void *arg)
@@ -934,7 +994,7 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
     pto_mailbox *mb = p->mbs[slot];
     uint32_t st = pto_mb_state(mb);
     int pid = atomic_load(&mb->pid);
-    if (!(st >= PTO_MB_STARTING && st <= PTO_MB_TASK_DONE && pid > 0)) return -1;
+    if (!(st >= PTO_MB_STARTING && st <= PTO_MB_IDLE && pid > 0)) return -1;
     /* The pid is in memory its child can write: report it only if the kernel
      * says it is one of the zygote's, so nobody is told to signal a stranger. */
     char state;
@@ -951,6 +1011,8 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
 
 pto_child *pto_proc_child(pto_proc *p, int32_t slot) { return &p->children[slot]; }
 
+pto_mailbox *pto_proc_own_mailbox(void) { return own_mailbox; }
+
 static void proc_free(pto_proc *p)
 {
     for (int32_t i = 0; i < p->n; i++) pto_mb_unmap(p->mbs[i]);
@@ -966,7 +1028,10 @@ void pto_proc_stop(pto_proc *p)
 {
     if (!p) return;
     for (int32_t i = 0; i < p->n; i++)
-        if (pto_mb_cas(p->mbs[i], PTO_MB_IDLE, PTO_MB_SHUTDOWN, NULL)) pto_event_notify(&p->mbs[i]->to_child);
+        /* Only an idle child: one still running a task is killed by the zygote. */
+        if (atomic_load(&p->mbs[i]->posted) == atomic_load(&p->mbs[i]->done) &&
+            pto_mb_cas(p->mbs[i], PTO_MB_IDLE, PTO_MB_SHUTDOWN, NULL))
+            pto_event_notify(&p->mbs[i]->to_child);
     if (p->zygote_pid > 0) {
         /* The zygote kills what did not take SHUTDOWN, reaps every child
          * (EXIT_GRACE_MS at most) and exits; without it, the children died
@@ -1063,8 +1128,7 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
         p->leaves[i] = cfg->leaves[i];
         p->mbs[i]->bell = cfg->bell;
         pto_child *c = &p->children[i];
-        *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i],
-                         .posted_ship = -1};
+        *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i]};
     }
     pthread_sigmask(SIG_SETMASK, NULL, &p->child_mask);
     p->zygote_pid = fork_zygote(p);

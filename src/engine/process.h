@@ -67,7 +67,8 @@ typedef struct pto_child {
     pto_mailbox *mb;
     int32_t slot, kind;
     const char *name;                        /* the worker's label ("chip 1") */
-    int32_t posted_ship;                     /* ship entry sent with the task in the mailbox, or -1 */
+    uint32_t posted, collected;              /* the parent's own counts of cells posted and collected */
+    int32_t ship[PTO_MB_CELLS];              /* ship entry sent with each posted cell, or -1 */
     bool replacing;                          /* asked for a replacement after a death */
     bool awaiting;                           /* asked for a child for a task that waits for it */
     bool kill_sent;                          /* the start-timeout kill of the current request */
@@ -105,17 +106,37 @@ pto_child *pto_proc_child(pto_proc *p, int32_t slot);
  * their mailboxes DEAD). */
 #define PTO_PROC_TICK_NS 50000000ll
 
-/* Hand a task to c's child: 0 posted; 1 not yet (a child is starting for
- * it: call again when the bell rings); -1 failed, the reason in err (no
+/* Hand a task to c's child, into its next cell (the caller keeps c->posted -
+ * c->collected below PTO_MB_CELLS; after_prev: run it only if the cell
+ * posted just before it succeeds): 0 posted; 1 not yet (a child is starting
+ * for it: call again when the bell rings); -1 failed, the reason in err (no
  * live child, a failed start, arguments too big for the mailbox). */
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                      char *err, size_t errlen);
-/* After a post: 0 still running; 1 ended, with the leaf's result in *rc and,
- * if it failed, the message in err (a death is a failure, and its
- * replacement is requested). check_zygote: also look whether the
- * forkserver is gone (a system call: every TICK, not every turn). */
-int pto_proc_poll(pto_child *c, bool check_zygote, int *rc, char *err, size_t errlen);
-/* The posted task ran past its deadline of ms: have the zygote SIGKILL the child. Its death (not
+                      bool after_prev, char *err, size_t errlen);
+
+typedef struct pto_proc_result {
+    int rc;                  /* the leaf's result; 1 when the child died running it */
+    bool skipped;            /* not run: after_prev, and the cell before failed */
+    bool lost;               /* PTO_PROC_LOST: whether the oldest cell had begun (and so failed) */
+    uint64_t t0, t1;         /* when the child began and ended it (0 if it did not run) */
+} pto_proc_result;
+
+enum { PTO_PROC_RUNNING = 0, PTO_PROC_DONE = 1, PTO_PROC_LOST = 2 };
+
+/* The oldest posted, uncollected cell (call only with one):
+ * PTO_PROC_RUNNING: not finished yet.
+ * PTO_PROC_DONE: finished; its result in *r and, if it failed, the message
+ *   in err (check mode's warnings too on success).
+ * PTO_PROC_LOST: the child is gone. If the oldest cell had begun (r->lost),
+ *   it failed: rc 1 and the reason in err. Every other uncollected cell was
+ *   never begun and is taken back (c->posted = c->collected): post those
+ *   again. A replacement is requested as for any death.
+ * check_zygote: also look whether the forkserver is gone (a system call:
+ * every TICK, not every turn). */
+int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err, size_t errlen);
+/* When the child began the oldest uncollected cell, or 0 if it has not. */
+uint64_t pto_proc_head_started(const pto_child *c);
+/* The running task ran past its deadline of ms: have the zygote SIGKILL the child. Its death (not
  * a result it may still post) ends the task, reported by pto_proc_poll as timed out; a
  * replacement is requested as for any death. */
 void pto_proc_timeout(pto_child *c, uint32_t ms);
@@ -135,5 +156,7 @@ void pto_proc_wake(pto_proc *p);
 void pto_proc_kill_busy(pto_proc *p, uint32_t reason);
 /* Pid of the live child in slot, or -1. */
 int pto_proc_child_pid(pto_proc *p, int32_t slot);
+/* In a child process: the mailbox it serves (NULL elsewhere). */
+pto_mailbox *pto_proc_own_mailbox(void);
 
 #endif

@@ -42,9 +42,8 @@ static void release(pto_trace *t) { atomic_fetch_sub_explicit(&t->active, 1, mem
 static inline int32_t submitted_run(const pto_slot *s) { return s->run ? (int32_t)s->run->id : 0; }
 
 void pto_trace_task(pto_trace *t, const pto_worker_thread *wt, const pto_slot *s, int32_t member, uint64_t t0,
-                    int status)
+                    uint64_t t1, int status)
 {
-    uint64_t t1 = pto_now_ns();
     pto_trace_event *e = claim(t);
     if (!e) return;
     *e = (pto_trace_event){.t0 = t0, .t1 = t1, .id = s->id, .callable = s->callable,

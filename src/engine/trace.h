@@ -62,9 +62,9 @@ static inline pto_trace *pto_trace_on(pto_trace *_Atomic *slot)
 }
 
 /* Worker thread (PROCESS mode: the scheduler, for the child): member of s
- * ran on wt from t0 until now; status != 0 if it failed. */
+ * ran on wt from t0 until t1; status != 0 if it failed. */
 void pto_trace_task(pto_trace *t, const struct pto_worker_thread *wt, const struct pto_slot *s, int32_t member,
-                    uint64_t t0, int status);
+                    uint64_t t0, uint64_t t1, int status);
 /* Orchestrator: s was submitted from t0 until now; also records its producer edges. */
 void pto_trace_submit(pto_trace *t, const struct pto_slot *s, uint64_t t0);
 /* Orchestrator: waited for bytes of heap ring from t0 to t1. */

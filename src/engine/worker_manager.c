@@ -146,7 +146,7 @@ static void ran(pto_worker_thread *wt, pto_completion *c, uint64_t t0, uint64_t 
     c->t0 = t0;
     c->t1 = t1;
     pto_trace *tr = pto_trace_on(&wt->wm->trace);
-    if (tr && t0) pto_trace_task(tr, wt, s, c->member, t0, rc);   /* before the completion: ends precede consumers */
+    if (tr && t0) pto_trace_task(tr, wt, s, c->member, t0, t1, rc);   /* before the completion: ends precede consumers */
     if (rc != 0) {
         c->status = PTO_DONE_FAILED;
         c->error = err[0] ? pto_xstrdup(err) : pto_xasprintf("the leaf returned %d", rc);
@@ -233,92 +233,180 @@ static void *wt_main(void *arg)
     return NULL;
 }
 
-/* ---- PROCESS mode: the scheduler drives the children ---- */
+/* ---- PROCESS mode: the scheduler drives the children ----
+ * Each child has a FIFO of claimed tasks (wt->staged), mirrored by the
+ * cells of its mailbox: the scheduler keeps up to PTO_MB_CELLS of them
+ * posted, so the child goes from one task to the next without waiting for
+ * the scheduler, which collects results whenever it runs. */
 
-/* Claim the next task for wt's child: its own queue's head, or a
- * stealable one behind a busy child of its kind. Tasks that must not run
- * complete at once. */
+static pto_staged *staged_at(pto_worker_thread *wt, uint32_t i)
+{
+    return &wt->staged[(wt->staged_head + i) & (PTO_MB_CELLS - 1)];
+}
+
+/* Claim one more task for wt's child: its own queue's head, or a stealable
+ * one behind a busy child of its kind. */
 static bool pump_claim(pto_worker_thread *wt)
 {
-    pto_slot *slot, *after;
-    int32_t member;
-    pto_worker_thread *origin;
-    for (;;) {
-        if (claim(wt, false, &slot, &member, &after)) origin = wt;
-        else if (!(origin = steal(wt, false, &slot, &member, &after))) return false;
-        int32_t skip = skip_status(wt, slot, after);
-        if (skip < 0) break;
-        complete(wt, (pto_completion){.slot = slot, .origin = origin, .member = member, .status = skip});
-    }
-    wt->task = slot;
-    wt->task_after = after;
-    wt->task_member = member;
-    wt->task_origin = origin;
-    wt->task_posted = false;
+    pto_staged e;
+    if (claim(wt, false, &e.slot, &e.member, &e.after)) e.origin = wt;
+    else if (!(e.origin = steal(wt, false, &e.slot, &e.member, &e.after))) return false;
+    *staged_at(wt, wt->staged_len++) = e;
     return true;
 }
 
-/* The child's own clock readings time the task (CLOCK_MONOTONIC is
- * system-wide); a task that never got a result (its child died, or the post
- * failed) ends now. */
-static void pump_done(pto_worker_thread *wt, int rc, const char *err)
+/* Drop entry i (not posted) from wt's FIFO, keeping the order of the rest. */
+static void staged_drop(pto_worker_thread *wt, uint32_t i)
 {
-    pto_completion c = {.slot = wt->task, .origin = wt->task_origin, .member = wt->task_member, .status = PTO_DONE_OK};
-    if (PTO_UNLIKELY(pto_diag_wanted(&wt->task->cfg->cfg))) pto_diag_finish(wt->wm, wt->task, &wt->child->mb->diag);
-    uint64_t t0 = wt->task_posted ? wt->child->mb->posted_ns : 0, t1 = t0 ? wt->child->mb->done_ns : 0;
-    if (t0 && t1 < t0) t1 = pto_now_ns();
-    if (wt->task_t0) t0 = wt->task_t0;   /* a traced task keeps the span its trace event has */
-    ran(wt, &c, t0, t1, rc, err);
+    for (; i + 1 < wt->staged_len; i++) *staged_at(wt, i) = *staged_at(wt, i + 1);
+    wt->staged_len--;
+}
+
+static void staged_pop(pto_worker_thread *wt)
+{
+    wt->staged_head = (wt->staged_head + 1) & (PTO_MB_CELLS - 1);
+    wt->staged_len--;
+    wt->staged_posted--;
+    if (!wt->staged_posted) wt->staged_alone = false;
+}
+
+/* A task whose child-side state lives in the mailbox once (check mode's
+ * tags, diagnostics): it is posted into an empty ring, and nothing after it
+ * until it is collected. */
+static bool runs_alone(pto_worker_thread *wt, const pto_slot *s)
+{
+    return PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | wt->child->mb->check) ||
+           PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg));
+}
+
+/* The oldest posted task ended (r), or was lost with its child (r->lost). */
+static void pump_finish(pto_worker_thread *wt, const pto_proc_result *r, const char *err)
+{
+    pto_staged *e = staged_at(wt, 0);
+    pto_completion c = {.slot = e->slot, .origin = e->origin, .member = e->member, .status = PTO_DONE_OK};
+    if (r->skipped) {
+        /* Its producer, collected just before it, did not succeed. */
+        int32_t skip = skip_status(wt, e->slot, e->after);
+        c.status = skip >= 0 ? skip : PTO_DONE_UNRUN;
+        atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+    } else {
+        if (PTO_UNLIKELY(pto_diag_wanted(&e->slot->cfg->cfg))) pto_diag_finish(wt->wm, e->slot, &wt->child->mb->diag);
+        /* The span starts when the task became the oldest posted (at its
+         * post, or at the end of the one before it): a hand-off belongs to
+         * its task, and the ring's waiting does not. */
+        uint64_t t0 = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed), t1 = r->t1;
+        if (r->t0 && r->t0 < t0) t0 = r->t0;
+        if (t1 < t0) t1 = pto_now_ns();
+        ran(wt, &c, t0, t1, r->rc, err);
+    }
     complete(wt, c);
-    wt->task = NULL;
+    staged_pop(wt);
+    if (wt->staged_posted) started(wt, staged_at(wt, 0)->slot, staged_at(wt, 0)->member, r->t1 ? r->t1 : pto_now_ns());
+}
+
+/* When the oldest posted task s runs out of time. Its clock starts when
+ * the child began it or, if the child has not (a stopped child never
+ * will), when it became the oldest: a task waiting behind others in the
+ * ring is not yet late. */
+static uint64_t head_due(pto_worker_thread *wt, const pto_slot *s)
+{
+    uint64_t t0 = pto_proc_head_started(wt->child);
+    if (!t0) t0 = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed);
+    return t0 + (uint64_t)s->timeout_ms * 1000000ull;
+}
+
+/* Collect what wt's child finished; true if anything moved. */
+static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
+{
+    pto_child *ch = wt->child;
+    char err[PTO_MB_ERR_CAP];
+    bool moved = false;
+    while (wt->staged_posted) {
+        pto_proc_result r = {0};
+        err[0] = 0;
+        int k = pto_proc_poll(ch, check_zygote, &r, err, sizeof err);
+        if (k == PTO_PROC_RUNNING) {
+            const pto_slot *s = staged_at(wt, 0)->slot;
+            if (PTO_UNLIKELY(s->timeout_ms) && !ch->timed_out_ms) {
+                /* Its death, which the bell reports, ends the task. */
+                if (pto_now_ns() >= head_due(wt, s)) pto_proc_timeout(ch, s->timeout_ms);
+            }
+            return moved;
+        }
+        moved = true;
+        if (k == PTO_PROC_DONE) {
+            pump_finish(wt, &r, err);
+            continue;
+        }
+        /* Lost with its child: the task it had begun fails; the others were
+         * never begun and are posted again, to the replacement. */
+        if (r.lost) pump_finish(wt, &r, err);
+        wt->staged_posted = 0;
+        wt->staged_alone = false;
+        atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
+    }
+    return moved;
+}
+
+/* Post what fits into wt's child's cells; true if anything moved. */
+static bool pump_post(pto_worker_thread *wt)
+{
+    pto_child *ch = wt->child;
+    char err[PTO_MB_ERR_CAP];
+    bool moved = false;
+    while (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone && !ch->timed_out_ms) {
+        uint32_t i = wt->staged_posted;
+        if (i == wt->staged_len && !pump_claim(wt)) break;
+        pto_staged *e = staged_at(wt, i);
+        pto_slot *s = e->slot;
+        /* Where its producer is: collected (its outcome known here), the
+         * cell just before it (the child knows first), or further up. */
+        int32_t at = -1;
+        for (uint32_t k = 0; e->after && k < i; k++)
+            if (staged_at(wt, k)->slot == e->after) at = (int32_t)k;
+        if (at >= 0 && at != (int32_t)i - 1) break;
+        int32_t skip = skip_status(wt, s, at >= 0 ? NULL : e->after);
+        if (skip >= 0) {
+            complete(wt, (pto_completion){.slot = s, .origin = e->origin, .member = e->member, .status = skip});
+            staged_drop(wt, i);
+            moved = true;
+            continue;
+        }
+        bool alone = runs_alone(wt, s);
+        if (alone && i > 0) break;
+        const pto_member *m = &s->members[e->member];
+        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
+        if (PTO_UNLIKELY(alone)) {
+            if (atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | ch->mb->check)
+                pto_check_stage(ch->mb, wt->wm, pto_check_tags_of(s), m->tensor_count);
+            if (pto_diag_wanted(&s->cfg->cfg)) pto_diag_prepare(&ch->mb->diag, wt->wm, s, e->member, wt->index);
+        }
+        err[0] = 0;
+        uint64_t now = pto_now_ns();   /* before the post: the child may start (and trace) at once */
+        int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, err, sizeof err);
+        if (r > 0) break;   /* its child is starting: the bell rings when it is up */
+        moved = true;
+        if (r < 0) {
+            pto_completion c = {.slot = s, .origin = e->origin, .member = e->member, .status = PTO_DONE_OK};
+            ran(wt, &c, 0, 0, 1, err);
+            complete(wt, c);
+            staged_drop(wt, i);
+            continue;
+        }
+        if (i == 0) started(wt, s, e->member, now);
+        else if (e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
+        wt->staged_posted++;
+        wt->staged_alone = alone;
+    }
+    return moved;
 }
 
 static bool pump_one(pto_worker_thread *wt, bool check_zygote)
 {
-    pto_child *ch = wt->child;
-    char err[PTO_MB_ERR_CAP];
-    bool moved = pto_proc_tick(ch);
-    for (;;) {
-        if (wt->task && wt->task_posted) {
-            int rc = 0;
-            err[0] = 0;
-            if (pto_proc_poll(ch, check_zygote, &rc, err, sizeof err) == 0) {
-                if (PTO_UNLIKELY(wt->task_deadline_ns) && pto_now_ns() >= wt->task_deadline_ns) {
-                    /* Its death, which the bell reports, ends the task. */
-                    pto_proc_timeout(ch, wt->task->timeout_ms);
-                    wt->task_deadline_ns = 0;
-                }
-                return moved;
-            }
-            pump_done(wt, rc, err);
-            moved = true;
-        }
-        if (!wt->task && !pump_claim(wt)) return moved;
-        pto_slot *s = wt->task;
-        const pto_member *m = &s->members[wt->task_member];
-        pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
-        err[0] = 0;
-        /* Before the post: the child may start (and trace) at once. */
-        bool tracing = pto_trace_on(&wt->wm->trace) != NULL;
-        /* The precise clock only where it is compared or traced: it costs ~20 ns a task. */
-        uint64_t now = tracing || s->timeout_ms ? pto_now_ns() : pto_now_coarse_ns();
-        wt->task_t0 = tracing ? now : 0;
-        if (PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed) | ch->mb->check))
-            pto_check_stage(ch->mb, wt->wm, pto_check_tags_of(s), m->tensor_count);
-        if (PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg)))
-            pto_diag_prepare(&ch->mb->diag, wt->wm, s, wt->task_member, wt->index);
-        int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, err, sizeof err);
-        if (r > 0) return moved;   /* its child is starting: the bell rings when it is up */
-        moved = true;
-        if (r < 0) {
-            pump_done(wt, 1, err);
-            continue;
-        }
-        started(wt, s, wt->task_member, now);
-        wt->task_posted = true;
-        wt->task_deadline_ns = s->timeout_ms ? now + (uint64_t)s->timeout_ms * 1000000ull : 0;
-        return moved;
-    }
+    bool moved = pto_proc_tick(wt->child);
+    moved |= pump_collect(wt, check_zygote);
+    moved |= pump_post(wt);
+    return moved;
 }
 
 bool pto_wm_pump(pto_worker_manager *wm)
@@ -341,16 +429,25 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
             pto_worker_thread *wt = wm->threads[k][i];
             pto_child *ch = wt->child;
             uint32_t st = pto_mb_state(ch->mb);
-            if (wt->task || ch->replacing || st == PTO_MB_STARTING) {
+            if (wt->staged_len || ch->replacing || st == PTO_MB_STARTING) {
                 if (*timeout_ns < 0 || *timeout_ns > PTO_PROC_TICK_NS) *timeout_ns = PTO_PROC_TICK_NS;
             }
-            if (wt->task && wt->task_posted) {
-                if (st != PTO_MB_TASK_READY) return true;
-            } else if (wt->task || ch->replacing) {
-                if (pto_proc_actionable(ch)) return true;
-            } else if (atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
-                           atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
-                       steal(wt, true, NULL, NULL, NULL)) {
+            if (wt->staged_posted) {
+                if (st != PTO_MB_IDLE || pto_mb_done_beyond(ch->mb, ch->collected) != 0) return true;
+                /* The pump looks at a timeout: come back when it is due. */
+                const pto_slot *s = staged_at(wt, 0)->slot;
+                if (PTO_UNLIKELY(s->timeout_ms) && !ch->timed_out_ms) {
+                    uint64_t due = head_due(wt, s), now = pto_now_ns();
+                    int64_t left = due > now ? (int64_t)(due - now) : 0;
+                    if (*timeout_ns < 0 || *timeout_ns > left) *timeout_ns = left;
+                }
+            }
+            if (wt->staged_posted < wt->staged_len || ch->replacing) {
+                if (!wt->staged_alone && pto_proc_actionable(ch)) return true;
+            } else if (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone &&
+                       (atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
+                            atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
+                        steal(wt, true, NULL, NULL, NULL))) {
                 return true;
             }
         }

@@ -60,6 +60,13 @@ typedef struct pto_completion {
     uint64_t t0, t1;              /* when it ran (pto_now_ns), 0 if it did not run (profile.h) */
 } pto_completion;
 
+/* PROCESS mode: a task claimed for a worker's child (pto_wm_pump). */
+typedef struct pto_staged {
+    struct pto_slot *slot, *after;
+    struct pto_worker_thread *origin;
+    int32_t member;
+} pto_staged;
+
 typedef struct pto_worker_thread {
     int32_t kind, index;
     pto_leaf leaf;                /* the user's: runs here (THREAD) or in the child (PROCESS) */
@@ -85,14 +92,12 @@ typedef struct pto_worker_thread {
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;
     _Atomic uint64_t task_started_ns;       /* pto_now_ns() when current_task started (pto_worker_child_info_get) */
-    /* PROCESS mode, scheduler-only: the task claimed for the child, posted
-     * to its mailbox or waiting for it to start. */
-    struct pto_slot *task, *task_after;
-    struct pto_worker_thread *task_origin;
-    int32_t task_member;
-    bool task_posted;
-    uint64_t task_t0;
-    uint64_t task_deadline_ns;              /* when the posted task times out, 0 = never */
+    /* PROCESS mode, scheduler-only: the tasks claimed for the child, oldest
+     * first; the first staged_posted of them are in its mailbox's cells (in
+     * the same order), the rest wait for room or for a child to start. */
+    pto_staged staged[PTO_MB_CELLS];
+    uint32_t staged_head, staged_len, staged_posted;
+    bool staged_alone;                      /* the posted ones include a task that must run alone */
 } pto_worker_thread;
 
 typedef struct pto_worker_manager {

@@ -5,6 +5,7 @@
  * messages, start failure, shipped callables, malformed input and shutdown.
  * The hand-off latency is a benchmark: scripts/bench/microbench.c. */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -327,6 +328,7 @@ static void test_malformed_mailbox(void)
         c->callable = OP_NOOP;
         c->load_addr = 0;
         c->after_prev = 0;
+        atomic_store(&c->claim, PTO_CELL_POSTED);
         atomic_store(&p.mb->posted, p.seq + 1);
         pto_event_notify(&p.mb->to_child);
         CHECK(pto_mb_wait_done(p.mb, p.seq++, 20000, WAIT_MAX_NS));
@@ -339,6 +341,7 @@ static void test_malformed_mailbox(void)
     memset(c->blob, 0, 8);
     c->load_addr = UINT64_MAX - 4;
     c->load_len = 100;
+    atomic_store(&c->claim, PTO_CELL_POSTED);
     atomic_store(&p.mb->posted, p.seq + 1);
     pto_event_notify(&p.mb->to_child);
     CHECK(pto_mb_wait_done(p.mb, p.seq++, 20000, WAIT_MAX_NS));
@@ -385,6 +388,38 @@ static void test_ring(void)
             p.seq += PTO_MB_CELLS;
         }
         CHECK_EQ(atomic_load(&SH->runs), runs);
+        peer_stop(&p);
+    }
+}
+
+/* An interrupt revokes what the child has not begun: the one running
+ * finishes, the revoked ones come back skipped without running, and a
+ * cell the child has begun cannot be revoked. */
+static void test_revoke(void)
+{
+    for (int proc = 0; proc < 2; proc++) {
+        peer p;
+        atomic_store(&SH->runs, 0);
+        peer_start(&p, &LEAF, proc, 20000);
+        CHECK(peer_started(&p));
+        uint64_t ns = 20000000;
+        pto_args_view slow = {0, 1, NULL, &ns}, none = {0, 0, NULL, NULL};
+        CHECK_EQ(pto_mb_post(p.mb, p.seq, OP_SLEEP, &slow, NULL, NULL, 0, false), 0);
+        for (uint32_t k = 1; k < PTO_MB_CELLS; k++)
+            CHECK_EQ(pto_mb_post(p.mb, p.seq + k, OP_NOOP, &none, NULL, NULL, 0, false), 0);
+        uint64_t t0 = pto_now_ns();
+        while (atomic_load(&p.mb->started) == p.seq && pto_now_ns() - t0 < WAIT_MAX_NS) sched_yield();
+        CHECK(atomic_load(&p.mb->started) == p.seq + 1);   /* the sleep has begun */
+        CHECK(!pto_mb_revoke(p.mb, p.seq));
+        CHECK(pto_mb_revoke(p.mb, p.seq + 1) && pto_mb_revoke(p.mb, p.seq + 3));
+        CHECK(!pto_mb_revoke(p.mb, p.seq + 1));            /* once */
+        for (uint32_t k = 0; k < PTO_MB_CELLS; k++) CHECK(pto_mb_wait_done(p.mb, p.seq + k, 20000, WAIT_MAX_NS));
+        pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
+        CHECK(!c[0].skipped && c[0].rc == 0);
+        CHECK(c[1].skipped && !c[2].skipped && c[3].skipped);
+        CHECK_EQ(atomic_load(&SH->runs), 2);
+        p.seq += PTO_MB_CELLS;
+        CHECK_EQ(round_trip(&p, OP_NOOP, &none, NULL, 20000, NULL, 0, NULL, 0), 0);   /* the cells serve again */
         peer_stop(&p);
     }
 }
@@ -454,6 +489,7 @@ int main(void)
     RUN(test_shipped_callable);
     RUN(test_malformed_mailbox);
     RUN(test_ring);
+    RUN(test_revoke);
     RUN(test_blob_too_big);
     return tu_finish();
 }

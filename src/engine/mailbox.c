@@ -79,6 +79,13 @@ bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen)
 
 /* ---- parent side ---- */
 
+bool pto_mb_revoke(pto_mailbox *mb, uint32_t seq)
+{
+    uint32_t want = PTO_CELL_POSTED;
+    return atomic_compare_exchange_strong_explicit(&pto_mb_cell_of(mb, seq)->claim, &want, PTO_CELL_REVOKED,
+                                                   memory_order_acq_rel, memory_order_acquire);
+}
+
 int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
 {
@@ -98,6 +105,7 @@ int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args
     c->load_addr = (uint64_t)(uintptr_t)load;
     c->load_len = load ? load_len : 0;
     c->after_prev = after_prev;
+    atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
     c->posted_ns = pto_now_ns();
     if (cfg) c->cfg = *cfg;
     else memset(&c->cfg, 0, sizeof c->cfg);
@@ -277,7 +285,10 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
         pto_mb_spin_observe(&spin, c->posted_ns > t0 ? c->posted_ns - t0 : 0);
         c->start_ns = pto_now_ns();
         atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
-        c->skipped = c->after_prev && prev_rc != 0;
+        uint32_t want = PTO_CELL_POSTED;
+        bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN,
+                                                                memory_order_acq_rel, memory_order_acquire);
+        c->skipped = revoked || (c->after_prev && prev_rc != 0);
         if (c->skipped) {
             c->rc = 0;
             c->loaded = 0;

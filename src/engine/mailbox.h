@@ -33,7 +33,9 @@
  * untrusted, so a done that passes posted is a corrupt child, killed.
  * A cell may ask to run only if the one before it succeeded (after_prev: a
  * consumer chained behind its producer); the child then skips it, and the
- * parent decides what the skipped task becomes.
+ * parent decides what the skipped task becomes. On an interrupt the parent
+ * revokes the cells the child has not begun: a claim word per cell, CAS
+ * from POSTED by whichever side comes first, decides whether it runs.
  *
  * Every state transition is a CAS or an exchange, so a DEAD written by the
  * zygote is never overwritten by a late parent store. A child whose start
@@ -64,6 +66,7 @@
  * core for a few tasks' time, few enough that an idle sibling rarely waits
  * while tasks sit here unstealable. Power of two. */
 #define PTO_MB_CELLS 4u
+enum { PTO_CELL_POSTED = 0, PTO_CELL_TAKEN = 1, PTO_CELL_REVOKED = 2 };
 
 enum {
     PTO_MB_EMPTY = 0,
@@ -98,7 +101,10 @@ typedef struct pto_mb_cell {
     uint64_t start_ns, done_ns;      /* pto_now_ns() when the child began it and posted the result */
     int32_t rc;
     uint32_t loaded;                 /* 1 if load_addr was installed */
-    uint32_t skipped;                /* 1 if not run (after_prev and the cell before failed) */
+    uint32_t skipped;                /* 1 if not run (after_prev and the cell before failed, or revoked) */
+    /* Who has the cell once posted: PTO_CELL_POSTED until the child takes it
+     * (TAKEN) or the parent revokes it (REVOKED); one CAS decides. */
+    _Atomic uint32_t claim;
     char err[PTO_MB_ERR_CAP];
     _Alignas(64) unsigned char blob[PTO_MB_BLOB_CAP];
 } pto_mb_cell;
@@ -178,6 +184,11 @@ bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen);
  * found instead of IDLE (PTO_MB_DEAD ...), nothing handed over. */
 int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev);
+
+/* Take back posted cell seq before the child begins it (an interrupt: what
+ * was handed over but not begun must not run). true if it will not run: the
+ * child reports it done and skipped. false if the child took it first. */
+bool pto_mb_revoke(pto_mailbox *mb, uint32_t seq);
 
 static inline pto_mb_cell *pto_mb_cell_of(pto_mailbox *mb, uint32_t seq)
 {

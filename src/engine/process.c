@@ -859,6 +859,12 @@ uint64_t pto_proc_head_started(const pto_child *c)
     return pto_mb_cell_of(mb, c->collected)->start_ns;
 }
 
+bool pto_proc_revoke(pto_child *c, uint32_t k)
+{
+    assert(k < c->posted - c->collected);
+    return pto_mb_revoke(c->mb, c->collected + k);
+}
+
 /* The child is gone (or must be): fail the oldest cell if it had begun,
  * take the others back, and have it replaced. */
 static int lost(pto_child *c, uint32_t st, pto_proc_result *r, char *err, size_t errlen)

@@ -315,6 +315,16 @@ static uint64_t head_due(pto_worker_thread *wt, const pto_slot *s)
     return t0 + (uint64_t)s->timeout_ms * 1000000ull;
 }
 
+/* Interrupted: what wt's child has been handed but not begun comes back
+ * skipped (pump_finish makes it cancelled) instead of running. */
+static void revoke_posted(pto_worker_thread *wt)
+{
+    /* A cell begun or revoked already fails the CAS: no harm done. Group
+     * members run on (skip_status does not cancel them either). */
+    for (uint32_t k = 0; k < wt->staged_posted; k++)
+        if (staged_at(wt, k)->slot->group_size == 1) pto_proc_revoke(wt->child, k);
+}
+
 /* Collect what wt's child finished; true if anything moved. */
 static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
 {
@@ -326,6 +336,7 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         err[0] = 0;
         int k = pto_proc_poll(ch, check_zygote, &r, err, sizeof err);
         if (k == PTO_PROC_RUNNING) {
+            if (PTO_UNLIKELY(atomic_load_explicit(wt->wm->cancel, memory_order_relaxed))) revoke_posted(wt);
             const pto_slot *s = staged_at(wt, 0)->slot;
             if (PTO_UNLIKELY(s->timeout_ms) && !ch->timed_out_ms) {
                 /* Its death, which the bell reports, ends the task. */

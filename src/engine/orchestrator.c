@@ -824,6 +824,7 @@ bool pto_orch_begin(pto_orch *o)
     atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);
     atomic_store(&o->sched->break_task, -1);   /* ids restart */
+    o->scope.opened = 0;                       /* and scope numbers (not at each submitted run: one profile) */
     pto_scope_push(&o->scope);
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_run_begin(tr);

@@ -704,6 +704,8 @@ int pto_scope_begin(pto_orch *o)
                       PTO_MAX_SCOPE_DEPTH);
         return -1;
     }
+    const pto_scope_frame *f = &o->scope.frames[o->scope.top - 1];
+    pto_prof_scope(&o->sched->prof, f->seq, f[-1].seq);   /* the scope tree, for a picture of the run */
     return 0;
 }
 

@@ -384,16 +384,6 @@ void lpto_trace_new_worker(lua_State *L, int idx);
 int lpto_trace_closing(lua_State *L, lworker *W, bool gc);
 /* Raise the first of the errs messages from index first (gc: warn of each). */
 int lpto_trace_closed(lua_State *L, int first, int errs, bool gc);
-/* --dot: a task was submitted to the orchestrator at oidx. */
-void lpto_trace_submitted(lua_State *L, int oidx, int64_t id);
-/* --dot, Worker:run: push the record of the run of the orchestrator at oidx
- * and return its index (0, pushing nothing: not recorded); after the run's
- * function, lpto_trace_dag_ran notes final task states; after the run,
- * lpto_trace_dag_end makes the record the Worker's cluster in the file
- * (err: the index of the run's error, or 0). */
-int lpto_trace_dag_begin(lua_State *L, int oidx);
-void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec);
-void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err);
 
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */

@@ -79,7 +79,7 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
     push_worker_names(L, W, PTO_SUB, W->nsubs);
     lua_setfield(L, -2, "sub_names");
     static const char *const cols[] = {"start", "finish", "id", "ready_by", "kind", "worker", "member", "failed",
-                                       "scope", "name"};
+                                       "scope", "callable", "name"};
     enum { NCOLS = sizeof cols / sizeof *cols };
     int base = lua_gettop(L);
     for (int c = 0; c < NCOLS; c++) lua_createtable(L, (int)n, 0);
@@ -90,7 +90,8 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
         bool ran = r->start_ns != 0;
         lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run->begin_ns) : 0,
                            ran ? (lua_Integer)(r->end_ns - run->begin_ns) : 0, r->id,
-                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope};
+                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope,
+                           (lua_Integer)r->callable};
         for (int c = 0; c < NCOLS - 1; c++) {
             lua_pushinteger(L, v[c]);
             lua_rawseti(L, base + 1 + c, i + 1);
@@ -112,6 +113,42 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "edges");
+}
+
+/* Set the fields of the table on top that a picture of W's last run needs
+ * beside the records (ptolua --dot, lua/pto/inspect.lua): scope_parent[k]
+ * (the scope nested scope k was opened in), alloc_uses (task, alloc slot
+ * id pairs, flat) and errors[id] (why each failed or unrun task failed). */
+static void push_dag_extras(lua_State *L, lworker *W)
+{
+    int64_t ns = pto_profile_scopes(W->w, NULL, 0);
+    uint32_t *sp = lua_newuserdatauv(L, (size_t)(ns > 0 ? ns : 1) * sizeof *sp, 0);
+    if (ns > 0) pto_profile_scopes(W->w, sp, ns);
+    lua_createtable(L, ns > 0 ? (int)ns : 0, 0);
+    for (int64_t k = 0; k < ns; k++) {
+        lua_pushinteger(L, sp[k]);
+        lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -3, "scope_parent");
+    lua_pop(L, 1);
+    int64_t nu = pto_profile_alloc_uses(W->w, NULL, 0);
+    int64_t *u = lua_newuserdatauv(L, (size_t)(nu > 0 ? nu : 1) * 2 * sizeof *u, 0);
+    if (nu > 0) pto_profile_alloc_uses(W->w, u, nu);
+    lua_createtable(L, nu > 0 ? (int)(2 * nu) : 0, 0);
+    for (int64_t i = 0; i < 2 * nu; i++) {
+        lua_pushinteger(L, u[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -3, "alloc_uses");
+    lua_pop(L, 1);
+    lua_newtable(L);
+    int64_t id;
+    const char *msg;
+    for (int64_t i = 0; (msg = pto_profile_error(W->w, i, &id)) != NULL; i++) {
+        lua_pushstring(L, msg);
+        lua_rawseti(L, -2, id);
+    }
+    lua_setfield(L, -2, "errors");
 }
 
 /* Push the columns of W's last run, or nil if it has none. */
@@ -141,6 +178,7 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_rawseti(L, -2, t[i].id);
     }
     lua_setfield(L, -2, "pmu");
+    push_dag_extras(L, W);
     /* The level below: a THREAD-mode Worker child's last run lives in this
      * process; a PROCESS-mode child's is what its process published. */
     if (W->level >= 4 && depth < 8) {

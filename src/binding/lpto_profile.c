@@ -5,9 +5,9 @@
  * (pto_profile_get); this file copies them into a table of columns, one
  * array per field, which is cheaper to build and to walk than a table per
  * task, and adds what only the binding knows: worker names, callable names,
- * and the level below: THREAD-mode Worker children run in this process,
- * PROCESS-mode ones publish their last run (lpto_level.c), so the profile
- * covers every level. Methods written in Lua join the Worker's
+ * and the levels below: THREAD-mode Worker children run in this process,
+ * PROCESS-mode ones publish their last run and those of their own tree
+ * (lpto_level.c), so the profile covers every level. Methods written in Lua join the Worker's
  * method table through pto._extend_worker. */
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +115,44 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
     lua_setfield(L, -2, "edges");
 }
 
+/* Push the columns of the last runs a PROCESS-mode child K published, cp[0..n)
+ * (lpto_level_child_profiles: K's own, then the Workers' below it in
+ * pre-order), each under its parent's "children" as push_data does for a
+ * child in this process: K's on top, or nil. The shape of each Worker
+ * (level, workers) is that of its copy here, where the tree was built. */
+static void push_published(lua_State *L, lworker *K, const lpto_child_profile *cp, int n)
+{
+    luaL_checkstack(L, n + 4, "profile of a Worker child");
+    lworker **who = lua_newuserdatauv(L, (size_t)n * sizeof *who, 0);
+    int base = lua_gettop(L);
+    for (int k = 0; k < n; k++) {
+        const lpto_child_profile *s = &cp[k];
+        lworker *P = k > 0 && s->parent >= 0 && s->parent < k ? who[s->parent] : NULL;
+        who[k] = k == 0 ? K : P && P->level >= 4 && s->child >= 0 && s->child < P->nworkers ? P->kids[s->child] : NULL;
+        if (!who[k] || !s->have) {
+            lua_pushnil(L);
+            continue;
+        }
+        namer nm = {.cp = s};
+        push_columns(L, who[k], &s->run, s->recs, s->n, s->edges, s->ne, &nm);
+    }
+    for (int k = 1; k < n; k++) {   /* parents come first: link each to its parent's table */
+        int p = cp[k].parent;
+        if (lua_isnil(L, base + 1 + k) || p < 0 || p >= k || lua_isnil(L, base + 1 + p)) continue;
+        if (lua_getfield(L, base + 1 + p, "children") != LUA_TTABLE) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushvalue(L, -1);
+            lua_setfield(L, base + 1 + p, "children");
+        }
+        lua_pushvalue(L, base + 1 + k);
+        lua_rawseti(L, -2, cp[k].child + 1);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, base + 1);
+    lua_remove(L, base);
+}
+
 /* Set the fields of the table on top that a picture of W's last run needs
  * beside the records (ptolua --dot, lua/pto/inspect.lua): scope_parent[k]
  * (the scope nested scope k was opened in), alloc_uses (task, alloc slot
@@ -184,23 +222,13 @@ static void push_data(lua_State *L, lworker *W, int depth)
     if (W->level >= 4 && depth < 8) {
         lua_createtable(L, W->nworkers, 0);
         for (int i = 0; i < W->nworkers; i++) {
-            lpto_child_profile cp;
+            lpto_child_profile *cp;
+            int n;
             if (W->kids[i]->state == W_READY) {
                 push_data(L, W->kids[i], depth + 1);
-            } else if (lpto_level_child_profile(W, i, &cp)) {
-                /* Copied into Lua before anything can raise: the buffers are malloc'ed. */
-                int64_t *ce = cp.edges;
-                pto_profile_task *cr = cp.recs;
-                pto_profile_task *tr = lua_newuserdatauv(L, (size_t)(cp.n ? cp.n : 1) * sizeof *tr, 0);
-                int64_t *te = lua_newuserdatauv(L, (size_t)(cp.ne ? cp.ne : 1) * 2 * sizeof *te, 0);
-                memcpy(tr, cr, (size_t)cp.n * sizeof *tr);
-                memcpy(te, ce, (size_t)cp.ne * 2 * sizeof *te);
-                free(cr);
-                free(ce);
-                namer cn = {.cp = &cp};
-                push_columns(L, W->kids[i], &cp.run, tr, cp.n, te, cp.ne, &cn);
-                lua_replace(L, -3);
-                lua_pop(L, 1);
+            } else if ((n = lpto_level_child_profiles(L, W, i, &cp)) > 0) {
+                push_published(L, W->kids[i], cp, n);
+                lua_remove(L, -2);   /* the copy */
             } else {
                 lua_pushnil(L);
             }

@@ -168,6 +168,50 @@ describe("w:profile()", function()
       assert.equal(H.MODE, w4:profile().levels[1].mode)
     end)
 
+  for _, mode4 in ipairs{"process", "thread"} do
+  it("profiles every level below: an L5 in process mode over an L4 in " .. mode4 .. " mode over an L3", function()
+    local w5, w4 = pto.Worker{level = 5, mode = "process"}, pto.Worker{level = 4, mode = mode4}
+    local l3 = pto.Worker{level = 3, chips = 1}
+    local k = l3:register(pto.chip_kernel("spin_us"), "inner")
+    w4:add_worker(l3)
+    w5:add_worker(w4)
+    local mid = w4:register(function(orch)
+      for _ = 1, 2 do orch:submit_next_level(k, pto.args{{pto.tensor{4}, "out"}, scalars = {MS}}) end
+    end, "mid")
+    local top = w5:register(function(orch) orch:submit_next_level(mid, pto.args{}, pto.CallConfig()) end, "top")
+    for run = 1, 2 do
+      w5:run(function(orch) orch:submit_next_level(top, pto.args{}, pto.CallConfig()) end)
+      local p = w5:profile()
+      assert.equal(1, p.tasks)
+      local p4 = p.levels[1]
+      assert.is_table(p4, "no level 4 profile")
+      assert.equal(4, p4.level)
+      assert.equal(mode4, p4.mode)
+      assert.equal(run, p4.run)
+      assert.equal("mid", p4.callables[1].name)
+      local p3 = p4.levels[1]   -- the L4's own child: published by the L4's process with its own
+      assert.is_table(p3, "no level 3 profile below the level 4 one")
+      assert.equal(3, p3.level)
+      assert.equal(run, p3.run)
+      assert.equal(2, p3.tasks)
+      assert.equal("inner", p3.callables[1].name)
+      assert.is_true(p3.callables[1].max_ms >= 1)
+      local text = tostring(p)
+      assert.truthy(text:find("\n  Profile of run %d+ %(level 4, " .. mode4 .. " mode%): 1 task in .-\n    Profile of run "
+        .. run .. " %(level 3, %a+ mode%): 2 tasks in "), text)
+    end
+    -- the run report has the lanes of every level
+    local path = os.tmpname()
+    w5:report(path)
+    local f = assert(io.open(path))
+    local html = f:read("a")
+    f:close()
+    os.remove(path)
+    assert.truthy(html:find('"name":"Worker 1 / Worker 1 / chip 1"', 1, true))
+    w5:close()
+  end)
+  end
+
   it("w:report(path) checks its path and needs an ended run", function()
     local w <close> = pto.Worker{chips = 1}
     w:init()

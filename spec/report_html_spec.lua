@@ -116,6 +116,52 @@ describe("the HTML run report in headless Chromium", function()
     assert.equal(4, count(dom, '<rect class="task'))
   end)
 
+  it("condenses the DAG of a run of more than 3000 tasks into groups with counts, every task in one", function()
+    local w <close> = pto.Worker{chips = 2}
+    local gemm = w:register(pto.chip_kernel("spin_us"), "gemm")
+    local add = w:register(pto.chip_kernel("noop"), "add")
+    local fail = w:register(pto.chip_kernel("fail"), "bad")
+    local N = 9999   -- 2 tasks each, and 3 more: 20001 tasks
+    pcall(w.run, w, function(orch)
+      local acc = pto.tensor{4}
+      for _ = 1, N do
+        orch:scope(function()   -- depth 1: gemm into a temporary, add it into acc (a chain of adds)
+          local t = pto.tensor{4}
+          orch:submit_next_level(gemm, pto.args{{t, "out"}, scalars = {0}})
+          orch:submit_next_level(add, pto.args{{t, "in"}, {acc, "inout"}})
+        end)
+      end
+      orch:submit_next_level(fail, pto.args{{acc, "inout"}})   -- depth 0: fails, and its two readers are not run
+      orch:submit_next_level(add, pto.args{{acc, "in"}, {pto.tensor{4}, "out"}})
+      orch:submit_next_level(add, pto.args{{acc, "in"}, {pto.tensor{4}, "out"}})
+    end)
+    local total = 2 * N + 3
+    local path = tmpname(".html")
+    w:report(path)
+    local html = readfile(path)
+    assert.is_true(#html < 5e6, #html .. " bytes")
+    local dom = chromium(path, "--dump-dom")
+    local body = body_attrs(dom)
+    assert.truthy(body:find('data-rendered="ok"', 1, true), body .. "\n" .. dom:sub(1, 2000))
+    assert.is_nil(body:find("data-error", 1, true), body)
+    assert.truthy(body:find(('data-tasks="%d"'):format(total - 2), 1, true), body)   -- those that ran
+    assert.truthy(dom:find(('<svg [^>]*class="dag%%-svg condensed" data%%-tasks="%d"'):format(total)), dom:sub(1, 3000))
+    assert.truthy(dom:find(("Condensed: %d tasks in "):format(total), 1, true))
+    -- every task in exactly one group: the groups' counts add up to the run's tasks
+    local groups, sum = 0, 0
+    for n in dom:gmatch('<circle [^>]*data%-count="(%d+)"') do
+      groups, sum = groups + 1, sum + tonumber(n)
+    end
+    assert.equal(total, sum)
+    assert.is_true(groups >= 4 and groups <= 100, groups .. " groups")
+    assert.equal(0, count(dom, '<circle [^>]*data%-id='))          -- no circle per task
+    assert.equal(1, count(dom, '<circle [^>]*class="node failed'))  -- the failing task's group of one
+    assert.equal(1, count(dom, '<circle [^>]*class="node poisoned'))  -- its two readers, one group
+    assert.equal(1, count(dom, '<rect [^>]*class="scope" data%-depth="1"'))   -- a box for the scopes at depth 1
+    assert.is_true(count(dom, 'class="edge"') >= groups - 1)
+    assert.equal(total - 2, count(dom, '<rect class="task'))       -- the timeline still has every task
+  end)
+
   it("marks a failed task and the tasks it poisoned differently", function()
     local w <close> = pto.Worker{chips = 1}
     local fail = w:register(pto.chip_kernel("fail"), "bad")

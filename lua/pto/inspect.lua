@@ -59,27 +59,33 @@ return function(pto)
   -- Nodes are filled with one colour per callable, so that the structure of
   -- a DAG shows at a glance; a task that failed by itself (the root cause)
   -- is red with a thick border, one that was not run because a producer
-  -- failed (poisoned) is pale red and dashed; tasks that have not run yet
-  -- (pending, ready) have a dashed border, running ones a thick one. Labels
-  -- name the worker that ran the task when it is still known. An
-  -- orch:alloc slot is drawn only when no task uses it; otherwise it is
-  -- folded into the label of the tasks that use its memory. With the scope
-  -- depth of each task (ptolua --dot records it at submit), consecutive
-  -- tasks of a nested scope are drawn in a cluster. Above CONDENSE tasks a
-  -- DAG is condensed: one node per (scope depth, callable, state) with its
-  -- count, one edge per pair of such nodes with the number of edges.
+  -- failed (poisoned) or the run was interrupted is pale red and dashed;
+  -- tasks that have not run yet (pending, ready) have a dashed border,
+  -- running ones a thick one. Labels name the worker that ran the task when
+  -- it is known. An orch:alloc slot is drawn only when no task uses it;
+  -- otherwise it is folded into the label of the tasks that use its memory.
+  -- With the scope of each task and the tree of scopes (ptolua --dot has
+  -- both from the run's profile), each nested scope's tasks are drawn in a
+  -- cluster of their own, inside their parent scope's. Above CONDENSE tasks
+  -- a DAG is condensed: one node per (scope depth, callable, state) with
+  -- its count, one edge per pair of such nodes with the number of edges.
 
   local PALETTE = { "lightblue", "palegreen", "khaki", "plum", "lightsalmon", "paleturquoise", "wheat", "thistle",
     "lightpink", "darkseagreen", "lightsteelblue", "burlywood" }
   local CONDENSE = 500
 
-  -- "root", "poisoned" or nil: why a failed task failed.
+  -- "root", "poisoned", "unrun" (interrupted) or nil: why a failed task
+  -- failed. t.not_run: the profile says it never ran.
   local function failure_kind(t, failed)
     if t.state ~= "failed" then return nil end
     if t.error and t.error:find("was not run: its producer", 1, true) then return "poisoned" end
     for _, p in ipairs(t.producers) do if failed[p] then return "poisoned" end end
+    if t.not_run or (t.error and t.error:find("was not run: the run was interrupted", 1, true)) then return "unrun" end
     return "root"
   end
+
+  -- The label's state of a failed task of failure kind fk.
+  local SHOWN = { poisoned = "poisoned (not run)", unrun = "not run (interrupted)" }
 
   local function colour_of(colours, key)
     if not colours[key] then
@@ -93,7 +99,7 @@ return function(pto)
   -- fillcolor comes last.
   local function node_style(state, fk, c)
     if fk == "root" then return "penwidth=3, color=red3, fillcolor=tomato" end
-    if fk == "poisoned" then return "style=\"filled,dashed\", color=red3, fillcolor=mistyrose" end
+    if fk == "poisoned" or fk == "unrun" then return "style=\"filled,dashed\", color=red3, fillcolor=mistyrose" end
     if state == "pending" or state == "ready" then return ("style=\"filled,dashed\", fillcolor=%s"):format(c) end
     if state == "running" then return ("penwidth=3, fillcolor=%s"):format(c) end
     return ("fillcolor=%s"):format(c)
@@ -140,7 +146,7 @@ return function(pto)
     local label = {label_line(("task %d"):format(t.id)), label_line(what_of(t), 60)}
     local state = t.state
     local fk = failure_kind(t, failed)
-    if fk == "poisoned" then state = "poisoned (not run)" end
+    state = SHOWN[fk] or state
     if (t.group_size or 1) > 1 then state = ("%s, group of %d"):format(state, t.group_size) end
     label[#label + 1] = label_line(state)
     if t.worker_name then
@@ -161,31 +167,57 @@ return function(pto)
     return ("%s%st%d [label=%s%s, %s];"):format(indent, prefix, t.id, quote_lines(label), attrs, node_style(t.state, fk, c))
   end
 
-  -- Lines of the detailed view: nodes (inside scope clusters when depths
-  -- are known), then edges.
-  local function detailed_lines(nodes, prefix, indent)
+  -- A function giving the chain of nested scopes, outermost first, that
+  -- scope seq lies in (seq itself last; {} for the run's own scope), from
+  -- parent[seq] (the profile's scope tree). Without a tree: no chains.
+  local function scope_chains(parent)
+    local memo = { [0] = {} }
+    local function chain(seq)
+      if not parent or not seq or seq == 0 then return memo[0] end
+      local c = memo[seq]
+      if c then return c end
+      local up = parent[seq] or 0   -- a scope past the tree's cap: taken for a child of the run's own
+      if up >= seq then up = 0 end  -- a parent opens before its children; anything else is no tree
+      local above = chain(up)
+      c = table.move(above, 1, #above, 1, {})
+      c[#c + 1] = seq
+      memo[seq] = c
+      return c
+    end
+    return chain
+  end
+
+  -- Lines of the detailed view: nodes (each nested scope's in a cluster
+  -- when the scope tree is known), then edges. fold: {used, uses} from the
+  -- profile, else the allocs are found from the tasks' tensors.
+  local function detailed_lines(nodes, prefix, indent, fold, parent)
     local lines, colours, failed = {}, {}, {}
     for _, t in ipairs(nodes) do if t.state == "failed" then failed[t.id] = true end end
-    local used, uses = fold_allocs(nodes)
-    local drawn, depth, nclusters = {}, 0, 0
+    local used, uses
+    if fold then used, uses = fold.used, fold.uses else used, uses = fold_allocs(nodes) end
+    local chain_of = scope_chains(parent)
+    -- Tasks in id order: a scope's come after its opening and before its
+    -- end, so walking them opens and closes each scope's cluster once.
+    local drawn, open = {}, {}
     for _, t in ipairs(nodes) do
       if not (t.kind == "alloc" and used[t.id]) then
-        local d = t.depth or 0
-        while depth > d do
+        local chain = chain_of(t.scope)
+        local k = 0
+        while k < #open and k < #chain and open[k + 1] == chain[k + 1] do k = k + 1 end
+        while #open > k do
           lines[#lines + 1] = indent .. "}"
-          depth = depth - 1
+          open[#open] = nil
         end
-        while depth < d do
-          depth = depth + 1
-          nclusters = nclusters + 1
+        for j = k + 1, #chain do
+          open[j] = chain[j]
           lines[#lines + 1] = ("%ssubgraph cluster_%ss%d { label=\"scope (depth %d)\"; style=rounded;")
-            :format(indent, prefix, nclusters, depth)
+            :format(indent, prefix, chain[j], j)
         end
         lines[#lines + 1] = node_line(t, prefix, indent, colours, failed, uses)
         drawn[t.id] = true
       end
     end
-    for _ = 1, depth do lines[#lines + 1] = indent .. "}" end
+    for _ = 1, #open do lines[#lines + 1] = indent .. "}" end
     for _, t in ipairs(nodes) do
       for _, p in ipairs(t.producers) do
         if drawn[t.id] and (drawn[p] or not used[p]) then
@@ -197,22 +229,25 @@ return function(pto)
   end
 
   -- Lines of the condensed view: one node per (depth, callable, state or
-  -- failure kind), in a cluster per scope depth, with counts.
-  local function condensed_lines(nodes, prefix, indent)
+  -- failure kind), in a cluster per scope depth, with counts. fold and
+  -- parent as for detailed_lines.
+  local function condensed_lines(nodes, prefix, indent, fold, parent)
     local colours, failed, group_of, groups, order = {}, {}, {}, {}, {}
     for _, t in ipairs(nodes) do if t.state == "failed" then failed[t.id] = true end end
-    local used = fold_allocs(nodes)
+    local used = fold and fold.used or fold_allocs(nodes)
+    local chain_of = scope_chains(parent)
     local allocs = 0
     for _, t in ipairs(nodes) do
       if t.kind == "alloc" and used[t.id] then
         allocs = allocs + 1
       else
         local fk = failure_kind(t, failed)
-        local state = fk == "poisoned" and "poisoned (not run)" or t.state
-        local key = ("%d|%s|%s"):format(t.depth or 0, what_of(t), state)
+        local state = SHOWN[fk] or t.state
+        local depth = #chain_of(t.scope)
+        local key = ("%d|%s|%s"):format(depth, what_of(t), state)
         local g = groups[key]
         if not g then
-          g = { id = #order + 1, depth = t.depth or 0, what = what_of(t), state = t.state, shown = state, fk = fk,
+          g = { id = #order + 1, depth = depth, what = what_of(t), state = t.state, shown = state, fk = fk,
             n = 0, workers = {}, nworkers = 0, first = t.id, errors = {} }
           groups[key] = g
           order[#order + 1] = g
@@ -303,85 +338,87 @@ return function(pto)
     return table.concat(lines, "\n") .. "\n"
   end
 
-  -- ptolua --dot (src/binding/lpto_trace.c) keeps each run's DAG as it is built,
-  -- because tasks of scopes that ended are reclaimed before the run ends,
-  -- and their producers and callables with them. rec = {nodes, total}.
+  -- ptolua --dot (src/binding/lpto_trace.c): the last run of Worker w as
+  -- cluster `name` of a digraph, titled `title` and its run number, or nil
+  -- if no run has ended. It is drawn after the run, from the run's profile
+  -- (pto._profile_data), which the engine keeps anyway: every task's
+  -- callable, worker, times, scope and whether it failed or never ran, the
+  -- edges, the scope tree, the alloc slots each task used and the errors.
+  -- Copying each task at its submit instead cost several times the submit.
+  -- Tasks of the run's own scope show `completed`, those of nested scopes
+  -- `consumed` (their scope ended before the run did). PTO_DOT=full in the
+  -- environment draws every task of a large run, at most DOT_MAX.
   local DOT_MAX = 5000   -- beyond this a picture no longer helps (and dot takes minutes)
 
-  -- Right after task id was submitted: the task, and the scope depth it was
-  -- submitted at (the clusters of the picture).
-  function pto._dot_record(orch, rec, id)
-    rec.total = rec.total + 1
-    if #rec.nodes >= DOT_MAX then return end
-    local ok, t = pcall(orch.task, orch, id)
-    if not ok then return end
-    t.name = callable_name(orch, t)
-    t.depth = orch:scope_depth()
-    rec.nodes[#rec.nodes + 1] = t
-  end
-
-  -- At the end of the run's function, once every task has finished: the
-  -- final states (and workers) of the tasks still there; the others
-  -- finished and were reclaimed.
-  function pto._dot_refresh(orch, rec)
-    for _, t in ipairs(rec.nodes) do
-      local ok, now = pcall(orch.task, orch, t.id)
-      if ok and now.kind ~= "reclaimed" then
-        t.state, t.error, t.worker_name = now.state, now.error, now.worker_name
-      elseif ok then
-        -- reclaimed: a task already seen failing stays failed
-        t.state = t.error and "failed" or "consumed"
+  function pto._dot_profile(w, name, title)
+    local d = pto._profile_data(w, "ptolua --dot")
+    if not d then return nil end
+    -- One node per task: a group's members are one record each.
+    local by_id, nodes = {}, {}
+    local names = {}   -- by kind and callable, asked once each
+    for i = 1, #d.id do
+      local id, failed = d.id[i], d.failed[i]
+      local t = by_id[id]
+      if not t then
+        local kind = d.kind[i] == 1 and "sub" or "next_level"
+        local nk = kind .. d.callable[i]
+        if names[nk] == nil then names[nk] = pto._callable_name(w, kind, d.callable[i]) or false end
+        t = { id = id, kind = kind, callable = d.callable[i], name = names[nk] or nil, scope = d.scope[i],
+          producers = {}, group_size = 0, failed = 0 }
+        by_id[id] = t
+        nodes[#nodes + 1] = t
+      end
+      t.group_size = t.group_size + 1
+      if failed > t.failed then t.failed = failed end
+      if d.member[i] == 0 and failed ~= 2 then
+        t.duration_ms = (d.finish[i] - d.start[i]) / 1e6
+        t.worker_name = (d.kind[i] == 1 and d.sub_names or d.next_names)[d.worker[i]]
       end
     end
-  end
-
-  -- The run as cluster `name` of a digraph; failure: why the run failed, whose
-  -- task is marked failed if it was reclaimed before it could be seen.
-  -- PTO_DOT=full in the environment draws every task of a large run.
-  -- w: the Worker, whose profile of this run (if it is the last that
-  -- ended) gives each task's worker and duration.
-  function pto._dot_cluster(rec, name, title, failure, w)
-    local okp, prof = pcall(function() return w and pto._profile_data(w) end)
-    if okp and prof and prof.run == w:stats().runs then
-      local by_id = {}
-      for _, t in ipairs(rec.nodes) do by_id[t.id] = t end
-      for i = 1, #prof.id do
-        local t = by_id[prof.id[i]]
-        if t and prof.member[i] == 0 then
-          t.duration_ms = (prof.finish[i] - prof.start[i]) / 1e6
-          if not t.worker_name then
-            t.worker_name = (prof.kind[i] == 1 and prof.sub_names or prof.next_names)[prof.worker[i]]
-          end
-        end
-      end
+    table.sort(nodes, function(a, b) return a.id < b.id end)
+    for _, t in ipairs(nodes) do
+      t.error = d.errors[t.id]
+      t.not_run = t.failed == 2
+      if t.failed > 0 then t.state = "failed"
+      else t.state = t.scope == 0 and "completed" or "consumed" end
     end
-    if type(failure) == "string" then
-      local id = math.tointeger(tonumber(failure:match("task (%d+)")))
-      for _, t in ipairs(rec.nodes) do
-        if t.id == id and not t.error then
-          t.state, t.error = "failed", failure
-        end
-      end
+    local e = d.edges
+    for i = 1, #e, 2 do
+      local t = by_id[e[i]]
+      if t then t.producers[#t.producers + 1] = e[i + 1] end
     end
-    if rec.total > #rec.nodes then
-      title = ("%s (the first %d of %d tasks)"):format(title, #rec.nodes, rec.total)
+    local fold = { used = {}, uses = {} }
+    local u = d.alloc_uses
+    for i = 1, #u, 2 do
+      local list = fold.uses[u[i]] or {}
+      fold.uses[u[i]] = list
+      if list[#list] ~= u[i + 1] then list[#list + 1] = u[i + 1] end
+      fold.used[u[i + 1]] = true
     end
-    local condensed = os.getenv("PTO_DOT") ~= "full" and #rec.nodes > CONDENSE
+    title = ("%s, run %d"):format(title, d.run)
+    local total = #nodes + d.dropped
+    local condensed = os.getenv("PTO_DOT") ~= "full" and #nodes > CONDENSE
+    if not condensed then
+      for i = #nodes, DOT_MAX + 1, -1 do nodes[i] = nil end
+    end
+    if total > #nodes then
+      title = ("%s (the first %d of %d tasks)"):format(title, #nodes, total)
+    end
     local body, known = nil, {}
     if condensed then
       local groups
-      body, groups = condensed_lines(rec.nodes, name .. "_", "    ")
-      title = ("%s, condensed: %d tasks in %d groups (PTO_DOT=full draws each task)"):format(title, #rec.nodes, groups)
+      body, groups = condensed_lines(nodes, name .. "_", "    ", fold, d.scope_parent)
+      title = ("%s, condensed: %d tasks in %d groups (PTO_DOT=full draws each task)"):format(title, #nodes, groups)
     else
-      body, known = detailed_lines(rec.nodes, name .. "_", "    ")
+      body, known = detailed_lines(nodes, name .. "_", "    ", fold, d.scope_parent)
     end
     local lines = {("  subgraph cluster_%s {"):format(name), ("    label=%s;"):format(quote_lines{label_line(title)})}
-    -- A producer that was not submitted (an orch:alloc slot read before
-    -- anything wrote it) still gets a node, drawn dashed.
+    -- A producer that is not drawn (past the profile's cap) still gets a
+    -- node, dashed; a folded alloc's edges are in its users' labels.
     if not condensed then
-      for _, t in ipairs(rec.nodes) do
+      for _, t in ipairs(nodes) do
         for _, p in ipairs(t.producers) do
-          if not known[p] then
+          if not known[p] and not fold.used[p] then
             known[p] = true
             lines[#lines + 1] = ("    %s_t%d [label=\"task %d\", style=\"dashed,filled\", fillcolor=white];"):format(name, p, p)
           end

@@ -64,7 +64,7 @@ return function(pto)
     local p = setmetatable({ run = d.run, level = d.level, mode = d.mode, tasks = n, dropped = d.dropped,
       makespan_ms = ms(d.end_ns), orchestration_ms = ms(math.max(0, d.drain_ns - d.waited_ns)),
       waited_ms = ms(d.waited_ns), timeline = {}, begin_ns = d.begin_ns,
-      edges = d.edges }, Profile)
+      edges = d.edges, scopes = d.scope_parent or {} }, Profile)
     -- Each task's span: a group's members together, from the first start to the last end.
     local span, by_callable, lanes = {}, {}, {}
     local first, last = math.huge, 0

@@ -3,8 +3,8 @@
 -- It holds the profile's tables (lua/pto/profile.lua), a zoomable timeline
 -- with one lane per worker at every level and the critical path
 -- highlighted, the DAG of the run (layered, coloured by callable, failed
--- tasks distinct, a box around each nested scope's tasks) and the
--- flow-control report.
+-- tasks distinct, a box around each nested scope's tasks; condensed into
+-- groups with counts above DAG_MAX tasks) and the flow-control report.
 --
 -- Nothing is fetched: the data is embedded as JSON and drawn by a small
 -- script in the page into SVG. When the script has drawn everything it sets
@@ -58,6 +58,87 @@ return function(pto)
     return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
   end
 
+  -- Above DAG_MAX tasks the DAG is condensed: drawn one circle per task it
+  -- became a tangle the browser took seconds over, and the page used to
+  -- stop at the first DAG_MAX. A group is the tasks of one scope depth,
+  -- callable and outcome in one column of dependency layers (a task's layer
+  -- is the longest chain of producers before it); at most DAG_COLUMNS
+  -- columns, so a long chain shares columns. Only the groups and the edges
+  -- between them, with counts, go into the page: it stays small.
+  local DAG_MAX, DAG_COLUMNS = 3000, 24
+
+  -- The condensed DAG of nodes ({id, callable, outcome, critical, scope}:
+  -- outcome 0 ran, 1 failed, 2 not run) and edges ({producer, consumer},
+  -- both ends among nodes), with scopes the profile's scope tree. Returns
+  -- groups ({group id, callable, outcome, critical, scope depth, count,
+  -- column, first layer, last layer, first id, last id, edges inside}),
+  -- edges between groups ({from, to, count}) and the number of layers.
+  local function condense(nodes, edges, scopes)
+    local depth_of = { [0] = 0 }
+    local function depth(s)
+      if depth_of[s] then return depth_of[s] end
+      local up = scopes[s] or 0   -- a scope past the tree's cap: taken for a child of the run's own
+      if up >= s then up = 0 end  -- a parent opens before its children; anything else is no tree
+      depth_of[s] = depth(up) + 1
+      return depth_of[s]
+    end
+    local sorted = table.move(nodes, 1, #nodes, 1, {})
+    table.sort(sorted, function(a, b) return a[1] < b[1] end)
+    local preds = {}
+    for _, e in ipairs(edges) do
+      local l = preds[e[2]]
+      if not l then l = {}; preds[e[2]] = l end
+      l[#l + 1] = e[1]
+    end
+    -- Producers are submitted before their consumers: id order is a topological order.
+    local layer, top = {}, 0
+    for _, n in ipairs(sorted) do
+      local l = 0
+      for _, p in ipairs(preds[n[1]] or {}) do
+        if layer[p] and layer[p] >= l then l = layer[p] + 1 end
+      end
+      layer[n[1]] = l
+      if l > top then top = l end
+    end
+    local ncol = math.min(top + 1, DAG_COLUMNS)
+    local groups, by_key, group_of = {}, {}, {}
+    for _, n in ipairs(sorted) do
+      local l = layer[n[1]]
+      local col = l * ncol // (top + 1)
+      local d = depth(n[5])
+      local key = ("%d|%d|%d|%d"):format(d, n[2], n[3], col)
+      local g = by_key[key]
+      if not g then
+        g = { #groups + 1, n[2], n[3], 0, d, 0, col, l, l, n[1], n[1], 0 }
+        groups[#groups + 1] = g
+        by_key[key] = g
+      end
+      g[6] = g[6] + 1
+      if n[4] == 1 then g[4] = 1 end
+      if l < g[8] then g[8] = l end
+      if l > g[9] then g[9] = l end
+      g[11] = n[1]
+      group_of[n[1]] = g
+    end
+    local gedges, by_pair = {}, {}
+    for _, e in ipairs(edges) do
+      local a, b = group_of[e[1]], group_of[e[2]]
+      if a == b then
+        a[12] = a[12] + 1
+      else
+        local key = a[1] .. ">" .. b[1]
+        local ge = by_pair[key]
+        if not ge then
+          ge = { a[1], b[1], 0 }
+          gedges[#gedges + 1] = ge
+          by_pair[key] = ge
+        end
+        ge[3] = ge[3] + 1
+      end
+    end
+    return groups, gedges, top + 1
+  end
+
   -- The data of one Worker's section: its profile at every level, flattened
   -- into lanes on the top level's time axis.
   local function section(title, p, stats_text)
@@ -108,10 +189,15 @@ return function(pto)
     for i = 1, #p.edges, 2 do
       if seen[p.edges[i]] and seen[p.edges[i + 1]] then edges[#edges + 1] = { p.edges[i + 1], p.edges[i] } end
     end
-    return { title = title, profile_text = tostring(p), stats = stats_text or "", makespan_ms = p.makespan_ms,
+    local sec = { title = title, profile_text = tostring(p), stats = stats_text or "", makespan_ms = p.makespan_ms,
       names = names, lanes = lanes, nodes = nodes, edges = edges, tasks = p.tasks, not_run = #p.not_run,
       verdict = p.verdict,
       callables = p.callables, workers = p.workers, critical = p.critical_path }
+    if #nodes > DAG_MAX then
+      sec.groups, sec.group_edges, sec.layers = condense(nodes, edges, p.scopes or {})
+      sec.dag_tasks, sec.nodes, sec.edges = #nodes, {}, {}
+    end
+    return sec
   end
   M.section = section
 
@@ -135,6 +221,7 @@ rect.task.failed, circle.node.failed { fill: #d00000 !important; }
 circle.node.critical { stroke: #d00000; stroke-width: 2.5; }
 circle.node.poisoned { fill: #ffe4e1 !important; stroke: #d00000; stroke-dasharray: 2 2; }
 .lane-label { font: 11px monospace; fill: #333; }
+text.count { font: 11px monospace; fill: #333; }
 .legend span { display: inline-block; margin-right: 12px; }
 .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
@@ -151,6 +238,7 @@ button { margin-right: 4px; }
 "use strict";
 window.onerror = function (msg) { document.body.dataset.error = String(msg); };
 (function () {
+  var started = performance.now();
   var data = JSON.parse(document.getElementById("data").textContent);
   var NS = "http://www.w3.org/2000/svg";
   var root = document.getElementById("report");
@@ -245,9 +333,10 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     buttons(parent, z);
     z.reset();
   }
-  // Layers by longest path from a source; nodes in a layer in id order.
+  // Layers by longest path from a source; nodes in a layer in id order. At most report.lua's DAG_MAX
+  // nodes: above, the section comes condensed (dagCondensed).
   function dag(parent, sec) {
-    var MAX = 3000, nodes = sec.nodes.slice(0, MAX), depth = {}, byId = {};
+    var nodes = sec.nodes, depth = {}, byId = {};
     nodes.forEach(function (n) { byId[n[0]] = n; depth[n[0]] = 0; });
     var edges = sec.edges.filter(function (e) { return byId[e[0]] && byId[e[1]]; });
     edges.sort(function (a, b) { return a[1] - b[1]; });
@@ -280,7 +369,6 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     });
     var W = Math.max(600, Math.min(1400, window.innerWidth - 60)), H = Math.min(700, maxRows * RH + 20);
     var box = el("div", {"class": "dag"}, parent);
-    if (sec.nodes.length > MAX) el("p", {}, parent, "The first " + MAX + " of " + sec.nodes.length + " tasks are drawn.");
     var svg = el("svg", {width: W, height: H, "class": "dag-svg"}, box);
     var g = el("g", {}, svg);
     // Nested scopes (orch:scope, scope_begin): a box around each one's tasks, under the edges and nodes.
@@ -310,6 +398,71 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     var z = zoomable(svg, g, W, function (k, x0) { g.setAttribute("transform", "translate(" + x0 + ",0) scale(" + k + ")"); });
     buttons(parent, z);
   }
+  // A large run's DAG, condensed by report.lua: a circle per group (g: id, callable, outcome, critical, scope
+  // depth, count, column, first and last layer, first and last id, edges inside), sized by its count, in its
+  // column of dependency layers; a band of rows per scope depth, boxed from depth 1; edges weighted by count.
+  function dagCondensed(parent, sec) {
+    var groups = sec.groups, cols = [], band = {}, order = [], pos = {}, CW = 90, RH = 40;
+    groups.forEach(function (g) { (cols[g[6]] = cols[g[6]] || []).push(g); });
+    cols.forEach(function (c) {
+      var n = {};
+      c.forEach(function (g) { n[g[4]] = (n[g[4]] || 0) + 1; });
+      Object.keys(n).forEach(function (k) {
+        if (!band[k]) { band[k] = {h: 0}; order.push(+k); }
+        band[k].h = Math.max(band[k].h, n[k]);
+      });
+    });
+    order.sort(function (a, b) { return a - b; });
+    var rows = 0;
+    order.forEach(function (k) { band[k].start = rows; rows += band[k].h; });
+    rows = Math.max(rows, 1);
+    cols.forEach(function (c, ci) {
+      c.sort(function (a, b) { return (a[4] - b[4]) || (a[1] - b[1]) || (a[2] - b[2]); });
+      var used = {};
+      c.forEach(function (g) {
+        var k = g[4], r = band[k].start + (used[k] || 0);
+        used[k] = (used[k] || 0) + 1;
+        pos[g[0]] = [ci * CW + 40, r * RH + 26];
+      });
+    });
+    var total = groups.reduce(function (a, g) { return a + g[5]; }, 0);
+    el("p", {"class": "dag-caption"}, parent, "Condensed: " + total + " tasks in " + groups.length +
+       " groups, one per scope depth, callable and outcome in each column of dependency layers (" + sec.layers +
+       " layers" + (sec.layers > cols.length ? " in " + cols.length + " columns" : "") + "); hover a group for its tasks.");
+    // Scaled at first so that every column shows: the point of condensing is to see the whole run.
+    var W = Math.max(600, Math.min(1400, window.innerWidth - 60)), fit = Math.min(1, W / (cols.length * CW + 60));
+    var H = Math.min(700, rows * RH * fit + 30);
+    var box = el("div", {"class": "dag"}, parent);
+    var svg = el("svg", {width: W, height: H, "class": "dag-svg condensed", "data-tasks": total}, box);
+    var g = el("g", {}, svg);
+    order.forEach(function (k) {
+      if (!k) return;
+      var r = el("rect", {x: 10, y: band[k].start * RH + 8, width: cols.length * CW + 40, height: band[k].h * RH - 4,
+                          rx: 6, fill: "#eef3fb", stroke: "#9db3d9", "stroke-width": 0.8, "class": "scope", "data-depth": k}, g);
+      el("title", {}, r, "nested scopes at depth " + k);
+    });
+    sec.group_edges.forEach(function (e) {
+      var a = pos[e[0]], b = pos[e[1]];
+      var l = el("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: "#999", "stroke-width": 0.7 + Math.log10(e[2]),
+                          "class": "edge", "data-count": e[2]}, g);
+      el("title", {}, l, e[2] + (e[2] === 1 ? " edge" : " edges"));
+    });
+    groups.forEach(function (gr) {
+      var p = pos[gr[0]], n = gr[5], r = Math.min(17, 6 + 2.5 * Math.log10(n));
+      var c = el("circle", {cx: p[0], cy: p[1], r: r, fill: colour(gr[1]), "data-group": gr[0], "data-count": n,
+                            "class": "node" + (gr[2] === 1 ? " failed" : gr[2] === 2 ? " poisoned" : "") + (gr[3] ? " critical" : "")}, g);
+      el("title", {}, c, sec.names[gr[1]] + ": " + n + (n === 1 ? " task" : " tasks") +
+         (gr[2] === 1 ? " that failed" : gr[2] === 2 ? " not run: a producer failed" : "") +
+         (n > 1 ? ", ids " + gr[9] + " … " + gr[10] : ", id " + gr[9]) +
+         (gr[7] === gr[8] ? ", layer " + gr[7] : ", layers " + gr[7] + "–" + gr[8]) +
+         (gr[4] ? ", scope depth " + gr[4] : "") + (gr[11] ? ", " + gr[11] + " edges among them" : "") +
+         (gr[3] ? "; on the critical path" : ""));
+      el("text", {x: p[0] + r + 3, y: p[1] + 4, "class": "count"}, g, "×" + n);
+    });
+    var z = zoomable(svg, g, W, function (k, x0) { g.setAttribute("transform", "translate(" + x0 + ",0) scale(" + k * fit + ")"); });
+    buttons(parent, z);
+    z.reset();
+  }
   if (!data.sections.length) el("p", {"class": "empty"}, root, "No Worker ended a run.");
   data.sections.forEach(function (sec, si) {
     var s = el("section", {"class": "worker", id: "worker-" + (si + 1)}, root);
@@ -330,12 +483,13 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
     legend(s, sec.names);
     timeline(s, sec);
     el("h3", {}, s, "DAG");
-    dag(s, sec);
+    if (sec.groups) dagCondensed(s, sec); else dag(s, sec);
     el("h3", {}, s, "Profile");
     el("pre", {"class": "profile"}, s, sec.profile_text);
     if (sec.stats) { el("h3", {}, s, "Flow control"); el("pre", {"class": "stats"}, s, sec.stats); }
   });
   document.body.dataset.tasks = String(data.sections.reduce(function (a, s) { return a + s.tasks; }, 0));
+  document.body.dataset.renderMs = (performance.now() - started).toFixed(0);   /* how long the drawing took */
   document.body.dataset.rendered = "ok";
 })();
 </script>

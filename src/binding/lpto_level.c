@@ -50,14 +50,21 @@ typedef struct stats_block {
     stats_rec recs[STATS_RECS];
 } stats_block;
 
-/* A PROCESS-mode Worker child's last run profile, for its parent's
- * w:profile() and run report: after each run the child copies its profile
- * (at most PROF_RECS tasks, PROF_EDGES edges, the names of its callables)
- * into this block of shared memory behind a seqlock, as the statistics. */
+/* A PROCESS-mode Worker child's last run profiles, for its parent's
+ * w:profile() and run report: after each run the child copies its own
+ * profile and those of the Workers of this rank below it (a THREAD-mode
+ * child's read where it runs, a PROCESS-mode one's from the block it
+ * published in turn), in pre-order like the statistics, into this block of
+ * shared memory behind a seqlock: at most PROF_RECS tasks, PROF_EDGES edges
+ * and the names of its callables each. The parent sizes the block to the
+ * child's tree when it binds it (at most PROF_SECTIONS Workers: the
+ * sections are virtual memory, backed as the child writes them). */
 #define PROF_RECS 8192
 #define PROF_EDGES 16384
-typedef struct prof_block {
-    _Atomic uint32_t seq;        /* odd while the child writes */
+#define PROF_SECTIONS 16
+typedef struct prof_section {
+    int32_t parent;              /* the section of the Worker it is a child of; -1: the block's own Worker */
+    int32_t child;               /* which of that Worker's children (0-based) */
     uint32_t have;               /* a run ended */
     pto_profile_run run;
     int64_t n, ne;
@@ -65,6 +72,12 @@ typedef struct prof_block {
     lpto_prof_name names[LPTO_CHILD_PROF_NAMES];
     pto_profile_task recs[PROF_RECS];
     int64_t edges[2 * PROF_EDGES];
+} prof_section;
+typedef struct prof_block {
+    _Atomic uint32_t seq;        /* odd while the child writes */
+    int32_t cap;                 /* sections it has room for (the parent sets it before the child starts) */
+    int32_t count;               /* sections written */
+    prof_section sec[];
 } prof_block;
 
 /* A PROCESS-mode Worker child's trace, travelling up. While its parent
@@ -240,67 +253,163 @@ static void publish_stats(wchild *C)
     atomic_store_explicit(&sb->seq, q + 2, memory_order_release);
 }
 
-/* In the child process, after a run: its profile for the parent (best effort, like the statistics). */
+/* Workers a published profile of W's tree covers: W and those of this rank below it, at most PROF_SECTIONS. */
+static int prof_tree_size(const lworker *W)
+{
+    int n = 1;
+    for (int i = 0; W->level >= 4 && i < W->nworkers && n < PROF_SECTIONS; i++)
+        if (!W->kids[i]->rank) n += prof_tree_size(W->kids[i]);
+    return n < PROF_SECTIONS ? n : PROF_SECTIONS;
+}
+
+/* s: the last run of Worker V, which lives in this process. */
+static void put_run(prof_section *s, lworker *V)
+{
+    pto_worker *w = V->state == W_READY ? V->w : NULL;
+    pto_profile_run run;
+    int64_t total = w ? pto_profile_get(w, &run, NULL, 0) : -1;
+    s->have = total >= 0;
+    s->n = s->ne = 0;
+    s->nnames = 0;
+    if (total < 0) return;
+    int64_t n = total < PROF_RECS ? total : PROF_RECS;
+    pto_profile_get(w, &s->run, s->recs, n);
+    s->run.dropped += total - n;
+    s->n = n;
+    int64_t ne = pto_profile_edges(w, s->edges, PROF_EDGES);
+    s->ne = ne < 0 ? 0 : ne < PROF_EDGES ? ne : PROF_EDGES;
+    for (int64_t k = 0; k < n; k++) {
+        const pto_profile_task *r = &s->recs[k];
+        int32_t j = 0;
+        while (j < s->nnames && !(s->names[j].kind == r->kind && s->names[j].callable == r->callable)) j++;
+        if (j < s->nnames || s->nnames == LPTO_CHILD_PROF_NAMES) continue;
+        if (pto_worker_callable_name_get(w, r->kind, r->callable, s->names[j].name, sizeof s->names[j].name) < 0)
+            continue;
+        s->names[j].kind = r->kind;
+        s->names[j].callable = r->callable;
+        s->nnames++;
+    }
+}
+
+/* Copy what src holds of section s: its fields and the records and edges in use, not the whole arrays. */
+static void copy_section(prof_section *dst, const prof_section *src)
+{
+    int64_t n = src->n >= 0 && src->n <= PROF_RECS ? src->n : 0;
+    int64_t ne = src->ne >= 0 && src->ne <= PROF_EDGES ? src->ne : 0;
+    dst->parent = src->parent;
+    dst->child = src->child;
+    dst->have = src->have;
+    dst->run = src->run;
+    dst->n = n;
+    dst->ne = ne;
+    dst->nnames = src->nnames >= 0 && src->nnames <= LPTO_CHILD_PROF_NAMES ? src->nnames : 0;
+    memcpy(dst->names, src->names, sizeof dst->names);
+    memcpy(dst->recs, src->recs, (size_t)n * sizeof *dst->recs);
+    memcpy(dst->edges, src->edges, (size_t)ne * 2 * sizeof *dst->edges);
+}
+
+/* Append to pb the sections that src (a PROCESS-mode child's block) holds, as the tree of child `child` of
+ * section parent. Its writer finished: it published before the task that ran it ended. */
+static void copy_published(prof_block *pb, prof_block *src, int32_t parent, int32_t child)
+{
+    int32_t base = pb->count;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t q = atomic_load_explicit(&src->seq, memory_order_acquire);
+        if (q & 1) continue;
+        int32_t n = src->count >= 0 && src->count <= src->cap ? src->count : 0;
+        pb->count = base;
+        for (int32_t k = 0; k < n && pb->count < pb->cap; k++) {
+            prof_section *d = &pb->sec[pb->count++];
+            copy_section(d, &src->sec[k]);
+            bool top = d->parent < 0 || d->parent >= k;   /* its own, or (torn) no tree: under the child */
+            d->child = top ? child : d->child;
+            d->parent = top ? parent : base + d->parent;
+        }
+        /* An RMW, not a fence: its release half keeps the copy before the re-check (as read_published). */
+        if (atomic_fetch_add_explicit(&src->seq, 0, memory_order_acq_rel) == q) return;
+    }
+    pb->count = base;
+}
+
+/* Append the last runs of W's tree to pb: W's, as child `child` of section parent, then its children's. */
+static void put_tree(prof_block *pb, lworker *W, int32_t parent, int32_t child)
+{
+    if (pb->count >= pb->cap) return;
+    int32_t me = pb->count++;
+    prof_section *s = &pb->sec[me];
+    s->parent = parent;
+    s->child = child;
+    put_run(s, W);
+    for (int i = 0; s->have && W->level >= 4 && W->wchildren && i < W->nworkers; i++) {
+        wchild *K = &W->wchildren[i];
+        if (K->remote) continue;
+        if (K->process) {
+            if (K->prof) copy_published(pb, K->prof, me, i);
+        } else {
+            put_tree(pb, K->child, me, i);
+        }
+    }
+}
+
+/* In the child process, after a run: its tree's profiles for the parent (best effort, like the statistics). */
 static void publish_profile(wchild *C)
 {
     prof_block *pb = C->prof;
-    pto_worker *w = C->child->w;
-    pto_profile_run run;
-    int64_t total = pb && w ? pto_profile_get(w, &run, NULL, 0) : -1;
-    if (total < 0) return;
+    if (!pb) return;
     uint32_t q = atomic_fetch_add_explicit(&pb->seq, 1, memory_order_acq_rel);
-    int64_t n = total < PROF_RECS ? total : PROF_RECS;
-    pto_profile_get(w, &pb->run, pb->recs, n);
-    pb->run.dropped += total - n;
-    pb->n = n;
-    int64_t ne = pto_profile_edges(w, pb->edges, PROF_EDGES);
-    pb->ne = ne < 0 ? 0 : ne < PROF_EDGES ? ne : PROF_EDGES;
-    pb->nnames = 0;
-    for (int64_t k = 0; k < n; k++) {
-        const pto_profile_task *r = &pb->recs[k];
-        int32_t j = 0;
-        while (j < pb->nnames && !(pb->names[j].kind == r->kind && pb->names[j].callable == r->callable)) j++;
-        if (j < pb->nnames || pb->nnames == LPTO_CHILD_PROF_NAMES) continue;
-        if (pto_worker_callable_name_get(w, r->kind, r->callable, pb->names[j].name, sizeof pb->names[j].name) < 0)
-            continue;
-        pb->names[j].kind = r->kind;
-        pb->names[j].callable = r->callable;
-        pb->nnames++;
-    }
-    pb->have = 1;
+    pb->count = 0;
+    put_tree(pb, C->child, -1, 0);
     atomic_store_explicit(&pb->seq, q + 2, memory_order_release);
 }
 
-int lpto_level_child_profile(lworker *W, int i, lpto_child_profile *out)
+int lpto_level_child_profiles(lua_State *L, lworker *W, int i, lpto_child_profile **out)
 {
     wchild *C = W->wchildren && i < W->nworkers ? &W->wchildren[i] : NULL;
     prof_block *pb = C ? C->prof : NULL;
     if (!pb) return 0;
-    out->recs = malloc(PROF_RECS * sizeof *out->recs);
-    out->edges = malloc(2 * PROF_EDGES * sizeof *out->edges);
-    if (!out->recs || !out->edges) goto none;
     for (int tries = 0; tries < 1000; tries++) {
         uint32_t q = atomic_load_explicit(&pb->seq, memory_order_acquire);
         if (q & 1) continue;
-        int have = (int)pb->have;
-        out->run = pb->run;
-        out->n = pb->n >= 0 && pb->n <= PROF_RECS ? pb->n : 0;
-        out->ne = pb->ne >= 0 && pb->ne <= PROF_EDGES ? pb->ne : 0;
-        out->nnames = pb->nnames >= 0 && pb->nnames <= LPTO_CHILD_PROF_NAMES ? pb->nnames : 0;
-        memcpy(out->names, pb->names, sizeof out->names);
-        memcpy(out->recs, pb->recs, (size_t)out->n * sizeof *out->recs);
-        memcpy(out->edges, pb->edges, (size_t)out->ne * 2 * sizeof *out->edges);
-        /* An RMW, not a fence: its release half keeps the copy before the re-check (as read_published). */
-        if (atomic_fetch_add_explicit(&pb->seq, 0, memory_order_acq_rel) == q) {
-            if (have) return 1;
-            break;
+        /* The sizes first, then room for them in Lua (which may raise: nothing to free), then the copy;
+         * the seqlock rejects a copy a publication tore, sizes and all. */
+        int32_t n = pb->count >= 0 && pb->count <= pb->cap ? pb->count : 0;
+        if (n == 0 || !pb->sec[0].have) {
+            if (atomic_fetch_add_explicit(&pb->seq, 0, memory_order_acq_rel) == q) return 0;
+            continue;
         }
+        size_t nrec = 0, nedge = 0;
+        for (int32_t k = 0; k < n; k++) {
+            nrec += pb->sec[k].n >= 0 && pb->sec[k].n <= PROF_RECS ? (size_t)pb->sec[k].n : 0;
+            nedge += pb->sec[k].ne >= 0 && pb->sec[k].ne <= PROF_EDGES ? (size_t)pb->sec[k].ne : 0;
+        }
+        lpto_child_profile *p = lua_newuserdatauv(L, (size_t)n * sizeof *p + nrec * sizeof *p->recs +
+                                                         nedge * 2 * sizeof *p->edges, 0);
+        pto_profile_task *recs = (pto_profile_task *)(p + n);
+        int64_t *edges = (int64_t *)(recs + nrec);
+        for (int32_t k = 0; k < n; k++) {
+            const prof_section *s = &pb->sec[k];
+            int64_t m = s->n >= 0 && s->n <= PROF_RECS ? s->n : 0;
+            int64_t me = s->ne >= 0 && s->ne <= PROF_EDGES ? s->ne : 0;
+            if ((size_t)m > nrec) m = (int64_t)nrec;     /* grown since it was counted: torn, the check fails */
+            if ((size_t)me > nedge) me = (int64_t)nedge;
+            p[k] = (lpto_child_profile){.parent = s->parent, .child = s->child, .have = (int32_t)s->have,
+                                        .run = s->run, .n = m, .ne = me, .recs = recs, .edges = edges,
+                                        .nnames = s->nnames >= 0 && s->nnames <= LPTO_CHILD_PROF_NAMES ? s->nnames
+                                                                                                      : 0};
+            memcpy(p[k].names, s->names, sizeof p[k].names);
+            memcpy(recs, s->recs, (size_t)m * sizeof *recs);
+            memcpy(edges, s->edges, (size_t)me * 2 * sizeof *edges);
+            recs += m;
+            edges += 2 * me;
+            nrec -= (size_t)m;
+            nedge -= (size_t)me;
+        }
+        if (atomic_fetch_add_explicit(&pb->seq, 0, memory_order_acq_rel) == q) {
+            *out = p;
+            return n;
+        }
+        lua_pop(L, 1);
     }
-none:
-    free(out->recs);
-    free(out->edges);
-    out->recs = NULL;
-    out->edges = NULL;
     return 0;
 }
 
@@ -729,9 +838,11 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         } else if (C->process) {
             C->stats = pto_shm_alloc(sizeof *C->stats);
             C->tl = pto_shm_alloc(sizeof *C->tl);
-            C->prof = pto_shm_alloc(sizeof *C->prof);   /* virtual: backed as the child writes it */
+            int nsec = prof_tree_size(C->child);   /* virtual: backed as the child writes it */
+            C->prof = pto_shm_alloc(sizeof *C->prof + (size_t)nsec * sizeof *C->prof->sec);
             if (!C->stats || !C->tl || !C->prof) lpto_engine_error(L, who);
-            C->prof->have = 0;
+            C->prof->cap = nsec;
+            C->prof->count = 0;
             atomic_store(&C->prof->seq, 0);
             pto_shm_stats ss;
             pto_shm_stats_get(&ss);

@@ -272,7 +272,6 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         off += as[i]->nt;
     }
     if (box) lpto_result_track(L, oidx, O, id, box);
-    lpto_trace_submitted(L, oidx, id);
     lua_pushinteger(L, id);
     return 1;
 }
@@ -495,7 +494,6 @@ static int prep_call(lua_State *L)
         if (unset_output(ts[i], P->tags[i])) bind_output(L, oidx, O, ts[i], i + 1, &descs[i]);
         else pin_tensor(L, oidx, O, ts[i], i + 1);
     }
-    lpto_trace_submitted(L, oidx, id);
     lua_pushinteger(L, id);
     return 1;
 }

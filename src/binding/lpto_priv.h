@@ -317,9 +317,12 @@ int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_vie
 size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap);
 void lpto_level_host_close(lua_State *L, lworker *W, int i);
 void lpto_level_remote_stats(wchild *C, const void *buf, size_t len);
-/* The last run's profile of W's PROCESS-mode child i, which its process publishes after each of its runs
- * (lpto_profile.c draws it as the level below): 1 with *out filled (free recs and edges), 0 if there is
- * none (not a PROCESS-mode child, or no run ended there yet). */
+/* The last runs W's PROCESS-mode child i published after its own last run (lpto_profile.c draws them as
+ * the levels below): the child's, then those of the Workers of this rank below it, in pre-order. Pushes
+ * a userdata holding them and returns their count with *out at the first (their recs and edges point into
+ * it); 0, pushing nothing, if there are none (not a PROCESS-mode child, or it published nothing yet). A
+ * section's parent indexes that array (-1: the child itself); child says which of that Worker's children
+ * it is (0-based); have is 0 for a Worker no run ended on. */
 #define LPTO_CHILD_PROF_NAMES 32
 typedef struct lpto_prof_name {
     int32_t kind;
@@ -327,6 +330,7 @@ typedef struct lpto_prof_name {
     char name[48];
 } lpto_prof_name;
 typedef struct lpto_child_profile {
+    int32_t parent, child, have;
     pto_profile_run run;
     int64_t n, ne;
     pto_profile_task *recs;
@@ -334,7 +338,7 @@ typedef struct lpto_child_profile {
     int32_t nnames;
     lpto_prof_name names[LPTO_CHILD_PROF_NAMES];
 } lpto_child_profile;
-int lpto_level_child_profile(lworker *W, int i, lpto_child_profile *out);
+int lpto_level_child_profiles(lua_State *L, lworker *W, int i, lpto_child_profile **out);
 /* Rank 0: whether W has Worker children on other ranks; ship a function registered after init to them
  * (blob: lpto_ship_function's). */
 bool lpto_level_has_remote(const lworker *W);
@@ -384,16 +388,6 @@ void lpto_trace_new_worker(lua_State *L, int idx);
 int lpto_trace_closing(lua_State *L, lworker *W, bool gc);
 /* Raise the first of the errs messages from index first (gc: warn of each). */
 int lpto_trace_closed(lua_State *L, int first, int errs, bool gc);
-/* --dot: a task was submitted to the orchestrator at oidx. */
-void lpto_trace_submitted(lua_State *L, int oidx, int64_t id);
-/* --dot, Worker:run: push the record of the run of the orchestrator at oidx
- * and return its index (0, pushing nothing: not recorded); after the run's
- * function, lpto_trace_dag_ran notes final task states; after the run,
- * lpto_trace_dag_end makes the record the Worker's cluster in the file
- * (err: the index of the run's error, or 0). */
-int lpto_trace_dag_begin(lua_State *L, int oidx);
-void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec);
-void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err);
 
 /* lpto_debug.c: interactive runs and dispatch control (Worker methods,
  * pto.workers). lpto_debug_track remembers the new Worker at idx. */

@@ -5,9 +5,9 @@
  * (pto_profile_get); this file copies them into a table of columns, one
  * array per field, which is cheaper to build and to walk than a table per
  * task, and adds what only the binding knows: worker names, callable names,
- * and the level below: THREAD-mode Worker children run in this process,
- * PROCESS-mode ones publish their last run (lpto_level.c), so the profile
- * covers every level. Methods written in Lua join the Worker's
+ * and the levels below: THREAD-mode Worker children run in this process,
+ * PROCESS-mode ones publish their last run and those of their own tree
+ * (lpto_level.c), so the profile covers every level. Methods written in Lua join the Worker's
  * method table through pto._extend_worker. */
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +79,7 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
     push_worker_names(L, W, PTO_SUB, W->nsubs);
     lua_setfield(L, -2, "sub_names");
     static const char *const cols[] = {"start", "finish", "id", "ready_by", "kind", "worker", "member", "failed",
-                                       "scope", "name"};
+                                       "scope", "callable", "name"};
     enum { NCOLS = sizeof cols / sizeof *cols };
     int base = lua_gettop(L);
     for (int c = 0; c < NCOLS; c++) lua_createtable(L, (int)n, 0);
@@ -90,7 +90,8 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
         bool ran = r->start_ns != 0;
         lua_Integer v[] = {ran ? (lua_Integer)(r->start_ns - run->begin_ns) : 0,
                            ran ? (lua_Integer)(r->end_ns - run->begin_ns) : 0, r->id,
-                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope};
+                           r->ready_by, r->kind, r->worker + 1, r->member, r->failed, (lua_Integer)r->scope,
+                           (lua_Integer)r->callable};
         for (int c = 0; c < NCOLS - 1; c++) {
             lua_pushinteger(L, v[c]);
             lua_rawseti(L, base + 1 + c, i + 1);
@@ -112,6 +113,80 @@ static void push_columns(lua_State *L, const lworker *W, const pto_profile_run *
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "edges");
+}
+
+/* Push the columns of the last runs a PROCESS-mode child K published, cp[0..n)
+ * (lpto_level_child_profiles: K's own, then the Workers' below it in
+ * pre-order), each under its parent's "children" as push_data does for a
+ * child in this process: K's on top, or nil. The shape of each Worker
+ * (level, workers) is that of its copy here, where the tree was built. */
+static void push_published(lua_State *L, lworker *K, const lpto_child_profile *cp, int n)
+{
+    luaL_checkstack(L, n + 4, "profile of a Worker child");
+    lworker **who = lua_newuserdatauv(L, (size_t)n * sizeof *who, 0);
+    int base = lua_gettop(L);
+    for (int k = 0; k < n; k++) {
+        const lpto_child_profile *s = &cp[k];
+        lworker *P = k > 0 && s->parent >= 0 && s->parent < k ? who[s->parent] : NULL;
+        who[k] = k == 0 ? K : P && P->level >= 4 && s->child >= 0 && s->child < P->nworkers ? P->kids[s->child] : NULL;
+        if (!who[k] || !s->have) {
+            lua_pushnil(L);
+            continue;
+        }
+        namer nm = {.cp = s};
+        push_columns(L, who[k], &s->run, s->recs, s->n, s->edges, s->ne, &nm);
+    }
+    for (int k = 1; k < n; k++) {   /* parents come first: link each to its parent's table */
+        int p = cp[k].parent;
+        if (lua_isnil(L, base + 1 + k) || p < 0 || p >= k || lua_isnil(L, base + 1 + p)) continue;
+        if (lua_getfield(L, base + 1 + p, "children") != LUA_TTABLE) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushvalue(L, -1);
+            lua_setfield(L, base + 1 + p, "children");
+        }
+        lua_pushvalue(L, base + 1 + k);
+        lua_rawseti(L, -2, cp[k].child + 1);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, base + 1);
+    lua_remove(L, base);
+}
+
+/* Set the fields of the table on top that a picture of W's last run needs
+ * beside the records (ptolua --dot, lua/pto/inspect.lua): scope_parent[k]
+ * (the scope nested scope k was opened in), alloc_uses (task, alloc slot
+ * id pairs, flat) and errors[id] (why each failed or unrun task failed). */
+static void push_dag_extras(lua_State *L, lworker *W)
+{
+    int64_t ns = pto_profile_scopes(W->w, NULL, 0);
+    uint32_t *sp = lua_newuserdatauv(L, (size_t)(ns > 0 ? ns : 1) * sizeof *sp, 0);
+    if (ns > 0) pto_profile_scopes(W->w, sp, ns);
+    lua_createtable(L, ns > 0 ? (int)ns : 0, 0);
+    for (int64_t k = 0; k < ns; k++) {
+        lua_pushinteger(L, sp[k]);
+        lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -3, "scope_parent");
+    lua_pop(L, 1);
+    int64_t nu = pto_profile_alloc_uses(W->w, NULL, 0);
+    int64_t *u = lua_newuserdatauv(L, (size_t)(nu > 0 ? nu : 1) * 2 * sizeof *u, 0);
+    if (nu > 0) pto_profile_alloc_uses(W->w, u, nu);
+    lua_createtable(L, nu > 0 ? (int)(2 * nu) : 0, 0);
+    for (int64_t i = 0; i < 2 * nu; i++) {
+        lua_pushinteger(L, u[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -3, "alloc_uses");
+    lua_pop(L, 1);
+    lua_newtable(L);
+    int64_t id;
+    const char *msg;
+    for (int64_t i = 0; (msg = pto_profile_error(W->w, i, &id)) != NULL; i++) {
+        lua_pushstring(L, msg);
+        lua_rawseti(L, -2, id);
+    }
+    lua_setfield(L, -2, "errors");
 }
 
 /* Push the columns of W's last run, or nil if it has none. */
@@ -141,28 +216,19 @@ static void push_data(lua_State *L, lworker *W, int depth)
         lua_rawseti(L, -2, t[i].id);
     }
     lua_setfield(L, -2, "pmu");
+    push_dag_extras(L, W);
     /* The level below: a THREAD-mode Worker child's last run lives in this
      * process; a PROCESS-mode child's is what its process published. */
     if (W->level >= 4 && depth < 8) {
         lua_createtable(L, W->nworkers, 0);
         for (int i = 0; i < W->nworkers; i++) {
-            lpto_child_profile cp;
+            lpto_child_profile *cp;
+            int n;
             if (W->kids[i]->state == W_READY) {
                 push_data(L, W->kids[i], depth + 1);
-            } else if (lpto_level_child_profile(W, i, &cp)) {
-                /* Copied into Lua before anything can raise: the buffers are malloc'ed. */
-                int64_t *ce = cp.edges;
-                pto_profile_task *cr = cp.recs;
-                pto_profile_task *tr = lua_newuserdatauv(L, (size_t)(cp.n ? cp.n : 1) * sizeof *tr, 0);
-                int64_t *te = lua_newuserdatauv(L, (size_t)(cp.ne ? cp.ne : 1) * 2 * sizeof *te, 0);
-                memcpy(tr, cr, (size_t)cp.n * sizeof *tr);
-                memcpy(te, ce, (size_t)cp.ne * 2 * sizeof *te);
-                free(cr);
-                free(ce);
-                namer cn = {.cp = &cp};
-                push_columns(L, W->kids[i], &cp.run, tr, cp.n, te, cp.ne, &cn);
-                lua_replace(L, -3);
-                lua_pop(L, 1);
+            } else if ((n = lpto_level_child_profiles(L, W, i, &cp)) > 0) {
+                push_published(L, W->kids[i], cp, n);
+                lua_remove(L, -2);   /* the copy */
             } else {
                 lua_pushnil(L);
             }

@@ -7,15 +7,16 @@
  *   tracing  [lightuserdata lworker] = {path = file | false (--trace), serial = n}
  *   cli_trace, cli_dot               the files of ptolua --trace / --dot
  *   parts    [serial] = the JSON events of a finished --trace Worker
- *   dags     [serial] = the Graphviz cluster of its last run
- *   dotrec   weak-keyed [orchestrator] = its run's DAG as it is built (--dot)
+ *   dags     [serial] = the Graphviz cluster of its last run (--dot), drawn
+ *            from its profile when it closes or the script ends
  *   serials  weak-keyed [Worker] = n (the process id in the trace, the cluster name)
  * Entries of `tracing` are removed when the Worker closes or is collected
  * (both call lpto_trace_closing), so a key never outlives its Worker.
  *
- * Nothing here wraps a method: the Worker's and the orchestrator's own code
- * call the lpto_trace_* hooks (lpto_priv.h), which do nothing unless a
- * trace or ptolua's --trace/--dot asks for it. */
+ * Nothing here wraps a method: the Worker's own code calls the lpto_trace_*
+ * hooks (lpto_priv.h), which do nothing unless a trace or ptolua's
+ * --trace/--dot asks for it. --dot costs a run nothing: the engine's
+ * always-on profile (profile.h) keeps what the picture needs. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,8 +43,6 @@ static void push_state(lua_State *L)
     lua_setfield(L, -2, "parts");
     lua_newtable(L);
     lua_setfield(L, -2, "dags");
-    lpto_push_weak_keys(L);
-    lua_setfield(L, -2, "dotrec");
     lpto_push_weak_keys(L);
     lua_setfield(L, -2, "serials");
     lua_pushvalue(L, -1);
@@ -189,10 +188,14 @@ static void push_traced(lua_State *L, lworker *W)
 }
 
 static void snapshot_profile(lua_State *L, int idx);
+static void snapshot_dag(lua_State *L, int idx);
 
 int lpto_trace_closing(lua_State *L, lworker *W, bool gc)
 {
-    if (cli_profiles && lua_touserdata(L, 1) == W) snapshot_profile(L, 1);
+    if (lua_touserdata(L, 1) == W) {   /* ptolua --profile / --report / --dot: its last run, before it goes */
+        snapshot_profile(L, 1);
+        snapshot_dag(L, 1);
+    }
     int errs = 0, base = lua_gettop(L);
     /* Not while a run is in progress (close then refuses). A Worker child
      * being collected is unreachable, so is its parent: nothing runs it. */
@@ -290,7 +293,7 @@ int lpto_trace_stop(lua_State *L)
     return 1;
 }
 
-/* pto._callable_name(w, kind, callable) -> the name given at register, or nil (for orch:dot). */
+/* pto._callable_name(w, kind, callable) -> the name given at register, or nil (for orch:dot, --dot). */
 static int l_callable_name(lua_State *L)
 {
     lworker *W = lpto_check_worker(L, 1, "pto._callable_name");
@@ -317,9 +320,8 @@ void lpto_open_trace(lua_State *L)
 /* The ptolua process: Workers created or run in its forked children (Lua
  * subs, hosts of Worker children) could never reach the files. */
 static pid_t cli_pid;
-static bool cli_dot;   /* --dot: runs of the Worker:run method record their DAG */
-static bool cli_profiles;
-static int call_pto(lua_State *L, const char *fn, int n, int nres);   /* --profile / --report: each top-level Worker's last run is kept when it closes */
+static bool cli_dot;   /* --dot: each top-level Worker's last run is drawn when it closes */
+static int call_pto(lua_State *L, const char *fn, int n, int nres);
 
 /* --profile / --report: keep the profile data of the Worker at idx (a
  * top-level one of this process, not yet closed) in state.profiles, by its
@@ -334,6 +336,30 @@ static void snapshot_profile(lua_State *L, int idx)
     lua_pushinteger(L, serial);
     if (call_pto(L, "_cli_snapshot", 2, 1) == LUA_OK && lua_istable(L, -1)) {
         push_field(L, "profiles");
+        lua_insert(L, -2);
+        lua_rawseti(L, -2, serial);
+    }
+    lua_settop(L, top);
+}
+
+/* --dot: draw the last run of the Worker at idx (a top-level one of this
+ * process, not yet closed) from its profile into state.dags, by its serial
+ * (lua/pto/inspect.lua's _dot_profile). A run leaves nothing else to draw
+ * from, so --dot costs a run no more than no option does. */
+static void snapshot_dag(lua_State *L, int idx)
+{
+    lworker *W = lua_touserdata(L, idx);
+    if (!cli_dot || getpid() != cli_pid || W->parent || W->state != W_READY || W->in_run) return;
+    int top = lua_gettop(L);
+    int serial = (int)serial_of(L, idx);
+    lua_pushvalue(L, idx);
+    lua_pushfstring(L, "w%d", serial);
+    lua_pushfstring(L, "Worker %d (level %d, %s mode)", serial, W->level, mode_name(W));
+    if (call_pto(L, "_dot_profile", 3, 1) != LUA_OK) {
+        /* A picture is not worth failing the close for, but a broken one must not go unnoticed. */
+        fprintf(stderr, "ptolua --dot: Worker %d: %s\n", serial, lua_tostring(L, -1));
+    } else if (lua_isstring(L, -1)) {
+        push_field(L, "dags");
         lua_insert(L, -2);
         lua_rawseti(L, -2, serial);
     }
@@ -370,85 +396,6 @@ static int call_pto(lua_State *L, const char *fn, int n, int nres)
     lua_pop(L, 1);
     lua_insert(L, -1 - n);
     return lua_pcall(L, n, nres, 0);
-}
-
-void lpto_trace_submitted(lua_State *L, int oidx, int64_t id)
-{
-    if (!cli_dot || getpid() != cli_pid) return;
-    oidx = lua_absindex(L, oidx);
-    int top = lua_gettop(L);
-    push_field(L, "dotrec");
-    lua_pushvalue(L, oidx);
-    if (lua_rawget(L, -2) == LUA_TTABLE) {
-        lua_pushvalue(L, oidx);
-        lua_pushvalue(L, -2);
-        lua_pushinteger(L, id);
-        call_pto(L, "_dot_record", 3, 0);   /* a picture is not worth failing the submit for */
-    }
-    lua_settop(L, top);
-}
-
-/* After the run's function returned (or raised): wait until every task has
- * finished, so that the states are final, and note them in the record. */
-static void refresh_dag(lua_State *L, int oidx, int widx, int rec)
-{
-    lorch *O = luaL_testudata(L, oidx, LPTO_ORCH);
-    lworker *W = luaL_testudata(L, widx, LPTO_WORKER);
-    if (!O || !O->valid || !W || W->state == W_CLOSED) return;
-    lpto_gil_release(W->gil);   /* THREAD-mode subs need it to finish */
-    pto_drain(O->o);            /* an interrupted run fails here at once: its states are shown as they are */
-    lpto_gil_acquire(W->gil);
-    int top = lua_gettop(L);
-    lua_pushvalue(L, oidx);
-    lua_pushvalue(L, rec);
-    call_pto(L, "_dot_refresh", 2, 0);
-    pto_stats st;
-    pto_worker_stats_get(W->w, &st);
-    lua_pushfstring(L, "Worker %d (level %d, %s mode), run %d", (int)serial_of(L, widx), W->level, mode_name(W),
-                    (int)st.runs);
-    lua_setfield(L, rec, "title");
-    lua_settop(L, top);
-}
-int lpto_trace_dag_begin(lua_State *L, int oidx)
-{
-    if (!cli_dot || getpid() != cli_pid) return 0;
-    oidx = lua_absindex(L, oidx);
-    lua_createtable(L, 0, 3);
-    int rec = lua_gettop(L);
-    lua_newtable(L);
-    lua_setfield(L, rec, "nodes");
-    lua_pushinteger(L, 0);
-    lua_setfield(L, rec, "total");
-    push_field(L, "dotrec");
-    lua_pushvalue(L, oidx);
-    lua_pushvalue(L, rec);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
-    return rec;
-}
-
-void lpto_trace_dag_ran(lua_State *L, int oidx, int widx, int rec)
-{
-    if (rec) refresh_dag(L, lua_absindex(L, oidx), lua_absindex(L, widx), rec);
-}
-
-void lpto_trace_dag_end(lua_State *L, int widx, int rec, int err)
-{
-    if (!rec) return;
-    int top = lua_gettop(L);
-    lua_Integer serial = serial_of(L, widx);
-    lua_pushvalue(L, rec);
-    lua_pushfstring(L, "w%d", (int)serial);
-    lua_getfield(L, rec, "title");
-    if (err) lua_pushvalue(L, err);
-    else lua_pushnil(L);
-    lua_pushvalue(L, widx);   /* its profile: who ran each task, for how long */
-    if (call_pto(L, "_dot_cluster", 5, 1) == LUA_OK && lua_isstring(L, -1)) {
-        push_field(L, "dags");
-        lua_insert(L, -2);
-        lua_rawseti(L, -2, serial);
-    }
-    lua_settop(L, top);
 }
 
 int lpto_trace_cli(lua_State *L)
@@ -526,6 +473,17 @@ int lpto_trace_cli_finish(lua_State *L)
         lua_pop(L, 1);
     }
     lua_settop(L, 4);
+    /* Workers still open at the end of the script (they close after this):
+     * their last runs, for --dot, --profile and --report. */
+    lua_getfield(L, 1, "serials");
+    lua_pushnil(L);
+    while (lua_next(L, 5)) {
+        lua_pop(L, 1);
+        if (!luaL_testudata(L, -1, LPTO_WORKER)) continue;
+        snapshot_dag(L, lua_gettop(L));
+        snapshot_profile(L, lua_gettop(L));
+    }
+    lua_settop(L, 4);
     if (lua_isstring(L, 2)) {
         lua_getfield(L, 1, "parts");
         push_joined(L, lua_gettop(L), nserial, "{\"traceEvents\":[\n", ",\n", "\n],\n\"displayTimeUnit\":\"ns\"}\n");
@@ -544,14 +502,6 @@ int lpto_trace_cli_finish(lua_State *L)
         write_file(L, "--dot", lua_tostring(L, 3), text, len);
     }
     if (cli_profiles) {
-        /* Workers still open at the end of the script: they close after this. */
-        lua_settop(L, 4);
-        lua_getfield(L, 1, "serials");
-        lua_pushnil(L);
-        while (lua_next(L, 5)) {
-            lua_pop(L, 1);
-            if (luaL_testudata(L, -1, LPTO_WORKER)) snapshot_profile(L, lua_gettop(L));
-        }
         lua_settop(L, 4);
         lua_getfield(L, 1, "profiles");
         lua_getfield(L, 1, "cli_profile");

@@ -564,8 +564,8 @@ void lpto_push_run_failure(lua_State *L, lworker *W, const char *fail)
     lpto_check_explain(L);
 }
 
-/* w:run(fn, args, cfg), called as the Lua method (who: ptolua --dot records
- * the run's DAG) or by a Worker child's leaf (who NULL). */
+/* w:run(fn, args, cfg), called as the Lua method (who) or by a Worker
+ * child's leaf (who NULL: the level above names the failure). */
 static int worker_run(lua_State *L, const char *who)
 {
     lworker *W = lpto_check_worker(L, 1, who);
@@ -583,7 +583,6 @@ static int worker_run(lua_State *L, const char *who)
     lpto_push_orch(L, 1, W, o);   /* 5 */
     lua_pushvalue(L, 5);
     lua_setiuservalue(L, 1, UV_ORCH);
-    int rec = who ? lpto_trace_dag_begin(L, 5) : 0;
     progress pstate;
     progress *p = progress_begin(L, W, &pstate, who);
 
@@ -595,19 +594,12 @@ static int worker_run(lua_State *L, const char *who)
     int status = lua_pcall(L, 3, LUA_MULTRET, 0);
     int nres = lua_gettop(L) - base;
     progress_unhook(L, p);
-    lpto_trace_dag_ran(L, 5, 1, rec);
     char *fail = end_run(L, W, 5, p);
     progress_end(p);
-    if (status == LUA_OK && !fail) {
-        lpto_trace_dag_end(L, 1, rec, 0);
-        return nres;
-    }
+    if (status == LUA_OK && !fail) return nres;
     if (status == LUA_OK) {   /* else the function's own error passes unchanged */
         lpto_push_run_failure(L, W, fail);
-        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
         if (who) lua_pushfstring(L, "%s: %s", who, lua_tostring(L, -1));   /* who NULL: the level above names it */
-    } else {
-        lpto_trace_dag_end(L, 1, rec, lua_gettop(L));
     }
     free(fail);
     return lua_error(L);

@@ -95,7 +95,7 @@ static void print_usage(FILE *f, const char *badoption) {
           "              Worker the script creates to file 'f' at exit\n"
           "  --dot f     write the DAG of every Worker's last run to file 'f'\n"
           "              (Graphviz) at exit: coloured by callable, condensed above\n"
-          "              500 tasks; recording makes a run of short tasks ~5x slower\n"
+          "              500 tasks; drawn from the run's profile, it slows no run\n"
           "  --check     run every Worker in check mode (PTO_CHECK=1): each task is\n"
           "              checked against its tags, and may run twice (docs/check.md)\n"
           "  --profile   print the profile of every Worker's last run to stderr at exit\n"

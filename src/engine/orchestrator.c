@@ -704,6 +704,8 @@ int pto_scope_begin(pto_orch *o)
                       PTO_MAX_SCOPE_DEPTH);
         return -1;
     }
+    const pto_scope_frame *f = &o->scope.frames[o->scope.top - 1];
+    pto_prof_scope(&o->sched->prof, f->seq, f[-1].seq);   /* the scope tree, for a picture of the run */
     return 0;
 }
 
@@ -824,6 +826,7 @@ bool pto_orch_begin(pto_orch *o)
     atomic_store(&o->sched->cancel, false);
     atomic_store(&o->sched->finished, 0);
     atomic_store(&o->sched->break_task, -1);   /* ids restart */
+    o->scope.opened = 0;                       /* and scope numbers (not at each submitted run: one profile) */
     pto_scope_push(&o->scope);
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_run_begin(tr);

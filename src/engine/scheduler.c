@@ -135,6 +135,7 @@ static void finish_all(pto_scheduler *s)
         if (failed) {
             atomic_store_explicit(&x->failed, true, memory_order_release);   /* publishes x->error */
             record_failure(s, x->error ? x->error : "task failed");
+            pto_prof_error(&s->prof, x->id, x->error ? x->error : "task failed");
             atomic_fetch_add_explicit(&s->failed_total, 1, memory_order_relaxed);
         } else {
             atomic_fetch_add_explicit(&s->completed_total, 1, memory_order_relaxed);
@@ -167,8 +168,10 @@ static void wire(pto_scheduler *s, pto_slot *c)
     if (c->run && pto_run_cancelled(c->run)) run_cancel_task(c);
     c->ready_by = -1;
     for (int32_t i = 0; i < c->nrefs; i++) {
-        if (!c->refs[i].dep) continue;
         pto_slot *p = c->refs[i].slot;
+        /* An alloc slot is no task: a picture of the DAG folds it into the tasks that use its memory. */
+        if (PTO_UNLIKELY(p->kind < 0)) pto_prof_use(&s->prof, c->id, p->id);
+        if (!c->refs[i].dep) continue;
         pto_prof_edge(&s->prof, c->id, p->id);
         /* Only a terminal producer is skipped: a group's failed flag is set by
          * its first failing member, while other members may still run and

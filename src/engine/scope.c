@@ -20,7 +20,6 @@ int pto_scope_push(pto_scope *s)
     pto_scope_frame *f = &s->frames[s->top++];
     f->count = 0;
     f->label[0] = 0;
-    if (s->top == 1) s->opened = 0;   /* the run's outer scope: a new run */
     f->seq = s->top == 1 ? 0 : ++s->opened;
     return 0;
 }

@@ -20,7 +20,9 @@ typedef struct pto_scope_frame {
 typedef struct pto_scope {
     pto_scope_frame frames[PTO_MAX_SCOPE_DEPTH + 1];
     int32_t top;                     /* frames in use; 0 = no run open */
-    uint32_t opened;                 /* nested scopes opened in this run (frame seq) */
+    uint32_t opened;                 /* nested scopes opened in this run (frame seq); the run's begin resets it, not
+                                      * each outer frame: a session of submitted runs renews its outer frame per
+                                      * run, but is one run to the profile, whose scope numbers must differ */
 } pto_scope;
 
 void pto_scope_init(pto_scope *s);

@@ -515,6 +515,18 @@ int64_t pto_profile_get(pto_worker *w, pto_profile_run *run, pto_profile_task *o
 /* The dependency edges of w's last ended run (at most 262144): at most cap (consumer, producer) id
  * pairs into out[2i], out[2i + 1]. Returns the number of edges, or -1 if no run has ended yet. */
 int64_t pto_profile_edges(pto_worker *w, int64_t *out, int64_t cap);
+/* The nested scopes of w's last ended run (pto_profile_task.scope numbers them 1, 2, ... in opening
+ * order; at most 262144 are kept): parent[k] = the scope nested scope k + 1 was opened in (0: the
+ * run's own), at most cap into parent. Returns the number kept, or -1 if no run has ended yet. */
+int64_t pto_profile_scopes(pto_worker *w, uint32_t *parent, int64_t cap);
+/* The pto_alloc slots the tasks of w's last ended run used (read, wrote or kept alive; at most
+ * 262144 pairs): at most cap (task id, alloc slot id) pairs into out[2i], out[2i + 1]. Returns the
+ * number of pairs, or -1 if no run has ended yet. */
+int64_t pto_profile_alloc_uses(pto_worker *w, int64_t *out, int64_t cap);
+/* The i-th of the tasks of w's last ended run that failed or were not run, in the order they ended
+ * (at most 1024, each message cut at 4 KiB): its message, valid until the next run ends, and its id
+ * into *id (may be NULL). NULL past the last, or if no run has ended yet. */
+const char *pto_profile_error(pto_worker *w, int64_t i, int64_t *id);
 /* The PMU counts (CallConfig enable_pmu) of task id of w's last ended run into out: 1 if it has some,
  * 0 if none, -1 if no run ended yet or a later run has begun since (its counts replaced them). */
 int pto_profile_pmu_get(pto_worker *w, int64_t id, pto_pmu_sample *out);

@@ -92,19 +92,19 @@ static inline bool mine(const lpto_pool *P, const void *p)
 /* A block of n (1..POOL_MAX) bytes, or NULL when the region is used up. */
 static inline void *take(lpto_pool *P, size_t n)
 {
-    size_t c = class_of(n);
+    size_t c = class_of(n), sz = c * POOL_GRAIN;
     void *p = P->free[c];
     if (p) {
-        UNPOISON(p, n);
+        UNPOISON(p, sz);   /* the link may lie beyond n */
         P->free[c] = *(void **)p;
-        return p;
+    } else {
+        if ((size_t)(P->end - P->next) < sz) return NULL;
+        p = P->next;
+        P->next += sz;
+        if (SANITIZED) root_upto(P, P->next);
+        UNPOISON(p, sz);
     }
-    size_t sz = c * POOL_GRAIN;
-    if ((size_t)(P->end - P->next) < sz) return NULL;
-    p = P->next;
-    P->next += sz;
-    if (SANITIZED) root_upto(P, P->next);
-    UNPOISON(p, n);
+    POISON((char *)p + n, sz - n);   /* past what Lua asked for */
     return p;
 }
 

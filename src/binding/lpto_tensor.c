@@ -49,9 +49,11 @@ int lpto_parse_dtype(lua_State *L, int idx, const char *who)
 {
     if (lua_isnoneornil(L, idx)) return PTO_F32;
     if (lua_type(L, idx) == LUA_TSTRING) {
-        const char *s = lua_tostring(L, idx);
-        size_t n = strlen(s);
-        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;   /* the common case first */
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;   /* the common case first, per orch:alloc */
+        n = strlen(s);   /* a name ends at a NUL, as strcmp saw it */
+        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;
         for (int d = 0; d < PTO_DTYPE_COUNT; d++) {
             const char *name = pto_dtype_name(d);
             if (strlen(name) == n && memcmp(s, name, n) == 0) return d;

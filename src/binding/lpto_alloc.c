@@ -56,7 +56,7 @@ typedef struct lpto_pool {
     void *free[POOL_CLASSES + 1];        /* per class, freed blocks linked through their first word */
     lua_Alloc prev;                      /* the state's allocator before the pool */
     void *prev_ud;
-    char *rooted;                        /* sanitized builds: the region up to here is a LeakSanitizer root */
+    char *reached;                       /* sanitized builds: the region up to here is poisoned and a leak root */
 } lpto_pool;
 
 /* One pool per process: ptolua makes one state. Static, so that the leak
@@ -64,19 +64,23 @@ typedef struct lpto_pool {
 static lpto_pool pool;
 static bool pool_used;
 
-/* A Lua object in the region may hold the only pointer to a large block of
- * the previous allocator (a table's array part): LeakSanitizer, which does
- * not look into mappings of its own accord, must scan the part in use. */
-static void root_upto(lpto_pool *P, const char *next)
+/* Sanitized builds, as the bump pointer moves to next: the region is
+ * poisoned a MiB at a time ahead of it (poisoning all of it at once would
+ * write 128 MiB of shadow at every start), and the part reached is a
+ * LeakSanitizer root, since a Lua object in it may hold the only pointer
+ * to a large block of the previous allocator (a table's array part) and
+ * LeakSanitizer does not look into mappings of its own accord. */
+static void reach(lpto_pool *P, const char *next)
 {
 #if SANITIZED
-    if (next <= P->rooted) return;
-    if (P->rooted > P->base) __lsan_unregister_root_region(P->base, (size_t)(P->rooted - P->base));
+    if (next <= P->reached) return;
     size_t step = 1u << 20, used = (size_t)(next - P->base);
     size_t n = (used + step - 1) / step * step;
     if (n > (size_t)(P->end - P->base)) n = (size_t)(P->end - P->base);
+    POISON(P->reached, (size_t)(P->base + n - P->reached));
+    if (P->reached > P->base) __lsan_unregister_root_region(P->base, (size_t)(P->reached - P->base));
     __lsan_register_root_region(P->base, n);
-    P->rooted = P->base + n;
+    P->reached = P->base + n;
 #else
     (void)P, (void)next;
 #endif
@@ -101,7 +105,7 @@ static inline void *take(lpto_pool *P, size_t n)
         if ((size_t)(P->end - P->next) < sz) return NULL;
         p = P->next;
         P->next += sz;
-        if (SANITIZED) root_upto(P, P->next);
+        if (SANITIZED) reach(P, P->next);
         UNPOISON(p, sz);
     }
     POISON((char *)p + n, sz - n);   /* past what Lua asked for */
@@ -177,8 +181,7 @@ bool lpto_use_pool_allocator(lua_State *L)
     if (base == MAP_FAILED) return false;
     pool_used = true;
     lpto_pool *P = &pool;
-    POISON(base, size);
-    P->base = P->next = base;
+    P->base = P->next = P->reached = base;
     P->end = P->base + size;
     P->prev = lua_getallocf(L, &P->prev_ud);
     lua_setallocf(L, pool_alloc, P);

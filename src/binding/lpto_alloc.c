@@ -143,7 +143,15 @@ static void *pool_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         return ptr;
     }
     void *q = nsize <= POOL_MAX ? take(P, nsize) : NULL;
-    if (!q && !(q = P->prev(P->prev_ud, NULL, ptr ? 0 : osize, nsize))) return NULL;   /* ptr stays valid */
+    if (!q && !(q = P->prev(P->prev_ud, NULL, ptr ? 0 : osize, nsize))) {
+        if (!ptr || nsize > osize) return NULL;   /* ptr stays valid */
+        /* A shrink must not fail (Lua raises a memory error while it
+         * tidies up): the block stays where it is, and is freed later
+         * into the smaller class, its tail unused. */
+        UNPOISON(ptr, nsize);
+        POISON((char *)ptr + nsize, class_of(osize) * POOL_GRAIN - nsize);
+        return ptr;
+    }
     if (ptr) {
         memcpy(q, ptr, osize < nsize ? osize : nsize);
         give(P, ptr, osize);

@@ -5,15 +5,18 @@
 -- (orch:prepare_next_level, pto.temp, views built once), in THREAD and
 -- PROCESS mode. A benchmark, not a test: run it through scripts/bench_lua.sh,
 -- which adds the C rows (pto_bench_lua_c) and the ratios.
---   ptolua scripts/bench_lua.lua thread|process [reps] [form]
--- Prints "<form> <shape> <best us/task> <median us/task>" per row (the two
--- forms alternate, one warm-up each), and "heap <form> <KiB before> <KiB
--- after> <KiB allocated>": the Lua heap over 100 W4 4^4 runs with the
--- collector stopped, so allocated is every byte those runs allocated.
+--   ptolua scripts/bench_lua.lua thread|process [reps] [form] [shape]
+-- Prints "<form> <shape> <best us/task> <median us/task> <tasks per rep>"
+-- per row (the two forms alternate, one warm-up each), and "heap <form>
+-- <KiB before> <KiB after> <KiB allocated>": the Lua heap over 100 W4 4^4
+-- runs with the collector stopped, so allocated is every byte those runs
+-- allocated. A shape (W1 W2 W3 W4s W4l) runs that shape alone and skips
+-- the heap lines (scripts/bench_malloc.sh counts mallocs that way).
 local pto = require "pto"
 local mode = arg[1] or "thread"
 local reps = tonumber(arg[2]) or 5
 local only = arg[3]
+local only_shape = arg[4]
 
 local N = 20000
 local SLOT = 16
@@ -162,13 +165,14 @@ local function time_shape(fn, runs)
   local count = 0
   local t0 = pto.now()
   for _ = 1, runs do count = count + w:run(fn) end
-  return (pto.now() - t0) * 1e6 / count
+  return (pto.now() - t0) * 1e6 / count, count
 end
 
 local forms = {{"idiomatic", idiomatic}, {"fast", fast}}
 local function wanted(form) return (form[1] ~= "fast" or have_fast) and (not only or only == form[1]) end
 for _, shape in ipairs(SHAPES) do
-  local xs, fns = {}, {}
+  if only_shape and shape[1] ~= only_shape then goto next_shape end
+  local xs, fns, tasks = {}, {}, 0
   for i, form in ipairs(forms) do
     if wanted(form) then
       xs[i], fns[i] = {}, {shape[2](form[2])}
@@ -176,21 +180,22 @@ for _, shape in ipairs(SHAPES) do
     end
   end
   for r = 1, reps do   -- alternate the forms: noise from elsewhere falls on both
-    for i in pairs(fns) do xs[i][r] = time_shape(fns[i][1], fns[i][2]) end
+    for i in pairs(fns) do xs[i][r], tasks = time_shape(fns[i][1], fns[i][2]) end
   end
   for i, form in ipairs(forms) do
     if xs[i] then
       table.sort(xs[i])
-      print(("%s %s %.4f %.4f"):format(form[1], shape[1], xs[i][1], xs[i][(reps + 1) // 2]))
+      print(("%s %s %.4f %.4f %d"):format(form[1], shape[1], xs[i][1], xs[i][(reps + 1) // 2], tasks))
       io.stdout:flush()
     end
   end
+  ::next_shape::
 end
 
 -- The Lua heap across 100 runs of the W4 4^4 DAG: the fast form makes no
 -- garbage per task, so the count after a full collection stays where it was.
 for _, form in ipairs(forms) do
-  if wanted(form) then
+  if wanted(form) and not only_shape then
     local fn = (form[1] == "fast" and bgemm_fast or bgemm_idiomatic)(4, 1)
     w:run(fn)
     collectgarbage("collect")

@@ -478,6 +478,24 @@ describe("tensors", function()
     assert.are.equal(1, g[1])   -- a copy, not an alias
   end)
 
+  it("view{...} reads its fields from plain and proxied tables alike", function()
+    local base = pto.tensor({16}, "i32")
+    for i = 1, 16 do base[i] = i end
+    local plain = base:view{offset = 4, shape = {2, 2}}
+    local proxied = base:view(setmetatable({}, {__index = {offset = 4, shape = setmetatable({}, {
+      __index = {2, 2}, __len = function() return 2 end})}}))
+    for _, v in ipairs({plain, proxied, base:view{shape = 4, offset = 4}, base:view(4, 2, 2)}) do
+      assert.are.same({5, 6, 7, 8}, v:totable())
+      assert.are.equal(4, v.offset)
+    end
+    assert.are.same({2, 2}, proxied.shape)
+    assert.are.same({4}, base:view{shape = 4, offset = 4}.shape)   -- a bare number is a 1-D shape
+    assert.are.same({3, 3}, {base:view{offset = 13}.numel, base:view{offset = 13}.shape[1]})
+    local ok, err = pcall(base.view, base, setmetatable({offest = 1}, {}))
+    assert.is_false(ok)
+    assert.matches("Tensor:view: unknown field 'offest' %(fields: offset, shape%)", err)
+  end)
+
   it("view{offset, shape} shares storage", function()
     local base = pto.tensor({4, 4}, "f32")
     for i = 1, 16 do base[i] = i end
@@ -599,6 +617,52 @@ describe("TaskArgs", function()
     local bare = pto.args{a, {b, "no_dep"}}   -- a bare tensor is an INPUT
     assert.are.same({"in", "no_dep"}, {bare:tag(1), bare:tag(2)})
     assert.are.equal(0, #pto.args{})
+  end)
+
+  -- pto.args reads a plain list made by a constructor in one pass and
+  -- anything else entry by entry: both give the same TaskArgs.
+  local function shape_of(args)
+    local r = {}
+    for i = 1, #args do r[i] = {args:tensor(i), args:tag(i)} end
+    for i = 1, args:scalar_count() do r[#r + 1] = args:scalar(i) end
+    return r
+  end
+
+  it("reads lists built any way alike", function()
+    local a, b, c = pto.tensor{4}, pto.tensor{4}, pto.tensor{4}
+    local want = {{a, "in"}, {b, "inout"}, {c, "out"}, 7}
+    local plain = pto.args{{a, "in"}, {b, "inout"}, {c, "out"}, scalars = {7}}
+    assert.are.same(want, shape_of(plain))
+    local backwards = {}   -- integer keys in the hash part, in no order
+    backwards[3], backwards[2], backwards[1] = {c, "out"}, {b, "inout"}, {a, "in"}
+    backwards.scalars = {7}
+    assert.are.same(want, shape_of(pto.args(backwards)))
+    local proxied = setmetatable({}, {__index = {{a, "in"}, {b, "inout"}, {c, "out"}, scalars = {7}},
+                                      __len = function() return 3 end})
+    assert.are.same({{a, "in"}, {b, "inout"}, {c, "out"}}, shape_of(pto.args(proxied)))   -- no scalars key of its own
+    local entry = setmetatable({}, {__index = {b, pto.INOUT}})
+    assert.are.same({{a, "in"}, {b, "inout"}}, shape_of(pto.args{{a, "in"}, entry}))
+    -- tags by constant, no_dep and out_existing, a bare tensor: the entry-by-entry reading of each
+    assert.are.same({{a, "in"}, {b, "no_dep"}, {c, "out_existing"}, {a, "in"}},
+                    shape_of(pto.args{{a, pto.INPUT}, {b, "no_dep"}, {c, "out_existing"}, a}))
+    assert.are.same({{a, "in"}, {b, "in"}}, shape_of(pto.args{{a}, {b, nil}}))   -- no tag: INPUT
+  end)
+
+  it("stops at the first hole, as ipairs", function()
+    local a, c = pto.tensor{4}, pto.tensor{4}
+    assert.are.same({{a, "in"}}, shape_of(pto.args{{a, "in"}, nil, {c, "out"}}))
+  end)
+
+  it("names the entry or field that is wrong whatever the list's form", function()
+    local a = pto.tensor{4}
+    local function err(f) return select(2, pcall(f)) end
+    assert.matches("pto.args: entry 2 must be a tensor or {tensor, tag} %(got number%)", err(function() pto.args{{a, "in"}, 5} end))
+    assert.matches("pto.args: entry 2: unknown tag string 'inn'", err(function() pto.args{{a, "in"}, {a, "inn"}} end))
+    assert.matches("pto.args: unknown field 'scalar'", err(function() pto.args{{a, "in"}, scalar = {1}} end))
+    assert.matches("pto.args: unknown field '5'", err(function() pto.args{{a, "in"}, [5] = {a, "in"}} end))
+    assert.matches("pto.args: unknown field '0'", err(function() pto.args{[0] = {a, "in"}, {a, "in"}} end))
+    assert.matches("pto.args: entry 1 must be a tensor or {tensor, tag} %(got table%)",
+                   err(function() pto.args{{5, "in"}} end))
   end)
 end)
 

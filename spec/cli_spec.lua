@@ -804,6 +804,87 @@ describe("ptolua under an address-space limit", function()
   end)
 end)
 
+-- ptolua's Lua state keeps its small objects on per-size free lists
+-- (src/binding/lpto_alloc.c); PTO_LUA_ALLOC=malloc turns that off. Blocks
+-- grow and shrink across the pool's largest size and move between the
+-- pool and malloc; the results must be those of plain malloc.
+local CHURN = [[
+local parts, acc = {}, {}
+for n = 1, 1200 do
+  parts[#parts + 1] = string.rep(string.char(65 + n % 26), n % 700)   -- strings of every size around 512 bytes
+  local t = {}
+  for i = 1, n % 90 do t[i] = i end                                   -- arrays grown past the pool's sizes
+  for i = 1, n % 90 do t[i] = nil end                                 -- and emptied
+  t.x = n
+  acc[n % 50 + 1] = t
+  if n % 100 == 0 then collectgarbage() end
+end
+local sum = 0
+for _, s in ipairs(parts) do sum = sum + #s end
+local m = {}
+for i = 1, 2000 do m["k" .. i] = {i} end
+for i = 1, 2000, 2 do m["k" .. i] = nil end
+collectgarbage()
+local left = 0
+for _, v in pairs(m) do left = left + v[1] end
+print(sum, left, table.concat(parts):sub(500, 520))
+]]
+
+describe("ptolua's allocator", function()
+  it("gives the same results as plain malloc", function()
+    local s = script(CHURN)
+    local out, err, code = run(q(s))
+    assert.are.equal(0, code, err)
+    local out2, err2, code2 = run(q(s), {env = "PTO_LUA_ALLOC=malloc "})
+    assert.are.equal(0, code2, err2)
+    assert.are.equal(out2, out)
+  end)
+
+  it("runs a Worker's submits with the pool and without it", function()
+    local s = script([[
+      local w = pto.Worker{mode = "thread", chips = 2}
+      local noop = w:register(pto.chip_kernel("noop"))
+      local base = pto.tensor({4096}, "f32")
+      local n = 0
+      for _ = 1, 3 do
+        n = n + w:run(function(o)
+          local c = 0
+          for i = 0, 255 do
+            o:scope(function()
+              local p = o:alloc({16}, "f32")
+              o:submit_next_level(noop, pto.args{{base:view{offset = i * 16, shape = {16}}, "in"}, {p, "out"}})
+              o:submit_next_level(noop, pto.args{{p, "in"}, {base:view(i * 16, 4, 4), "inout"}})
+              c = c + 2
+            end)
+          end
+          return c
+        end)
+      end
+      w:close()
+      print(n)
+    ]])
+    for _, env in ipairs({"", "PTO_LUA_ALLOC=malloc "}) do
+      local out, err, code = run(q(s), {env = env})
+      assert.are.equal(0, code, err)
+      assert.are.equal("1536\n", out)
+    end
+  end)
+
+  plain_only("falls back to malloc when its address space is used up", function()
+    -- Under ulimit -v the pool reserves a sixteenth of the limit (61 MiB
+    -- here); 1.2 million small tables and strings need more.
+    local out, err, code = run("-e " .. q([[
+      local t = {}
+      for i = 1, 1.2e6 do t[i] = {i, tostring(i)} end
+      local s = 0
+      for i = 1, #t do s = s + t[i][1] + #t[i][2] end
+      print(#t, s)
+    ]]), {wrap = "ulimit -v 1000000;"})
+    assert.are.equal(0, code, err)
+    assert.are.equal("1200000\t720007888896\n", out)
+  end)
+end)
+
 -- A thread-mode task shares the process: when it takes the process down it
 -- names itself on stderr first, and the exit status stays what the crash or
 -- exit made it (issue 19, item 8).

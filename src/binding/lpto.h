@@ -1,6 +1,8 @@
 /* lpto.h - the Lua binding's entry points for hosts (ptolua). */
 #ifndef LPTO_H
 #define LPTO_H
+#include <stdbool.h>
+
 #include "lua.h"
 
 /* Open the pto module: returns 1 with the module table on the stack. */
@@ -16,4 +18,9 @@ int lpto_interrupt(void);
 void *lpto_idle_begin(lua_State *L);
 /* The wait is over: take the interpreter lock back. */
 void lpto_idle_end(void *token);
+/* Give L (just made by luaL_newstate) a pool allocator for its small
+ * objects, on top of its own (lpto_alloc.c); once per process. False, and
+ * L unchanged, if $PTO_LUA_ALLOC is "malloc" or no address space could be
+ * reserved. */
+bool lpto_use_pool_allocator(lua_State *L);
 #endif

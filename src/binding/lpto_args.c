@@ -243,10 +243,97 @@ static int a_tostring(lua_State *L)
     return 1;
 }
 
+/* The list's scalars field into the TaskArgs at self (the top), which it returns. */
+static int args_scalars(lua_State *L, int self, const char *who)
+{
+    lpto_args *a = lua_touserdata(L, self);
+    if (lua_getfield(L, 1, "scalars") != LUA_TNIL) {
+        if (!lua_istable(L, -1))
+            return lpto_error(L, who, "scalars must be a list of numbers (got %s)", luaL_typename(L, -1));
+        int sc = lua_gettop(L);
+        for (lua_Integer i = 1;; i++) {
+            if (lua_geti(L, sc, i) == LUA_TNIL) break;
+            int t = lua_type(L, sc + 1);   /* the message naming the entry is made only for a bad one */
+            add_scalar(L, self, a, sc + 1, t == LUA_TNUMBER || t == LUA_TBOOLEAN ? NULL
+                                           : lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
+            lua_settop(L, sc);
+        }
+    }
+    lua_settop(L, self);
+    return 1;
+}
+
 static int l_taskargs(lua_State *L)
 {
     push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), 0);
     return 1;
+}
+
+/* The tag named by the string at idx, by its length and bytes (no strlen:
+ * lua_tolstring knows the length), or -1 for anything else, which
+ * lpto_tag_value then judges. */
+static inline int tag_quick(lua_State *L, int idx)
+{
+    size_t n;
+    const char *s = lua_type(L, idx) == LUA_TSTRING ? lua_tolstring(L, idx, &n) : NULL;
+    if (!s) return -1;
+    if (n == 2 && s[0] == 'i' && s[1] == 'n') return PTO_INPUT;
+    if (n == 3 && memcmp(s, "out", 3) == 0) return PTO_OUTPUT;
+    if (n == 5 && memcmp(s, "inout", 5) == 0) return PTO_INOUT;
+    return -1;
+}
+
+/* Entry e of a plain list into the TaskArgs at self: a tensor, or a
+ * {tensor, tag} table without a metatable tagged in, out or inout. False
+ * for anything else (left to the general loop, which also raises). */
+static inline bool entry_quick(lua_State *L, int self, lpto_args *a, int e)
+{
+    if (lpto_testudata_up(L, e, LPTO_UP_TENSOR)) {
+        add_tensor(L, self, a, e, PTO_INPUT);
+        return true;
+    }
+    if (lua_type(L, e) != LUA_TTABLE || lua_getmetatable(L, e)) return false;
+    lua_rawgeti(L, e, 1);
+    if (!lpto_testudata_up(L, e + 1, LPTO_UP_TENSOR)) return false;
+    lua_rawgeti(L, e, 2);
+    int tag = tag_quick(L, e + 2);
+    if (tag < 0) return false;
+    add_tensor(L, self, a, e + 1, tag);
+    return true;
+}
+
+/* pto.args for a list without a metatable whose entries are its array in
+ * order (as a table constructor makes it): one lua_next pass reads the
+ * entries and checks the keys, where the general loop makes one pass to
+ * check the keys and then looks every entry up. Leaves the TaskArgs at 2
+ * and returns true with *has_scalars set; false (stack back to the list
+ * alone) for anything else, which the general loop then builds or rejects
+ * with its messages. */
+static bool args_quick(lua_State *L, bool *has_scalars)
+{
+    if (lua_getmetatable(L, 1)) {
+        lua_pop(L, 1);
+        return false;
+    }
+    lpto_args *a = push_args_mt(L, lua_upvalueindex(LPTO_UP_ARGS), 0);
+    lua_Integer next = 1;
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {   /* key at 3, value at 4 */
+        size_t len;
+        if (lua_isinteger(L, 3) && lua_tointeger(L, 3) == next) {
+            if (!entry_quick(L, 2, a, 4)) break;
+            next++;
+        } else if (lua_type(L, 3) == LUA_TSTRING && (lua_tolstring(L, 3, &len), len == 7) &&
+                   memcmp(lua_tostring(L, 3), "scalars", 7) == 0) {
+            *has_scalars = true;
+        } else {
+            break;
+        }
+        lua_settop(L, 3);
+    }
+    if (lua_gettop(L) == 2) return true;   /* lua_next reached the end */
+    lua_settop(L, 1);
+    return false;
 }
 
 /* pto.args{ {a, "in"}, {b, "in"}, {c, "out"}, scalars = {42} }: a TaskArgs
@@ -258,6 +345,8 @@ static int l_args(lua_State *L)
         return lpto_error(L, who, "expected a table like { {a, \"in\"}, {c, \"out\"}, scalars = {42} } (got %s)",
                           luaL_typename(L, 1));
     lua_settop(L, 1);
+    bool quick_scalars = false;
+    if (args_quick(L, &quick_scalars)) return quick_scalars ? args_scalars(L, 2, who) : 1;
     lua_Integer n = luaL_len(L, 1);
     lua_pushnil(L);
     bool has_scalars = false;   /* read below only if the key was seen: no lookup by name per call */
@@ -290,20 +379,7 @@ static int l_args(lua_State *L)
         lua_settop(L, self);
     }
     lua_settop(L, self);
-    if (has_scalars && lua_getfield(L, 1, "scalars") != LUA_TNIL) {
-        if (!lua_istable(L, -1))
-            return lpto_error(L, who, "scalars must be a list of numbers (got %s)", luaL_typename(L, -1));
-        int sc = lua_gettop(L);
-        for (lua_Integer i = 1;; i++) {
-            if (lua_geti(L, sc, i) == LUA_TNIL) break;
-            int t = lua_type(L, sc + 1);   /* the message naming the entry is made only for a bad one */
-            add_scalar(L, self, a, sc + 1, t == LUA_TNUMBER || t == LUA_TBOOLEAN ? NULL
-                                           : lua_pushfstring(L, "pto.args: scalars[%d]", (int)i));
-            lua_settop(L, sc);
-        }
-    }
-    lua_settop(L, self);
-    return 1;
+    return has_scalars ? args_scalars(L, self, who) : 1;
 }
 
 void lpto_push_args_view(lua_State *L, const pto_args_view *v, int st_idx)

@@ -49,9 +49,11 @@ int lpto_parse_dtype(lua_State *L, int idx, const char *who)
 {
     if (lua_isnoneornil(L, idx)) return PTO_F32;
     if (lua_type(L, idx) == LUA_TSTRING) {
-        const char *s = lua_tostring(L, idx);
-        size_t n = strlen(s);
-        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;   /* the common case first */
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;   /* the common case first, per orch:alloc */
+        n = strlen(s);   /* a name ends at a NUL, as strcmp saw it */
+        if (n == 3 && memcmp(s, "f32", 3) == 0) return PTO_F32;
         for (int d = 0; d < PTO_DTYPE_COUNT; d++) {
             const char *name = pto_dtype_name(d);
             if (strlen(name) == n && memcmp(s, name, n) == 0) return d;
@@ -64,21 +66,32 @@ int lpto_parse_dtype(lua_State *L, int idx, const char *who)
 
 int lpto_parse_shape(lua_State *L, int idx, uint32_t shape[PTO_MAX_DIMS], const char *who)
 {
-    if (lua_type(L, idx) == LUA_TNUMBER) {   /* a bare length: 1-D */
-        lua_createtable(L, 1, 0);
-        lua_pushvalue(L, idx);
-        lua_rawseti(L, -2, 1);
-        lua_replace(L, idx);
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) == LUA_TNUMBER) {   /* a bare length: 1-D, read in place (no table) */
+        int isint;
+        lua_Integer d = lua_tointegerx(L, idx, &isint);
+        if (!isint) return lpto_error(L, who, "shape[1] must be an integer (got %s)", luaL_typename(L, idx));
+        if (d < 0 || d > UINT32_MAX)
+            return lpto_error(L, who, "shape[1] must be between 0 and %u (got %lld)", UINT32_MAX, (long long)d);
+        memset(shape, 0, PTO_MAX_DIMS * sizeof *shape);
+        shape[0] = (uint32_t)d;
+        return 1;
     }
     if (!lua_istable(L, idx))
         return lpto_error(L, who, "shape must be a table of dimension sizes like {4, 8} (got %s)",
                           luaL_typename(L, idx));
-    lua_Integer n = luaL_len(L, idx);
+    /* Shapes are made per view and per orch:alloc: a table without a
+     * metatable is read raw, which is what luaL_len and lua_geti do with it
+     * but a step shorter each. */
+    bool raw = !lua_getmetatable(L, idx);
+    if (!raw) lua_pop(L, 1);
+    lua_Integer n = raw ? (lua_Integer)lua_rawlen(L, idx) : luaL_len(L, idx);
     if (n < 1 || n > PTO_MAX_DIMS)
         return lpto_error(L, who, "shape must have 1 to %d dimensions (got %lld)", PTO_MAX_DIMS, (long long)n);
     uint64_t numel = 1;
     for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, idx, i);
+        if (raw) lua_rawgeti(L, idx, i);
+        else lua_geti(L, idx, i);
         int isint;
         lua_Integer d = lua_tointegerx(L, -1, &isint);
         if (!isint)
@@ -496,6 +509,34 @@ static void view_positional(lua_State *L, pto_tensor *v, const char *who)
     v->ndims = (uint8_t)n;
 }
 
+/* Push the fields offset and shape of the table at 2 (nil if absent),
+ * raising for any other key. One pass over the table's keys, as
+ * lpto_check_fields and two lua_getfield would make three: views are made
+ * per tile in loops. A table with a metatable gets exactly those calls,
+ * whose __index a raw pass would not see. */
+static void view_fields(lua_State *L, const char *who)
+{
+    static const lpto_field fields[] = {{"offset", 1, 0}, {"shape", 1, 0}, {NULL, 0, 0}};
+    if (lua_getmetatable(L, 2)) {
+        lua_pop(L, 1);
+        lpto_check_fields(L, 2, fields, who);
+        lua_getfield(L, 2, "offset");
+        lua_getfield(L, 2, "shape");
+        return;
+    }
+    lua_pushnil(L);
+    lua_pushnil(L);
+    int base = lua_gettop(L);   /* offset at base - 1, shape at base */
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        size_t len = 0;
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &len) : NULL;
+        if (k && len == 6 && memcmp(k, "offset", 6) == 0) lua_replace(L, base - 1);
+        else if (k && len == 5 && memcmp(k, "shape", 5) == 0) lua_replace(L, base);
+        else lpto_check_fields(L, 2, fields, who);   /* raises, naming the key */
+    }
+}
+
 /* t:view{offset = k, shape = {...}} or t:view(k, d1, d2, ...): k in elements from the start of t. */
 static int t_view(lua_State *L)
 {
@@ -519,12 +560,9 @@ static int t_view(lua_State *L)
     } else {
         if (!lua_istable(L, 2))
             return lpto_error(L, who, "expected a table like {offset = k, shape = {...}} (got %s)", luaL_typename(L, 2));
-        static const lpto_field fields[] = {{"offset", 1, 0}, {"shape", 1, 0}, {NULL, 0, 0}};
-        lpto_check_fields(L, 2, fields, who);
-        lua_getfield(L, 2, "offset");
-        off = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &isint);
-        if (!isint) return lpto_error(L, who, "offset must be an integer count of elements (got %s)", luaL_typename(L, -1));
-        lua_getfield(L, 2, "shape");
+        view_fields(L, who);   /* pushes offset, shape */
+        off = lua_isnil(L, -2) ? 0 : lua_tointegerx(L, -2, &isint);
+        if (!isint) return lpto_error(L, who, "offset must be an integer count of elements (got %s)", luaL_typename(L, -2));
         if (lua_isnil(L, -1)) {
             if (off < 0 || (uint64_t)off > numel_of(t))
                 return lpto_error(L, who, "offset %lld is outside the tensor's %llu elements", (long long)off,

@@ -666,6 +666,7 @@ int main(int argc, char **argv) {
     l_message(progname, "cannot create state: not enough memory");
     return EXIT_FAILURE;
   }
+  lpto_use_pool_allocator(L); /* idiomatic orchestration loops allocate per task */
   lua_gc(L, LUA_GCSTOP);
   lua_pushcfunction(L, pmain);
   lua_pushinteger(L, argc);

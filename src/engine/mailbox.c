@@ -106,7 +106,9 @@ int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args
     c->load_len = load ? load_len : 0;
     c->after_prev = after_prev;
     atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
-    c->posted_ns = pto_now_ns();
+    /* Only a child that may be waiting for this cell reads the stamp (its
+     * spin budget learns from it); one busy with earlier cells does not. */
+    c->posted_ns = atomic_load_explicit(&mb->done, memory_order_relaxed) == seq ? pto_now_ns() : 0;
     if (cfg) c->cfg = *cfg;
     else memset(&c->cfg, 0, sizeof c->cfg);
     /* The release publishes every field above to the child; seq_cst orders
@@ -272,9 +274,14 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
     /* This child's own count: what the memory says may be scribbled on. */
     uint32_t seq = atomic_load_explicit(&mb->done, memory_order_relaxed);
     int prev_rc = 0;
+    /* The clock costs ~20 ns a read: a cell found waiting starts when the
+     * one before it ended, so back-to-back cells read it once each. */
+    uint64_t t0 = 0, last_done = 0;
     for (;;) {
-        uint64_t t0 = pto_now_ns();
+        bool waited = false;
         if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) {
+            waited = true;
+            t0 = pto_now_ns();
             int64_t b = pto_mb_spin_budget(&spin);
             if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
                 pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
@@ -282,8 +289,11 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
         if (pto_mb_state(mb) == PTO_MB_SHUTDOWN) return;
         if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) continue;   /* a spurious wake-up */
         pto_mb_cell *c = pto_mb_cell_of(mb, seq);
-        pto_mb_spin_observe(&spin, c->posted_ns > t0 ? c->posted_ns - t0 : 0);
-        c->start_ns = pto_now_ns();
+        /* The wait until the post, from the parent's stamp: time asleep
+         * past it would inflate the spin budget. A cell found waiting
+         * needed no spin at all. */
+        pto_mb_spin_observe(&spin, waited && c->posted_ns > t0 ? c->posted_ns - t0 : 0);
+        c->start_ns = waited || !last_done ? pto_now_ns() : last_done;
         atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
         uint32_t want = PTO_CELL_POSTED;
         bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN,
@@ -297,7 +307,7 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
             c->rc = serve(mb, c, leaf);
         }
         prev_rc = c->skipped ? 1 : c->rc;
-        c->done_ns = pto_now_ns();
+        c->done_ns = last_done = pto_now_ns();
         /* Only this child advances done; the zygote writes DEAD, never done. */
         atomic_store_explicit(&mb->done, ++seq, memory_order_seq_cst);
         pto_mb_wake_parent(mb);

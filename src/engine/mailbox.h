@@ -95,10 +95,12 @@ typedef struct pto_mb_cell {
     uint64_t load_addr, load_len;    /* shipped callable to install first (shared memory), or 0 */
     uint32_t blob_len;
     uint32_t after_prev;             /* 1: skip it unless the cell before it succeeded */
-    uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide) */
+    uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide), 0 if the
+                                      * child was still busy with earlier cells then */
     pto_call_config cfg;
     /* The result: written by the child before it advances done. */
-    uint64_t start_ns, done_ns;      /* pto_now_ns() when the child began it and posted the result */
+    uint64_t start_ns, done_ns;      /* pto_now_ns() when the child began it (the cell before it ended,
+                                      * if it was waiting) and posted the result */
     int32_t rc;
     uint32_t loaded;                 /* 1 if load_addr was installed */
     uint32_t skipped;                /* 1 if not run (after_prev and the cell before failed, or revoked) */

@@ -291,17 +291,21 @@ static void pump_finish(pto_worker_thread *wt, const pto_proc_result *r, const c
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
     } else {
         if (PTO_UNLIKELY(pto_diag_wanted(&e->slot->cfg->cfg))) pto_diag_finish(wt->wm, e->slot, &wt->child->mb->diag);
-        /* The span starts when the task became the oldest posted (at its
-         * post, or at the end of the one before it): a hand-off belongs to
-         * its task, and the ring's waiting does not. */
-        uint64_t t0 = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed), t1 = r->t1;
-        if (r->t0 && r->t0 < t0) t0 = r->t0;
+        /* The span starts when the child began it, or earlier when the task
+         * became the oldest posted (its post, the end of the one before)
+         * and that time is exact: a hand-off belongs to its task, and the
+         * ring's waiting does not. */
+        uint64_t t0 = r->t0, t1 = r->t1, head = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed);
+        if (!t0 || (wt->head_exact && head < t0)) t0 = head;
         if (t1 < t0) t1 = pto_now_ns();
         ran(wt, &c, t0, t1, r->rc, err);
     }
     complete(wt, c);
     staged_pop(wt);
-    if (wt->staged_posted) started(wt, staged_at(wt, 0)->slot, staged_at(wt, 0)->member, r->t1 ? r->t1 : pto_now_ns());
+    if (wt->staged_posted) {
+        started(wt, staged_at(wt, 0)->slot, staged_at(wt, 0)->member, r->t1 ? r->t1 : pto_now_ns());
+        wt->head_exact = true;
+    }
 }
 
 /* When the oldest posted task s runs out of time. Its clock starts when
@@ -393,7 +397,10 @@ static bool pump_post(pto_worker_thread *wt)
             if (pto_diag_wanted(&s->cfg->cfg)) pto_diag_prepare(&ch->mb->diag, wt->wm, s, e->member, wt->index);
         }
         err[0] = 0;
-        uint64_t now = pto_now_ns();   /* before the post: the child may start (and trace) at once */
+        /* Before the post: the child may start (and trace) at once. The
+         * precise clock only where a span or a deadline needs it (~20 ns). */
+        bool exact = s->timeout_ms || pto_trace_on(&wt->wm->trace) || PTO_UNLIKELY(alone);
+        uint64_t now = exact ? pto_now_ns() : pto_now_coarse_ns();
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, err, sizeof err);
         if (r > 0) break;   /* its child is starting: the bell rings when it is up */
         moved = true;
@@ -404,7 +411,10 @@ static bool pump_post(pto_worker_thread *wt)
             staged_drop(wt, i);
             continue;
         }
-        if (i == 0) started(wt, s, e->member, now);
+        if (i == 0) {
+            started(wt, s, e->member, now);
+            wt->head_exact = exact;
+        }
         else if (e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
         wt->staged_posted++;
         wt->staged_alone = alone;
@@ -423,7 +433,7 @@ static bool pump_one(pto_worker_thread *wt, bool check_zygote)
 bool pto_wm_pump(pto_worker_manager *wm)
 {
     if (!atomic_load_explicit(&wm->proc, memory_order_relaxed)) return false;
-    uint64_t now = pto_now_ns();
+    uint64_t now = pto_now_coarse_ns();   /* a 50 ms tick: a few ms late is fine */
     bool check = now - wm->zygote_checked_ns >= (uint64_t)PTO_PROC_TICK_NS;
     if (check) wm->zygote_checked_ns = now;
     bool moved = false;

@@ -97,6 +97,7 @@ typedef struct pto_worker_thread {
      * the same order), the rest wait for room or for a child to start. */
     pto_staged staged[PTO_MB_CELLS];
     uint32_t staged_head, staged_len, staged_posted;
+    bool head_exact;                        /* task_started_ns of the oldest posted one is pto_now_ns, not coarse */
     bool staged_alone;                      /* the posted ones include a task that must run alone */
 } pto_worker_thread;
 

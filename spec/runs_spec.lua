@@ -279,6 +279,23 @@ describe("failures and cancellation across runs", function()
     assert.are.equal(counts.completed, chips_ran() - before)
   end)
 
+  it("cancel also stops the tasks handed to a busy worker but not begun", function()
+    -- 20 independent sleeps: each chip begins one and has more staged
+    -- behind it (in process mode in its mailbox's cells). Only the two
+    -- begun before the cancel may run.
+    local h = W:submit(function(orch) for _ = 1, 20 do sleep(orch, 100000) end end)
+    assert.is_true(H.eventually(function()
+      local busy = 0
+      for _, c in ipairs(W:children()) do if c.kind == "chip" and c.task then busy = busy + 1 end end
+      return busy == 2
+    end, 5), "the chips did not both begin a task")
+    assert.is_true(h:cancel())
+    H.assert_error(function() h:wait() end, "Run:wait: ", "cancelled")
+    local _, counts = h:status()
+    assert.is_true(counts.completed <= 2, ("%d tasks ran after the cancel"):format(counts.completed - 2))
+    assert.are.equal(20, counts.completed + counts.failed)
+  end)
+
   it("a failing run function raises from submit, unchanged; the Worker is usable after", function()
     local ok, err = pcall(W.submit, W, function(orch)
       sleep(orch, 1000)

@@ -648,7 +648,10 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     pto_slot *x = c->slot;
     if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
                              c->status == PTO_DONE_FAILED, x->scope_seq);
-    if (c->status == PTO_DONE_CANCELLED) pto_slot_poison(x, -1);   /* as cancel_ready, for what was already staged */
+    if (c->status == PTO_DONE_CANCELLED) {   /* as cancel_ready or a run's cancel, for what was already staged */
+        if (x->run && pto_run_cancelled(x->run)) run_cancel_task(x);
+        else pto_slot_poison(x, -1);
+    }
     if (c->status == PTO_DONE_UNRUN) x->poisoned = true;   /* its producer's completion, polled first, said why */
     if (PTO_UNLIKELY(c->status == PTO_DONE_OK && c->error)) {   /* check mode's warnings (check.c) */
         char *msg = describe_outcome(s, x, wt, "", c->error);

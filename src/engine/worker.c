@@ -125,6 +125,7 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
         return NULL;
     }
     w->wm.cancel = &w->sched.cancel;
+    w->wm.run_cancels = &w->sched.run_cancels;
     return w;
 }
 

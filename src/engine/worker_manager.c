@@ -5,6 +5,7 @@
 #include "slot.h"
 #include "trace.h"
 #include "diag.h"
+#include "run.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -125,6 +126,11 @@ static int32_t skip_status(const pto_worker_thread *wt, pto_slot *s, pto_slot *a
     /* Staged before the interrupt: an interrupted run drains without
      * running what is still queued, however deep the queues are. */
     if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) return PTO_DONE_CANCELLED;
+    /* Its submitted run was cancelled (pto_run_cancel): the scheduler gives
+     * it the run's message. Looked at only once some run was. */
+    if (PTO_UNLIKELY(atomic_load_explicit(wt->wm->run_cancels, memory_order_relaxed)) && s->group_size == 1 &&
+        s->run && pto_run_cancelled(s->run))
+        return PTO_DONE_CANCELLED;
     return -1;
 }
 
@@ -319,14 +325,18 @@ static uint64_t head_due(pto_worker_thread *wt, const pto_slot *s)
     return t0 + (uint64_t)s->timeout_ms * 1000000ull;
 }
 
-/* Interrupted: what wt's child has been handed but not begun comes back
- * skipped (pump_finish makes it cancelled) instead of running. */
+/* Interrupted, or a submitted run cancelled: what wt's child has been
+ * handed of it but not begun comes back skipped (pump_finish makes it
+ * cancelled) instead of running. */
 static void revoke_posted(pto_worker_thread *wt)
 {
     /* A cell begun or revoked already fails the CAS: no harm done. Group
      * members run on (skip_status does not cancel them either). */
-    for (uint32_t k = 0; k < wt->staged_posted; k++)
-        if (staged_at(wt, k)->slot->group_size == 1) pto_proc_revoke(wt->child, k);
+    bool all = atomic_load_explicit(wt->wm->cancel, memory_order_relaxed);
+    for (uint32_t k = 0; k < wt->staged_posted; k++) {
+        const pto_slot *s = staged_at(wt, k)->slot;
+        if (s->group_size == 1 && (all || (s->run && pto_run_cancelled(s->run)))) pto_proc_revoke(wt->child, k);
+    }
 }
 
 /* Collect what wt's child finished; true if anything moved. */
@@ -340,7 +350,11 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         err[0] = 0;
         int k = pto_proc_poll(ch, check_zygote, &r, err, sizeof err);
         if (k == PTO_PROC_RUNNING) {
-            if (PTO_UNLIKELY(atomic_load_explicit(wt->wm->cancel, memory_order_relaxed))) revoke_posted(wt);
+            uint32_t rc = atomic_load_explicit(wt->wm->run_cancels, memory_order_relaxed);
+            if (PTO_UNLIKELY(atomic_load_explicit(wt->wm->cancel, memory_order_relaxed) || rc != wt->run_cancels_seen)) {
+                wt->run_cancels_seen = rc;
+                revoke_posted(wt);
+            }
             const pto_slot *s = staged_at(wt, 0)->slot;
             if (PTO_UNLIKELY(s->timeout_ms) && !ch->timed_out_ms) {
                 /* Its death, which the bell reports, ends the task. */

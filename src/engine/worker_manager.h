@@ -97,6 +97,7 @@ typedef struct pto_worker_thread {
      * the same order), the rest wait for room or for a child to start. */
     pto_staged staged[PTO_MB_CELLS];
     uint32_t staged_head, staged_len, staged_posted;
+    uint32_t run_cancels_seen;              /* PROCESS mode: *wm->run_cancels at the last revocation sweep */
     bool head_exact;                        /* task_started_ns of the oldest posted one is pto_now_ns, not coarse */
     bool staged_alone;                      /* the posted ones include a task that must run alone */
 } pto_worker_thread;
@@ -110,6 +111,7 @@ typedef struct pto_worker_manager {
     _Atomic int32_t up;           /* worker threads that started (pto_wait_up) */
     pto_event *sched_ev;          /* woken on every completion */
     _Atomic bool *cancel;         /* the run was interrupted: staged tasks are not run */
+    _Atomic uint32_t *run_cancels; /* bumped by every pto_run_cancel: a submitted run's staged tasks are not run */
     /* PROCESS mode */
     uint32_t start_timeout_ms;
     pto_proc *_Atomic proc;       /* zygote and children, from start to stop; read by signal handlers */

@@ -77,9 +77,17 @@ mutant tensormap_touching_overlap src/engine/tensormap.c \
   'if (e->start <= end && start <= e->end)' \
   'adjacent byte ranges count as overlapping (false dependencies)'
 mutant mailbox_len_without_scalars src/engine/mailbox.c \
-  'mb->blob_len = (uint32_t)n;' \
-  'mb->blob_len = (uint32_t)(n - 8 * args->scalar_count);' \
+  'c->blob_len = (uint32_t)n;' \
+  'c->blob_len = (uint32_t)(n - 8 * args->scalar_count);' \
   'a PROCESS-mode mailbox posts a blob length without the scalars'
+mutant ring_ignores_after_prev src/engine/mailbox.c \
+  'c->skipped = revoked || (c->after_prev && prev_rc != 0);' \
+  'c->skipped = revoked;' \
+  'a child runs a chained cell although the cell before it (its producer) failed'
+mutant interrupt_revokes_nothing src/engine/worker_manager.c \
+  'if (s->group_size == 1 && (all || (s->run && pto_run_cancelled(s->run)))) pto_proc_revoke(wt->child, k);' \
+  '' \
+  'an interrupt or a cancel lets the tasks handed to a child but not begun run'
 mutant respawn_skips_dead_child src/engine/process.c \
   'if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {' \
   'if (st == PTO_MB_EMPTY) {' \

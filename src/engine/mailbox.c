@@ -131,11 +131,11 @@ static bool parent_has_work(void *p)
     return !pto_mb_in(pto_mb_state(a->mb), a->mask) || (a->abort && a->abort(a->arg));
 }
 
-uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *), void *arg, int64_t spin_ns,
-                     int64_t timeout_ns)
+/* The parent's wait on to_parent until has(arg): spin, then sleep until
+ * the timeout (< 0: none). */
+static void parent_wait(pto_mailbox *mb, bool (*has)(void *), void *arg, int64_t spin_ns, int64_t timeout_ns)
 {
-    wait_arg a = {mb, while_mask, abort, arg};
-    if (spin_for(parent_has_work, &a, spin_ns)) return pto_mb_state(mb);
+    if (spin_for(has, arg, spin_ns)) return;
     uint64_t t0 = pto_now_ns();
     /* pto_event_wait may return early: a wake-up meant for the previous
      * round (the peer saw us sleeping then) lands in this one. */
@@ -145,8 +145,15 @@ uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *)
             left = timeout_ns - (int64_t)(pto_now_ns() - t0);
             if (left < 0) left = 0;
         }
-        if (pto_event_wait(&mb->to_parent, parent_has_work, &a, 0, left) || left == 0) break;
+        if (pto_event_wait(&mb->to_parent, has, arg, 0, left) || left == 0) return;
     }
+}
+
+uint32_t pto_mb_wait(pto_mailbox *mb, uint32_t while_mask, bool (*abort)(void *), void *arg, int64_t spin_ns,
+                     int64_t timeout_ns)
+{
+    wait_arg a = {mb, while_mask, abort, arg};
+    parent_wait(mb, parent_has_work, &a, spin_ns, timeout_ns);
     return pto_mb_state(mb);
 }
 
@@ -164,17 +171,7 @@ static bool cell_done(void *p)
 bool pto_mb_wait_done(pto_mailbox *mb, uint32_t seq, int64_t spin_ns, int64_t timeout_ns)
 {
     done_arg a = {mb, seq};
-    if (!spin_for(cell_done, &a, spin_ns)) {
-        uint64_t t0 = pto_now_ns();
-        for (;;) {
-            int64_t left = -1;
-            if (timeout_ns >= 0) {
-                left = timeout_ns - (int64_t)(pto_now_ns() - t0);
-                if (left < 0) left = 0;
-            }
-            if (pto_event_wait(&mb->to_parent, cell_done, &a, 0, left) || left == 0) break;
-        }
-    }
+    parent_wait(mb, cell_done, &a, spin_ns, timeout_ns);
     return pto_mb_done_beyond(mb, seq) > 0;
 }
 

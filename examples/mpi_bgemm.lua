@@ -1,6 +1,6 @@
 -- BGEMM across hosts: an L4 on MPI rank 0 spreads the batches over two L3
 -- Workers with two chips each that live on ranks 1 and 2 (docs/mpi.md).
--- This is examples/mpi_bgemm.lua with `rank = i` added to each L3: every
+-- This is examples/l4_bgemm.lua with `rank = i` added to each L3: every
 -- rank runs the script up to w4:init(); ranks 1 and 2 then host their L3
 -- and serve its tasks until rank 0 closes the L4. A, B and each batch's C
 -- travel by their tags (in: to the rank, inout: there and back).

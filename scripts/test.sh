@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test on a fresh machine: install, build, run ctest.
-# PTO_SANITIZE=address|thread runs the suite under ASan+UBSan or TSan.
+# PTO_SANITIZE=address|thread runs the suite under ASan+UBSan or TSan;
+# PTO_MPI=off runs it on a build without the MPI scale-out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

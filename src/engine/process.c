@@ -611,7 +611,8 @@ static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
                  "this Worker is killed and replaced by the Worker above", (int)c->proc->zygote_pid, c->name);
     else
         snprintf(buf, cap, "the Worker's forkserver process (pid %d) is gone, and %s with it; close this Worker and "
-                 "create a new one", (int)c->proc->zygote_pid, c->name);
+                 "create a new one (a Worker added to a thread-mode Worker of the level above: close that one)",
+                 (int)c->proc->zygote_pid, c->name);
 }
 
 /* When a child asked for now must have started: start_timeout_ms from now,

@@ -308,6 +308,33 @@ describe("failures and cancellation across runs", function()
   end)
 end)
 
+describe("memory of runs in flight", function()
+  it("is bounded by the heap ring: a submit whose alloc does not fit waits for earlier runs", function()
+    -- 100 runs of 1 MiB each through a 4 MiB ring: all succeed, and at no
+    -- point are more than a few of them unfinished (without back-pressure
+    -- all 100 would be in flight, holding 100 MiB).
+    local w <close> = pto.Worker{chips = 2, heap_ring_size = 4 << 20}
+    local sl = w:register(pto.chip_kernel("sleep_us"))
+    w:init()
+    local hs, most = {}, 0
+    for i = 1, 100 do
+      hs[i] = w:submit(function(orch)
+        local open = 0
+        for j = 1, i - 1 do if not hs[j]:done() then open = open + 1 end end
+        most = math.max(most, open)
+        local t = orch:alloc({262144}, "f32")
+        orch:submit_next_level(sl, pto.args{{t, "out"}, scalars = {200}})
+      end)
+    end
+    w:wait_all()
+    for i = 1, 100 do assert.are.equal("ok", (hs[i]:status())) end
+    assert.is_true(most <= 8, ("%d runs were in flight at once through a 4 MiB ring"):format(most))
+    local hwm = 0
+    for _, r in ipairs(w:stats().rings) do hwm = math.max(hwm, r.hwm_bytes) end
+    assert.is_true(hwm <= 4 << 20)
+  end)
+end)
+
 describe("handles as values", function()
   it("a to-be-closed handle waits for its run when it goes out of scope", function()
     local t = pto.tensor({16}, "f32")

@@ -89,6 +89,23 @@ describe(":why", function()
   end)
 end)
 
+describe(":why, cancelled", function()
+  it("says a task of a cancelled run was not run because its run was cancelled (it shows as consumed)", function()
+    session(SETUP, {
+      PROMPT, send(":hold\n"), PROMPT,
+      send("h = w:submit(function(o) o:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {1.0}}); "
+        .. "o:submit_next_level(copy, pto.args{{a, 'in'}, {b, 'out'}}) end)\n"), PROMPT,
+      send("h:cancel()\n"), expect("\ntrue\n"), PROMPT,
+      send(":why 0\n"), expect("task 0 fill (chip) is consumed:\n  its run 1 was cancelled: task 0 was not run: its run "
+        .. "1 was cancelled\n"), PROMPT,
+      send(":why 1\n"), expect("  its run 1 was cancelled: task 1 was not run: its producer task 0 failed, as run 1 "
+        .. "was cancelled\n"), PROMPT,
+      send(":release\n"), PROMPT,
+      send("pcall(h.wait, h)\n"), expect("run 1 was cancelled"), PROMPT, EOF, WAIT,
+    })
+  end)
+end)
+
 describe(":why, pinned", function()
   it("names the busy worker a pinned task waits for while another is free", function()
     session(SETUP:gsub("chips = 1", "chips = 2"), {

@@ -485,10 +485,15 @@ return function(repl)
     local lines = {}
     local function say(fmt, ...) lines[#lines + 1] = fmt:format(...) end
     local d = w:dispatch()
-    if t.state == "completed" or t.state == "consumed" then
+    local e = (t.error or "?"):match("[^\n]*")
+    -- A task its run's cancel (h:cancel) took out shows as consumed, not failed (its run's
+    -- bookkeeping finished it): its error, not its state, says it never ran.
+    local cancelled = e:match("its run (%d+) was cancelled") or e:match("as run (%d+) was cancelled")
+    if cancelled then
+      say("its run %s was cancelled: %s", cancelled, e)
+    elseif t.state == "completed" or t.state == "consumed" then
       say("it has run: %s", t.state)
     elseif t.state == "failed" then
-      local e = (t.error or "?"):match("[^\n]*")
       if e:find("interrupted", 1, true) or e:find("was cancelled", 1, true) then say("its run was cancelled: %s", e)
       else say("it failed: %s", e) end
       if d.caught == t.id then say("the failure is caught: fix what it needs, then :retry %d; :release accepts it", t.id) end

@@ -85,17 +85,28 @@ describe("check mode", function()
     H.assert_error(function() pto.Worker{check = 1} end, "pto.Worker: ", "check must be true or false")
   end)
 
-  it("fails a chip kernel that reads its OUTPUT, naming the task, argument and fix", function()
+  it("fails a chip kernel that reads its OUTPUT, naming the run, task, argument and fix", function()
     local x, y = ramp(), pto.tensor({N}, "f32")
+    local run = W:stats().runs + 1   -- the run one() begins
     local ok, err = one(K.bad_read_out, x, y)
     assert.is_false(ok)
-    has(err, "task 0 (callable 'bad_read_out' on chip ")
+    has(err, ("Worker:run: run %d, task 0 (callable 'bad_read_out' on chip "):format(run))
     has(err, "read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
     has(err, "tag it INOUT")
     -- the Worker stays usable, and a correct kernel passes
     local ok2, err2 = one(K.copy, x, y)
     assert(ok2, err2)
     assert.equals(64, y[64])
+  end)
+
+  it("names a submitted run by its handle's id", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    local h = W:submit(function(o) o:submit_next_level(K.bad_read_out, pto.args{{x, "in"}, {y, "out"}}) end)
+    local ok, err = pcall(h.wait, h)
+    assert.is_false(ok)
+    has(err, ("Run:wait: run %d, task 0 (callable 'bad_read_out' on chip "):format(h.id))
+    has(err, "tagged OUTPUT before writing it")
+    W:wait_all()
   end)
 
   it("names the view's offset and shape", function()
@@ -139,6 +150,7 @@ describe("check mode", function()
 
   it("reports an unordered OUTPUT over bytes an earlier task still writes, naming both tasks", function()
     local t = pto.tensor({N}, "f32")
+    local run = W:stats().runs + 1
     W:hold()   -- nothing runs: the first writer is unfinished at the second submit, whatever the timing
     local ok, err = pcall(W.run, W, function(o)
       o:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {1.0}})
@@ -146,7 +158,8 @@ describe("check mode", function()
     end)
     W:release()
     assert.is_false(ok)
-    has(err, "orch:submit_next_level: check: task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) OUTPUT")
+    has(err, ("orch:submit_next_level: check: run %d, task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) "
+              .. "OUTPUT"):format(run))
     has(err, "not ordered after task 0 (callable 'fill'), which still writes those bytes")
     has(err, "tag it INOUT")
   end)
@@ -208,7 +221,7 @@ describe("check mode", function()
     local src = assert(F.readfile("examples/repl/bgemm_bug.lua"))
     local code, out = run_checked(src)
     assert.are_not.equal(0, code)
-    has(out, "check: task ")
+    has(out, "run 1, task ")   -- the submit check's message or the double run's, whichever comes first
     has(out, "(callable 'add')")   -- the add task ...
     has(out, "argument 1 (4\xc3\x974 f32 at element 0)")   -- ... and its C argument
     has(out, "tag it INOUT")

@@ -28,6 +28,8 @@
 #include "mailbox.h"
 #include "orchestrator.h"
 #include "ring.h"
+#include "run.h"
+#include "worker.h"
 #include "shm.h"
 #include "worker_manager.h"
 #include "slot.h"
@@ -598,11 +600,11 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
                 name_of(o, kind, callable, mine, sizeof mine);
                 name_of(o, x->s->kind, x->s->callable, theirs, sizeof theirs);
                 describe(d, sizeof d, t);
-                pto_set_error("check: task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
+                pto_set_error("check: run %" PRId64 ", task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
                               "ordered after task %" PRId64 " (%s), which still %s those bytes and is not among "
                               "its producers: tag it INOUT (it then waits for the last writer), or write into a "
                               "fresh tensor",
-                              id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
+                              o->cur_run ? o->cur_run->id : o->w->runs, id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
                               x->writes ? "writes" : "reads");
                 return false;
             }

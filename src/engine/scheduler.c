@@ -561,13 +561,21 @@ static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_wor
 static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
                               const char *why)
 {
+    /* Check mode names the run too (docs/check.md): a checked script runs many, and its finding
+     * must say which. A submitted run's is its handle's id (h.id), as in its cancel messages; a
+     * blocking or interactive run's is the Worker's run count (w:stats().runs, the trace's and the
+     * profile's run). Outside check mode the message stays as it always was. */
+    char run[40] = "";
+    if (PTO_UNLIKELY(atomic_load_explicit(&s->wm->check, memory_order_relaxed)))
+        snprintf(run, sizeof run, "run %lld, ",
+                 (long long)(x->run ? x->run->id : atomic_load_explicit(&s->run_no, memory_order_relaxed)));
     pthread_mutex_lock(&s->fail_mu);
     const char *name = NULL;
     for (int32_t i = 0; i < s->nnames; i++)
         if (s->names[i].kind == wt->kind && s->names[i].callable == x->callable) name = s->names[i].name;
-    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s)%s: %s", (long long)x->id, name, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", verb, why)
-                     : pto_xasprintf("task %lld (callable %llu on %s%s)%s: %s", (long long)x->id,
+    char *msg = name ? pto_xasprintf("%stask %lld (callable '%s' on %s%s)%s: %s", run, (long long)x->id, name,
+                                     wt->name, x->group_size > 1 ? ", group member" : "", verb, why)
+                     : pto_xasprintf("%stask %lld (callable %llu on %s%s)%s: %s", run, (long long)x->id,
                                      (unsigned long long)x->callable, wt->name,
                                      x->group_size > 1 ? ", group member" : "", verb, why);
     pthread_mutex_unlock(&s->fail_mu);

@@ -76,6 +76,7 @@ typedef struct pto_scheduler {
      * holds dispatch and waits in `caught` (scheduler-only), its consumers
      * not yet poisoned, until a retry or a release (or a drain) decides. */
     _Atomic bool catch_on;
+    _Atomic int64_t run_no;                 /* the Worker's run count at the engine run's begin (check mode's messages) */
     _Atomic int64_t retry_req;              /* a task id to run again, -1 when none is asked */
     _Atomic int32_t retry_result;           /* 1: it was caught and runs again, 0: it was not caught */
     _Atomic bool release_req;               /* accept the caught failures */

@@ -238,6 +238,7 @@ bool pto_run_begin_session(pto_worker *w)
     pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
+    atomic_store_explicit(&w->sched.run_no, w->runs, memory_order_relaxed);
     pto_diag_run_begin(&w->wm, w->runs);
     return true;
 }

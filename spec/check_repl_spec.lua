@@ -161,6 +161,30 @@ describe(":catch", function()
     assert(out:find("task 1 copy (chip): pending -> completed", 1, true), out)
   end)
 
+  it("prints the failure when it is caught, once per catch: after the line that ran it and after a :retry that failed again",
+    function()
+    local CAUGHT = "caught: task 0 (callable 'need' on sub 1) failed: "
+    local HINT = "x[1] is negative; dispatch is held: inspect, fix, then :retry 0; :release accepts the failure\n"
+    local out = session(CATCH_SETUP, {
+      PROMPT, send(":catch on\n"), PROMPT, send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("orch:submit_sub(need, pto.args{{x, 'in'}, {y, 'out'}})\n"), expect("\n0\n"), PROMPT,
+      send("orch:submit_next_level(copy, pto.args{{y, 'in'}, {z, 'out'}})\n"), expect("\n1\n"), PROMPT,
+      send(":step\n"), expect(CAUGHT), expect(HINT), PROMPT,
+      send("x[1] = x[1]\n"), PROMPT,   -- still caught, already said: nothing more
+      send(":retry 0\n"), expect(CAUGHT), expect(HINT), PROMPT,
+      send("x[1] = 5\n"), PROMPT,
+      send(":retry 0\n"), expect("task 0 need (sub): failed -> completed"), PROMPT,
+      send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT })
+    local n = select(2, out:gsub(CAUGHT:gsub("%p", "%%%0"), ""))
+    assert.equals(2, n, out)
+    -- after an ordinary Lua line too: the one during which the task failed, or at the latest w:wait's
+    out = session(CATCH_SETUP, steps({ PROMPT, send(":catch on\n"), PROMPT }, SUBMIT,
+      { send(":release\n"), PROMPT, send(":finish\n"), expect("run failed:"), PROMPT, EOF, WAIT }))
+    assert(out:find(CAUGHT, 1, true) and out:find(HINT, 1, true), out)
+    assert.is_true(out:find(CAUGHT, 1, true) < out:find("> :release", 1, true), out)
+  end)
+
   it(":release accepts the failure, which then poisons its consumer as before", function()
     session(CATCH_SETUP, steps(
       { PROMPT, send(":catch on\n"), PROMPT },

@@ -281,6 +281,27 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
+  -- Stop on failure prints the failure when it is caught: the prompt calls this after every line,
+  -- so a task that fails while the user types (or while w:wait waits) is named before the next
+  -- prompt, once per catch. reported[w]: the caught task already shown (a :retry or :release
+  -- forgets it, so a retry that fails again is shown again).
+  local reported = setmetatable({}, { __mode = "k" })
+  function repl.after_line()
+    for _, w in ipairs(workers()) do
+      local ok, d = pcall(w.dispatch, w)
+      local caught = ok and d.caught or nil
+      if caught and reported[w] ~= caught then
+        reported[w] = caught
+        local orch = w:orch()
+        local okt, t = pcall(function() return orch:task(caught) end)
+        local e = okt and t.error and t.error:match("[^\n]*") or ("task " .. caught .. " failed")
+        out("caught: %s; dispatch is held: inspect, fix, then :retry %d; :release accepts the failure", e, caught)
+      elseif not caught then
+        reported[w] = nil
+      end
+    end
+  end
+
   add("catch", "[on|off]", "stop on failure: a failed task holds dispatch before its consumers are poisoned", function(rest)
     local w = worker()
     if rest == "on" or rest == "off" then try(w.set_catch, w, rest == "on")
@@ -296,6 +317,7 @@ return function(repl)
     local w = worker()
     local orch = open_orch(w)
     local before = snapshot(w, orch)
+    if w:dispatch().caught == id then reported[w] = nil end   -- a retry that fails again is news again
     local ok = try(w.retry, w, id)
     wait_report(w, orch, before, ok)
   end)

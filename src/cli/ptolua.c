@@ -578,6 +578,22 @@ static void repl_open(lua_State *L) {
   }
 }
 
+/* pto.repl.after_line(), after each line the prompt ran: what happened
+ * meanwhile that the user must hear of before the next prompt (a caught
+ * failure, docs/repl.md) is printed there, not by the engine's threads,
+ * which would write into the line being edited. */
+static void after_line(lua_State *L) {
+  if (repl_ref == LUA_NOREF) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
+  lua_getfield(L, -1, "after_line");
+  lua_remove(L, -2);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  report(L, docall(L, 0, 0));
+}
+
 static void repl(lua_State *L) {
   const char *saved = progname;
   int status;
@@ -589,11 +605,13 @@ static void repl(lua_State *L) {
     if (status == CHUNK_CANCELLED) continue;
     if (status == CHUNK_COMMAND) {
       if (run_command(L)) break;
+      after_line(L);
       continue;
     }
     if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
     if (status == LUA_OK) print_results(L);
     else report(L, status);
+    after_line(L);
   }
   lua_settop(L, 0);
   fputs("\n", stdout);

@@ -205,7 +205,9 @@ describe(":check", function()
         .. "o:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {2.0}}) end)\n"),
       expect("not ordered after task 0"), PROMPT,
       send(":check off\n"), expect("check mode is off"), PROMPT,
-      send(":check maybe\n"), expect(":check: expected on or off (got 'maybe')"), PROMPT, EOF, WAIT,
+      send(":check warn\n"), expect("check mode is on, findings as warnings, for Worker(level 3"), PROMPT,
+      send("w.check\n"), expect("\nwarn\n"), PROMPT,
+      send(":check maybe\n"), expect(":check: expected on, off or warn (got 'maybe')"), PROMPT, EOF, WAIT,
     })
     assert(out:find("tag it INOUT", 1, true), out)
   end)

@@ -58,9 +58,10 @@ end
 
 -- Run a script under `ptolua --check` (or with the command prefix env and no flag); returns its exit
 -- status and everything it printed.
-local function run_checked(src, env)
+local function run_checked(src, env, flag)
   local f = F.writefile(F.tmpname(), src)
-  local p = assert(io.popen(("%s%s %s %s 2>&1"):format(env or "", F.q(PTOLUA), env and "" or "--check", F.q(f))))
+  local p = assert(io.popen(("%s%s %s %s 2>&1"):format(env or "", F.q(PTOLUA), env and "" or flag or "--check",
+    F.q(f))))
   local out = p:read("a")
   local ok, _, code = p:close()
   return ok and 0 or code, out
@@ -269,6 +270,69 @@ describe("check mode", function()
     c:set_catch(false)
     assert.is_false(c.catch)
     c:close()
+  end)
+
+  it('check = "warn": the failures become warnings, and the task leaves what it would unchecked', function()
+    W:set_check("warn")
+    assert.equals("warn", W.check)
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    y:fill(1)
+    local ok, err = one(K.bad_read_out, x, y)   -- y += x: fails under check = true
+    W:set_check(true)
+    assert(ok, err)
+    assert.equals(2, y[1])     -- from y's real prior contents (1), not from a fill pattern
+    assert.equals(65, y[64])
+    assert.is_true(W.check)
+    local v = pto.Worker{chips = 1, check = "warn"}
+    assert.equals("warn", v.check)
+    v:close()
+    H.assert_error(function() W:set_check("loud") end, "Worker:set_check: ", 'expected true or false, or "warn"')
+    H.assert_error(function() pto.Worker{check = "on"} end, "pto.Worker: ", 'check must be true or false, or "warn"')
+  end)
+
+  it("ptolua --check=warn and PTO_CHECK=warn print each finding on stderr and the script succeeds", function()
+    local src = [[
+      local w = pto.Worker{chips = 1}
+      assert(w.check == "warn", tostring(w.check))
+      local k = {}
+      for _, n in ipairs{"bad_read_out", "bad_write_in", "bad_write_outside", "fill"} do
+        k[n] = w:register(pto.chip_kernel(n), n)
+      end
+      local x, y, t = pto.tensor({64}, "f32"), pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+      local other = pto.tensor({1 << 16}, "f32")
+      for i = 1, 64 do x[i] = i end
+      y:fill(1)
+      w:run(function(o) o:submit_next_level(k.bad_read_out, pto.args{{x, "in"}, {y, "out"}}) end)
+      assert(y[1] == 2 and y[64] == 65, ("y[1] = %g"):format(y[1]))
+      w:run(function(o) o:submit_next_level(k.bad_write_in, pto.args{{x, "in"}, {y, "out"}}) end)
+      assert(x[1] == 2 and y[1] == 1, ("x[1] = %g, y[1] = %g"):format(x[1], y[1]))   -- as unchecked: it wrote x once
+      if w.mode == "process" then
+        w:run(function(o) o:submit_next_level(k.bad_write_outside, pto.args{{x, "in"}, {y, "out"},
+          scalars = {other.address + 4 * 40000}}) end)
+        assert(other[40001] == 42)
+      end
+      w:hold()
+      w:run(function(o)
+        o:submit_next_level(k.fill, pto.args{{t, "out"}, scalars = {1.0}})
+        o:submit_next_level(k.fill, pto.args{{t, "out"}, scalars = {2.0}})
+        w:release()
+      end)
+      print("done in " .. w.mode .. " mode")
+    ]]
+    for _, how in ipairs{"flag", "env"} do
+      local code, out = run_checked(src, how == "env" and "PTO_CHECK=warn " or nil, "--check=warn")
+      assert.equals(0, code, out)
+      has(out, "ptolua: run 1, task 0 (callable 'bad_read_out' on chip 1): check: warning: read argument 2 "
+               .. "(64 f32 at element 0) tagged OUTPUT before writing it")
+      has(out, "ptolua: run 2, task 0 (callable 'bad_write_in' on chip 1): check: warning: wrote argument 1 "
+               .. "(64 f32 at element 0) tagged INPUT (first changed: element 0 of the view)")
+      local mode = assert(out:match("done in (%a+) mode"), out)
+      if mode == "process" then
+        has(out, "ptolua: run 3, task 0 (callable 'bad_write_outside' on chip 1): check: warning: wrote address ")
+      end
+      has(out, ("ptolua: check: warning: run %d, task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) "
+                .. "OUTPUT, an overwrite that is not ordered after task 0"):format(mode == "process" and 4 or 3))
+    end
   end)
 
   it("passes a correct BGEMM under PTO_CHECK=1", function()

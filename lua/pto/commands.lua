@@ -611,12 +611,14 @@ return function(repl)
     for _, l in ipairs(why_lines(w, orch, t)) do out("  %s", l) end
   end)
 
-  add("check", "[on|off]", "check mode for the next run: each task checked against its tags (docs/check.md)",
+  add("check", "[on|off|warn]", "check mode for the next run: each task checked against its tags (docs/check.md)",
     function(rest)
     local w = worker()
     if rest == "on" or rest == "off" then try(w.set_check, w, rest == "on")
-    elseif rest ~= "" then problem(":check: expected on or off (got '%s')", rest) end
-    out("check mode is %s for %s's next run%s", w.check and "on" or "off", tostring(w),
+    elseif rest == "warn" then try(w.set_check, w, "warn")
+    elseif rest ~= "" then problem(":check: expected on, off or warn (got '%s')", rest) end
+    out("check mode is %s for %s's next run%s", w.check == "warn" and "on, findings as warnings," or w.check and "on"
+      or "off", tostring(w),
       w:orch() and " (the open run keeps its mode)" or "")
   end)
 

@@ -182,16 +182,17 @@ static int w_release(lua_State *L)
     return 0;
 }
 
-/* w:set_check(on): check mode (docs/check.md) for the runs that begin from now on. */
+/* w:set_check(on | "warn"): check mode (docs/check.md) for the runs that begin from now on. */
 static int w_set_check(lua_State *L)
 {
     const char *who = "Worker:set_check";
     lworker *W = lpto_check_worker(L, 1, who);
-    if (lua_type(L, 2) != LUA_TBOOLEAN)
-        return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
+    bool warn = lua_type(L, 2) == LUA_TSTRING && strcmp(lua_tostring(L, 2), "warn") == 0;
+    if (lua_type(L, 2) != LUA_TBOOLEAN && !warn)
+        return lpto_error(L, who, "expected true or false, or \"warn\" (got %s)", luaL_typename(L, 2));
     if (!W->w) return lpto_error(L, who, "the Worker is closed");
     if (lua_toboolean(L, 2)) lpto_check_record();
-    pto_worker_check_set(W->w, lua_toboolean(L, 2));
+    pto_worker_check_set(W->w, warn ? PTO_CHECK_WARN : lua_toboolean(L, 2) ? PTO_CHECK_ON : 0);
     return 0;
 }
 

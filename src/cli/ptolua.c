@@ -98,6 +98,7 @@ static void print_usage(FILE *f, const char *badoption) {
           "              500 tasks; drawn from the run's profile, it slows no run\n"
           "  --check     run every Worker in check mode (PTO_CHECK=1): each task is\n"
           "              checked against its tags, and may run twice (docs/check.md)\n"
+          "  --check=warn  the same, but every finding is a warning (PTO_CHECK=warn)\n"
           "  --profile   print the profile of every Worker's last run to stderr at exit\n"
           "  --report f  write an HTML run report (profile, timeline, DAG) to 'f' at exit\n"
           "  --          stop handling options\n"
@@ -310,8 +311,9 @@ static int collectargs(int argc, char **argv, int *first) {
     *first = i;
     if (a[0] != '-') return flags; /* the script */
     if (strcmp(a, "--help") == 0) return ARG_HELP;
-    if (strcmp(a, "--check") == 0) { /* through the environment, so Workers in forked children see it too */
-      setenv("PTO_CHECK", "1", 1);
+    if (strcmp(a, "--check") == 0 || strcmp(a, "--check=warn") == 0) {
+      /* through the environment, so Workers in forked children see it too */
+      setenv("PTO_CHECK", a[7] ? "warn" : "1", 1);
       continue;
     }
     if (is_file_option(a)) { /* "--trace FILE": the next argument, whatever it is */

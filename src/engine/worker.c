@@ -462,11 +462,15 @@ int pto_worker_check_set(pto_worker *w, int32_t on)
         pto_set_error("no Worker");
         return -1;
     }
-    w->check = on != 0;
+    if (on < 0 || on > PTO_CHECK_WARN) {
+        pto_set_error("check mode is 0 (off), 1 (on) or 2 (findings are warnings), not %d", (int)on);
+        return -1;
+    }
+    w->check = on;
     return 0;
 }
 
-int32_t pto_worker_check(pto_worker *w) { return w && w->check ? 1 : 0; }
+int32_t pto_worker_check(pto_worker *w) { return w ? w->check : 0; }
 
 int pto_worker_catch_set(pto_worker *w, int32_t on)
 {

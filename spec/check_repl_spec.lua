@@ -185,6 +185,20 @@ describe(":catch", function()
     assert.is_true(out:find(CAUGHT, 1, true) < out:find("> :release", 1, true), out)
   end)
 
+  it(":retry N callable runs the caught task with a callable registered since (the fixed one)", function()
+    local out = session(CATCH_SETUP, steps(
+      { PROMPT, send(":catch on\n"), PROMPT },
+      SUBMIT,
+      { send("fixed = w:register(function(a) local i, o = a:tensor(1), a:tensor(2) for k = 1, #o do "
+          .. "o[k] = math.abs(i[k]) * 3 end end, 'need_fixed')\n"), PROMPT,
+        send(":retry 0 copy\n"), expect("Worker:retry: task 0 is not a next-level task"), PROMPT,
+        send(":retry 0 nothing\n"), expect(":retry: 'nothing' is neither a handle"), PROMPT,
+        send(":retry 0 need_fixed\n"), expect("task 0 need_fixed (sub): failed -> completed"), expect("(dispatch free)"),
+        PROMPT, send("z[1]\n"), expect("\n3.0\n"), PROMPT,
+        send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT }))
+    assert(out:find("task 1 copy (chip): pending -> completed", 1, true), out)
+  end)
+
   it(":release accepts the failure, which then poisons its consumer as before", function()
     session(CATCH_SETUP, steps(
       { PROMPT, send(":catch on\n"), PROMPT },

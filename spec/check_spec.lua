@@ -272,6 +272,32 @@ describe("check mode", function()
     c:close()
   end)
 
+  it("w:retry(id, handle) runs the caught task with a fixed callable registered since, of the same kind", function()
+    local c = pto.Worker{chips = 1, num_sub_workers = 1, catch = true}
+    local x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")
+    local broken = c:register(function(a) error("broken") end, "broken")
+    local copy = c:register(pto.chip_kernel("copy"), "copy")
+    x[1] = 7
+    local orch = c:open_run()
+    orch:submit_sub(broken, pto.args{{x, "in"}, {y, "out"}})
+    orch:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    assert.is_true(c:wait(10))
+    assert.equals(0, c:dispatch().caught)
+    local fixed = c:register(function(a)
+      local i, o = a:tensor(1), a:tensor(2)
+      for k = 1, #o do o[k] = i[k] + 1 end
+    end, "fixed")
+    H.assert_error(function() c:retry(0, copy) end, "Worker:retry: ", "task 0 is not a next-level task")
+    assert.equals(0, c:dispatch().caught)   -- still caught
+    H.assert_error(function() c:retry(0, "fixed") end, "Worker:retry: ", "must be a handle from Worker:register")
+    assert.is_true(c:retry(0, fixed, 10))
+    assert.equals(8, z[1])
+    local t = orch:task(0)
+    assert.equals("fixed", package.loaded.pto._callable_name(c, t.kind, t.callable))
+    assert.is_true(c:close_run())
+    c:close()
+  end)
+
   it('check = "warn": the failures become warnings, and the task leaves what it would unchecked', function()
     W:set_check("warn")
     assert.equals("warn", W.check)

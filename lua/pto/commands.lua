@@ -281,6 +281,22 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
+  -- A handle from a Lua expression, or a callable's registered name.
+  local function find_callable(w, rest, who)
+    local f = load("return " .. rest, "=" .. who, "t")
+    if f then
+      local ok, v = pcall(f)
+      if ok and debug.getmetatable(v) == debug.getregistry()["pto.Handle"] then return v end
+    end
+    local names = {}
+    for _, c in ipairs(w:callables()) do
+      if c.name == rest then return c.handle end
+      names[#names + 1] = c.name or tostring(c.handle)
+    end
+    problem("%s: '%s' is neither a handle from Worker:register nor the name of a callable registered on this Worker "
+      .. "(registered: %s)", who, rest, #names > 0 and table.concat(names, ", ") or "none")
+  end
+
   -- Stop on failure prints the failure when it is caught: the prompt calls this after every line,
   -- so a task that fails while the user types (or while w:wait waits) is named before the next
   -- prompt, once per catch. reported[w]: the caught task already shown (a :retry or :release
@@ -310,15 +326,17 @@ return function(repl)
       tostring(w))
   end)
 
-  add("retry", "N", "run the caught failed task N again; on success the run goes on as if it had not failed",
-    function(rest)
-    local id = math.tointeger(tonumber(rest))
+  add("retry", "N [callable]", "run the caught failed task N again (as callable, one registered since, e.g. a fixed "
+    .. "one); on success the run goes on as if it had not failed", function(rest)
+    local n, as = rest:match("^(%S+)%s*(.-)$")
+    local id = math.tointeger(tonumber(n or ""))
     if not id then problem(":retry: expected a task id (got '%s')", rest) end
     local w = worker()
     local orch = open_orch(w)
+    local h = as ~= "" and find_callable(w, as, ":retry") or nil
     local before = snapshot(w, orch)
     if w:dispatch().caught == id then reported[w] = nil end   -- a retry that fails again is news again
-    local ok = try(w.retry, w, id)
+    local ok = try(w.retry, w, id, h)
     wait_report(w, orch, before, ok)
   end)
 
@@ -330,22 +348,6 @@ return function(repl)
     local ok = try(w.wait, w)
     wait_report(w, orch, before, ok)
   end)
-
-  -- A handle from a Lua expression, or a callable's registered name.
-  local function find_callable(w, rest, who)
-    local f = load("return " .. rest, "=" .. who, "t")
-    if f then
-      local ok, v = pcall(f)
-      if ok and debug.getmetatable(v) == debug.getregistry()["pto.Handle"] then return v end
-    end
-    local names = {}
-    for _, c in ipairs(w:callables()) do
-      if c.name == rest then return c.handle end
-      names[#names + 1] = c.name or tostring(c.handle)
-    end
-    problem("%s: '%s' is neither a handle from Worker:register nor the name of a callable registered on this Worker "
-      .. "(registered: %s)", who, rest, #names > 0 and table.concat(names, ", ") or "none")
-  end
 
   add("break", "[callable]", "hold dispatch before any task of callable (a handle or its registered name); alone: list them",
     function(rest)

@@ -614,7 +614,13 @@ static void serve_caught(pto_scheduler *s)
     int32_t found = 0, k = 0;
     for (int32_t i = 0; i < s->ncaught; i++) {
         pto_slot *x = s->caught[i];
-        if (x->id == want) {
+        int32_t as = want >= 0 ? atomic_load(&s->retry_kind) : -2;
+        if (x->id == want && as >= 0 && as != x->kind) {   /* a callable of another kind: it stays caught */
+            found = 2;
+            s->caught[k++] = x;
+        } else if (x->id == want) {
+            /* The user re-registered what it calls (a fixed kernel or sub): its handle replaces the task's. */
+            if (as != -2) x->callable = atomic_load(&s->retry_callable);
             atomic_store(&s->caught_task, -1);   /* before the free: inspection stops reading x->error */
             free(x->error);
             x->error = NULL;
@@ -632,23 +638,25 @@ static void serve_caught(pto_scheduler *s)
     finish_all(s);
     atomic_store(&s->caught_task, k ? s->caught[k - 1]->id : -1);
     if (want >= 0) {
-        if (found) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
+        if (found == 1) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
         atomic_store(&s->release_req, false);
         atomic_store(&s->retry_result, found);
         atomic_store(&s->retry_req, -1);
     }
 }
 
-bool pto_sched_retry(pto_scheduler *s, int64_t id)
+int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callable)
 {
-    atomic_store(&s->retry_req, id);
+    atomic_store(&s->retry_kind, kind);
+    atomic_store(&s->retry_callable, callable);
+    atomic_store(&s->retry_req, id);   /* last: the scheduler reads the two above once it sees it */
     gate_changed(s);
     while (atomic_load(&s->retry_req) != -1 && atomic_load(&s->running)) sched_yield();
     if (!atomic_load(&s->running)) {
         atomic_store(&s->retry_req, -1);
-        return false;
+        return 0;
     }
-    return atomic_load(&s->retry_result) == 1;
+    return atomic_load(&s->retry_result);
 }
 
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)

@@ -484,14 +484,22 @@ int pto_worker_catch_set(pto_worker *w, int32_t on)
 
 int32_t pto_worker_catch(pto_worker *w) { return w && atomic_load(&w->sched.catch_on) ? 1 : 0; }
 
-int pto_dispatch_retry(pto_worker *w, int64_t id)
+int pto_dispatch_retry(pto_worker *w, int64_t id) { return pto_dispatch_retry_as(w, id, -2, 0); }
+
+int pto_dispatch_retry_as(pto_worker *w, int64_t id, int32_t kind, uint64_t callable)
 {
     if (!dispatch_check(w)) return -1;
     if (id < 0) {   /* the scheduler's "no request" is -1: a negative id would never be answered */
         pto_set_error("task id %lld is not a task (ids start at 0)", (long long)id);
         return -1;
     }
-    if (!pto_sched_retry(&w->sched, id)) {
+    int r = pto_sched_retry(&w->sched, id, kind, callable);
+    if (r == 2) {
+        pto_set_error("task %lld is not a %s task: retry it with a callable of its own kind", (long long)id,
+                      kind == PTO_SUB ? "sub" : "next-level");
+        return -1;
+    }
+    if (r != 1) {
         pto_set_error("task %lld is not a caught failure (catch failures first; a task is caught when it fails "
                       "while they are, and stays caught until it is retried or dispatch is released)",
                       (long long)id);

@@ -366,6 +366,10 @@ int32_t pto_worker_catch(pto_worker *w);
 /* Run the caught failed task id again and release dispatch; its consumers then wait for it as if
  * it had not failed. 0, or -1 if id is not a caught failure. */
 int pto_dispatch_retry(pto_worker *w, int64_t id);
+/* pto_dispatch_retry, running it as callable (of kind; -1: of the task's own kind) instead of the
+ * callable it was submitted with: a fixed one registered meanwhile. -1 also if the task is of
+ * another kind. */
+int pto_dispatch_retry_as(pto_worker *w, int64_t id, int32_t kind, uint64_t callable);
 
 /* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain
  * still runs everything. 0 or -1. */

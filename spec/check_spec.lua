@@ -199,6 +199,43 @@ describe("check mode", function()
       assert(ok, err)
     end)
 
+  H.process_only("names the heap ring and offset of a write into a heap-ring page the task did not declare",
+    "page protection needs a child process", function()
+      local x, y = ramp(), pto.tensor({N}, "f32")
+      local at
+      local ok, err = pcall(W.run, W, function(o)
+        local p = o:alloc({1024}, "f32")   -- heap-ring memory of this run, no argument of the task
+        at = p.address + 4 * 1000
+        o:submit_next_level(K.bad_write_outside, pto.args{{x, "in"}, {y, "out"}, scalars = {at}})
+      end)
+      assert.is_false(ok)
+      has(err, "(callable 'bad_write_outside' on chip ")
+      has(err, ("check: wrote address 0x%x (heap ring "):format(at))
+      assert(err:find("%(heap ring %d+, offset %d+%), which none of its 2 arguments covers"), err)
+    end)
+
+  it("finds an L3 task's kernel reading its OUTPUT in a run from an L4 (PTO_CHECK reaches every level)", function()
+    local code, out = run_checked([[
+      local w3 = pto.Worker{level = 3, chips = 1}
+      local k = w3:register(pto.chip_kernel("bad_read_out"), "bad_read_out")
+      local function one(orch, args)
+        orch:submit_next_level(k, pto.args{{args:tensor(1), "in"}, {args:tensor(2), "out"}})
+      end
+      local w4 = pto.Worker{level = 4}
+      assert(w4.check and w3.check)
+      local fn = w4:register(one, "one")
+      w4:add_worker(w3)
+      local x, y = pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+      for i = 1, 64 do x[i] = i end
+      w4:run(function(o) o:submit_next_level(fn, pto.args{{x, "in"}, {y, "inout"}}) end)
+    ]], "PTO_CHECK=1 ")
+    assert.are_not.equal(0, code)
+    has(out, "Worker:run: L4 run 1, task 0 (callable 'one' on L3 worker 1) failed: ")
+    has(out, "L3 run 1, task 0 (callable 'bad_read_out' on chip 1) failed: ")
+    has(out, "check: read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
+    has(out, "tag it INOUT")
+  end)
+
   it("warns (on stderr) about an incomplete OUTPUT and a task that is not a function of its inputs", function()
     local code, out = run_checked([[
       local w = pto.Worker{chips = 1}

@@ -493,6 +493,10 @@ int pto_dispatch_retry_as(pto_worker *w, int64_t id, int32_t kind, uint64_t call
         pto_set_error("task id %lld is not a task (ids start at 0)", (long long)id);
         return -1;
     }
+    if (kind < -2 || kind > PTO_SUB) {   /* -2: as submitted (pto_dispatch_retry), -1: the task's own kind */
+        pto_set_error("kind %d is not a worker kind (PTO_NEXT_LEVEL, PTO_SUB, or -1: the task's own)", (int)kind);
+        return -1;
+    }
     int r = pto_sched_retry(&w->sched, id, kind, callable);
     if (r == 2) {
         pto_set_error("task %lld is not a %s task: retry it with a callable of its own kind", (long long)id,

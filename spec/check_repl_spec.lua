@@ -89,6 +89,23 @@ describe(":why", function()
   end)
 end)
 
+describe(":why, cancelled", function()
+  it("says a task of a cancelled run was not run because its run was cancelled (it shows as consumed)", function()
+    session(SETUP, {
+      PROMPT, send(":hold\n"), PROMPT,
+      send("h = w:submit(function(o) o:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {1.0}}); "
+        .. "o:submit_next_level(copy, pto.args{{a, 'in'}, {b, 'out'}}) end)\n"), PROMPT,
+      send("h:cancel()\n"), expect("\ntrue\n"), PROMPT,
+      send(":why 0\n"), expect("task 0 fill (chip) is consumed:\n  its run 1 was cancelled: task 0 was not run: its run "
+        .. "1 was cancelled\n"), PROMPT,
+      send(":why 1\n"), expect("  its run 1 was cancelled: task 1 was not run: its producer task 0 failed, as run 1 "
+        .. "was cancelled\n"), PROMPT,
+      send(":release\n"), PROMPT,
+      send("pcall(h.wait, h)\n"), expect("run 1 was cancelled"), PROMPT, EOF, WAIT,
+    })
+  end)
+end)
+
 describe(":why, pinned", function()
   it("names the busy worker a pinned task waits for while another is free", function()
     session(SETUP:gsub("chips = 1", "chips = 2"), {
@@ -144,6 +161,44 @@ describe(":catch", function()
     assert(out:find("task 1 copy (chip): pending -> completed", 1, true), out)
   end)
 
+  it("prints the failure when it is caught, once per catch: after the line that ran it and after a :retry that failed again",
+    function()
+    local CAUGHT = "caught: task 0 (callable 'need' on sub 1) failed: "
+    local HINT = "x[1] is negative; dispatch is held: inspect, fix, then :retry 0; :release accepts the failure\n"
+    local out = session(CATCH_SETUP, {
+      PROMPT, send(":catch on\n"), PROMPT, send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("orch:submit_sub(need, pto.args{{x, 'in'}, {y, 'out'}})\n"), expect("\n0\n"), PROMPT,
+      send("orch:submit_next_level(copy, pto.args{{y, 'in'}, {z, 'out'}})\n"), expect("\n1\n"), PROMPT,
+      send(":step\n"), expect(CAUGHT), expect(HINT), PROMPT,
+      send("x[1] = x[1]\n"), PROMPT,   -- still caught, already said: nothing more
+      send(":retry 0\n"), expect(CAUGHT), expect(HINT), PROMPT,
+      send("x[1] = 5\n"), PROMPT,
+      send(":retry 0\n"), expect("task 0 need (sub): failed -> completed"), PROMPT,
+      send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT })
+    local n = select(2, out:gsub(CAUGHT:gsub("%p", "%%%0"), ""))
+    assert.equals(2, n, out)
+    -- after an ordinary Lua line too: the one during which the task failed, or at the latest w:wait's
+    out = session(CATCH_SETUP, steps({ PROMPT, send(":catch on\n"), PROMPT }, SUBMIT,
+      { send(":release\n"), PROMPT, send(":finish\n"), expect("run failed:"), PROMPT, EOF, WAIT }))
+    assert(out:find(CAUGHT, 1, true) and out:find(HINT, 1, true), out)
+    assert.is_true(out:find(CAUGHT, 1, true) < out:find("> :release", 1, true), out)
+  end)
+
+  it(":retry N callable runs the caught task with a callable registered since (the fixed one)", function()
+    local out = session(CATCH_SETUP, steps(
+      { PROMPT, send(":catch on\n"), PROMPT },
+      SUBMIT,
+      { send("fixed = w:register(function(a) local i, o = a:tensor(1), a:tensor(2) for k = 1, #o do "
+          .. "o[k] = math.abs(i[k]) * 3 end end, 'need_fixed')\n"), PROMPT,
+        send(":retry 0 copy\n"), expect("Worker:retry: task 0 is not a next-level task"), PROMPT,
+        send(":retry 0 nothing\n"), expect(":retry: 'nothing' is neither a handle"), PROMPT,
+        send(":retry 0 need_fixed\n"), expect("task 0 need_fixed (sub): failed -> completed"), expect("(dispatch free)"),
+        PROMPT, send("z[1]\n"), expect("\n3.0\n"), PROMPT,
+        send(":finish\n"), expect("run finished: 2 tasks, no failure"), PROMPT, EOF, WAIT }))
+    assert(out:find("task 1 copy (chip): pending -> completed", 1, true), out)
+  end)
+
   it(":release accepts the failure, which then poisons its consumer as before", function()
     session(CATCH_SETUP, steps(
       { PROMPT, send(":catch on\n"), PROMPT },
@@ -164,7 +219,9 @@ describe(":check", function()
         .. "o:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {2.0}}) end)\n"),
       expect("not ordered after task 0"), PROMPT,
       send(":check off\n"), expect("check mode is off"), PROMPT,
-      send(":check maybe\n"), expect(":check: expected on or off (got 'maybe')"), PROMPT, EOF, WAIT,
+      send(":check warn\n"), expect("check mode is on, findings as warnings, for Worker(level 3"), PROMPT,
+      send("w.check\n"), expect("\nwarn\n"), PROMPT,
+      send(":check maybe\n"), expect(":check: expected on, off or warn (got 'maybe')"), PROMPT, EOF, WAIT,
     })
     assert(out:find("tag it INOUT", 1, true), out)
   end)

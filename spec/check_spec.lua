@@ -58,9 +58,10 @@ end
 
 -- Run a script under `ptolua --check` (or with the command prefix env and no flag); returns its exit
 -- status and everything it printed.
-local function run_checked(src, env)
+local function run_checked(src, env, flag)
   local f = F.writefile(F.tmpname(), src)
-  local p = assert(io.popen(("%s%s %s %s 2>&1"):format(env or "", F.q(PTOLUA), env and "" or "--check", F.q(f))))
+  local p = assert(io.popen(("%s%s %s %s 2>&1"):format(env or "", F.q(PTOLUA), env and "" or flag or "--check",
+    F.q(f))))
   local out = p:read("a")
   local ok, _, code = p:close()
   return ok and 0 or code, out
@@ -85,17 +86,28 @@ describe("check mode", function()
     H.assert_error(function() pto.Worker{check = 1} end, "pto.Worker: ", "check must be true or false")
   end)
 
-  it("fails a chip kernel that reads its OUTPUT, naming the task, argument and fix", function()
+  it("fails a chip kernel that reads its OUTPUT, naming the run, task, argument and fix", function()
     local x, y = ramp(), pto.tensor({N}, "f32")
+    local run = W:stats().runs + 1   -- the run one() begins
     local ok, err = one(K.bad_read_out, x, y)
     assert.is_false(ok)
-    has(err, "task 0 (callable 'bad_read_out' on chip ")
+    has(err, ("Worker:run: run %d, task 0 (callable 'bad_read_out' on chip "):format(run))
     has(err, "read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
     has(err, "tag it INOUT")
     -- the Worker stays usable, and a correct kernel passes
     local ok2, err2 = one(K.copy, x, y)
     assert(ok2, err2)
     assert.equals(64, y[64])
+  end)
+
+  it("names a submitted run by its handle's id", function()
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    local h = W:submit(function(o) o:submit_next_level(K.bad_read_out, pto.args{{x, "in"}, {y, "out"}}) end)
+    local ok, err = pcall(h.wait, h)
+    assert.is_false(ok)
+    has(err, ("Run:wait: run %d, task 0 (callable 'bad_read_out' on chip "):format(h.id))
+    has(err, "tagged OUTPUT before writing it")
+    W:wait_all()
   end)
 
   it("names the view's offset and shape", function()
@@ -139,6 +151,7 @@ describe("check mode", function()
 
   it("reports an unordered OUTPUT over bytes an earlier task still writes, naming both tasks", function()
     local t = pto.tensor({N}, "f32")
+    local run = W:stats().runs + 1
     W:hold()   -- nothing runs: the first writer is unfinished at the second submit, whatever the timing
     local ok, err = pcall(W.run, W, function(o)
       o:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {1.0}})
@@ -146,7 +159,8 @@ describe("check mode", function()
     end)
     W:release()
     assert.is_false(ok)
-    has(err, "orch:submit_next_level: check: task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) OUTPUT")
+    has(err, ("orch:submit_next_level: check: run %d, task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) "
+              .. "OUTPUT"):format(run))
     has(err, "not ordered after task 0 (callable 'fill'), which still writes those bytes")
     has(err, "tag it INOUT")
   end)
@@ -185,6 +199,43 @@ describe("check mode", function()
       assert(ok, err)
     end)
 
+  H.process_only("names the heap ring and offset of a write into a heap-ring page the task did not declare",
+    "page protection needs a child process", function()
+      local x, y = ramp(), pto.tensor({N}, "f32")
+      local at
+      local ok, err = pcall(W.run, W, function(o)
+        local p = o:alloc({1024}, "f32")   -- heap-ring memory of this run, no argument of the task
+        at = p.address + 4 * 1000
+        o:submit_next_level(K.bad_write_outside, pto.args{{x, "in"}, {y, "out"}, scalars = {at}})
+      end)
+      assert.is_false(ok)
+      has(err, "(callable 'bad_write_outside' on chip ")
+      has(err, ("check: wrote address 0x%x (heap ring "):format(at))
+      assert(err:find("%(heap ring %d+, offset %d+%), which none of its 2 arguments covers"), err)
+    end)
+
+  it("finds an L3 task's kernel reading its OUTPUT in a run from an L4 (PTO_CHECK reaches every level)", function()
+    local code, out = run_checked([[
+      local w3 = pto.Worker{level = 3, chips = 1}
+      local k = w3:register(pto.chip_kernel("bad_read_out"), "bad_read_out")
+      local function one(orch, args)
+        orch:submit_next_level(k, pto.args{{args:tensor(1), "in"}, {args:tensor(2), "out"}})
+      end
+      local w4 = pto.Worker{level = 4}
+      assert(w4.check and w3.check)
+      local fn = w4:register(one, "one")
+      w4:add_worker(w3)
+      local x, y = pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+      for i = 1, 64 do x[i] = i end
+      w4:run(function(o) o:submit_next_level(fn, pto.args{{x, "in"}, {y, "inout"}}) end)
+    ]], "PTO_CHECK=1 ")
+    assert.are_not.equal(0, code)
+    has(out, "Worker:run: L4 run 1, task 0 (callable 'one' on L3 worker 1) failed: ")
+    has(out, "L3 run 1, task 0 (callable 'bad_read_out' on chip 1) failed: ")
+    has(out, "check: read argument 2 (64 f32 at element 0) tagged OUTPUT before writing it")
+    has(out, "tag it INOUT")
+  end)
+
   it("warns (on stderr) about an incomplete OUTPUT and a task that is not a function of its inputs", function()
     local code, out = run_checked([[
       local w = pto.Worker{chips = 1}
@@ -208,7 +259,7 @@ describe("check mode", function()
     local src = assert(F.readfile("examples/repl/bgemm_bug.lua"))
     local code, out = run_checked(src)
     assert.are_not.equal(0, code)
-    has(out, "check: task ")
+    has(out, "run 1, task ")   -- the submit check's message or the double run's, whichever comes first
     has(out, "(callable 'add')")   -- the add task ...
     has(out, "argument 1 (4\xc3\x974 f32 at element 0)")   -- ... and its C argument
     has(out, "tag it INOUT")
@@ -256,6 +307,95 @@ describe("check mode", function()
     c:set_catch(false)
     assert.is_false(c.catch)
     c:close()
+  end)
+
+  it("w:retry(id, handle) runs the caught task with a fixed callable registered since, of the same kind", function()
+    local c = pto.Worker{chips = 1, num_sub_workers = 1, catch = true}
+    local x, y, z = pto.tensor({4}, "f32"), pto.tensor({4}, "f32"), pto.tensor({4}, "f32")
+    local broken = c:register(function(a) error("broken") end, "broken")
+    local copy = c:register(pto.chip_kernel("copy"), "copy")
+    x[1] = 7
+    local orch = c:open_run()
+    orch:submit_sub(broken, pto.args{{x, "in"}, {y, "out"}})
+    orch:submit_next_level(copy, pto.args{{y, "in"}, {z, "out"}})
+    assert.is_true(c:wait(10))
+    assert.equals(0, c:dispatch().caught)
+    local fixed = c:register(function(a)
+      local i, o = a:tensor(1), a:tensor(2)
+      for k = 1, #o do o[k] = i[k] + 1 end
+    end, "fixed")
+    H.assert_error(function() c:retry(0, copy) end, "Worker:retry: ", "task 0 is not a next-level task")
+    assert.equals(0, c:dispatch().caught)   -- still caught
+    H.assert_error(function() c:retry(0, "fixed") end, "Worker:retry: ", "must be a handle from Worker:register")
+    assert.is_true(c:retry(0, fixed, 10))
+    assert.equals(8, z[1])
+    local t = orch:task(0)
+    assert.equals("fixed", package.loaded.pto._callable_name(c, t.kind, t.callable))
+    assert.is_true(c:close_run())
+    c:close()
+  end)
+
+  it('check = "warn": the failures become warnings, and the task leaves what it would unchecked', function()
+    W:set_check("warn")
+    assert.equals("warn", W.check)
+    local x, y = ramp(), pto.tensor({N}, "f32")
+    y:fill(1)
+    local ok, err = one(K.bad_read_out, x, y)   -- y += x: fails under check = true
+    W:set_check(true)
+    assert(ok, err)
+    assert.equals(2, y[1])     -- from y's real prior contents (1), not from a fill pattern
+    assert.equals(65, y[64])
+    assert.is_true(W.check)
+    local v = pto.Worker{chips = 1, check = "warn"}
+    assert.equals("warn", v.check)
+    v:close()
+    H.assert_error(function() W:set_check("loud") end, "Worker:set_check: ", 'expected true or false, or "warn"')
+    H.assert_error(function() pto.Worker{check = "on"} end, "pto.Worker: ", 'check must be true or false, or "warn"')
+  end)
+
+  it("ptolua --check=warn and PTO_CHECK=warn print each finding on stderr and the script succeeds", function()
+    local src = [[
+      local w = pto.Worker{chips = 1}
+      assert(w.check == "warn", tostring(w.check))
+      local k = {}
+      for _, n in ipairs{"bad_read_out", "bad_write_in", "bad_write_outside", "fill"} do
+        k[n] = w:register(pto.chip_kernel(n), n)
+      end
+      local x, y, t = pto.tensor({64}, "f32"), pto.tensor({64}, "f32"), pto.tensor({64}, "f32")
+      local other = pto.tensor({1 << 16}, "f32")
+      for i = 1, 64 do x[i] = i end
+      y:fill(1)
+      w:run(function(o) o:submit_next_level(k.bad_read_out, pto.args{{x, "in"}, {y, "out"}}) end)
+      assert(y[1] == 2 and y[64] == 65, ("y[1] = %g"):format(y[1]))
+      w:run(function(o) o:submit_next_level(k.bad_write_in, pto.args{{x, "in"}, {y, "out"}}) end)
+      assert(x[1] == 2 and y[1] == 1, ("x[1] = %g, y[1] = %g"):format(x[1], y[1]))   -- as unchecked: it wrote x once
+      if w.mode == "process" then
+        w:run(function(o) o:submit_next_level(k.bad_write_outside, pto.args{{x, "in"}, {y, "out"},
+          scalars = {other.address + 4 * 40000}}) end)
+        assert(other[40001] == 42)
+      end
+      w:hold()
+      w:run(function(o)
+        o:submit_next_level(k.fill, pto.args{{t, "out"}, scalars = {1.0}})
+        o:submit_next_level(k.fill, pto.args{{t, "out"}, scalars = {2.0}})
+        w:release()
+      end)
+      print("done in " .. w.mode .. " mode")
+    ]]
+    for _, how in ipairs{"flag", "env"} do
+      local code, out = run_checked(src, how == "env" and "PTO_CHECK=warn " or nil, "--check=warn")
+      assert.equals(0, code, out)
+      has(out, "ptolua: run 1, task 0 (callable 'bad_read_out' on chip 1): check: warning: read argument 2 "
+               .. "(64 f32 at element 0) tagged OUTPUT before writing it")
+      has(out, "ptolua: run 2, task 0 (callable 'bad_write_in' on chip 1): check: warning: wrote argument 1 "
+               .. "(64 f32 at element 0) tagged INPUT (first changed: element 0 of the view)")
+      local mode = assert(out:match("done in (%a+) mode"), out)
+      if mode == "process" then
+        has(out, "ptolua: run 3, task 0 (callable 'bad_write_outside' on chip 1): check: warning: wrote address ")
+      end
+      has(out, ("ptolua: check: warning: run %d, task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) "
+                .. "OUTPUT, an overwrite that is not ordered after task 0"):format(mode == "process" and 4 or 3))
+    end
   end)
 
   it("passes a correct BGEMM under PTO_CHECK=1", function()

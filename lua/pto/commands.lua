@@ -281,34 +281,6 @@ return function(repl)
     wait_report(w, orch, before, ok)
   end)
 
-  add("catch", "[on|off]", "stop on failure: a failed task holds dispatch before its consumers are poisoned", function(rest)
-    local w = worker()
-    if rest == "on" or rest == "off" then try(w.set_catch, w, rest == "on")
-    elseif rest ~= "" then problem(":catch: expected on or off (got '%s')", rest) end
-    out("failures are %s on %s", w.catch and "caught (dispatch holds at one; :retry N or :release)" or "not caught",
-      tostring(w))
-  end)
-
-  add("retry", "N", "run the caught failed task N again; on success the run goes on as if it had not failed",
-    function(rest)
-    local id = math.tointeger(tonumber(rest))
-    if not id then problem(":retry: expected a task id (got '%s')", rest) end
-    local w = worker()
-    local orch = open_orch(w)
-    local before = snapshot(w, orch)
-    local ok = try(w.retry, w, id)
-    wait_report(w, orch, before, ok)
-  end)
-
-  add("release", nil, "dispatch freely again (accepting a caught failure), and wait until tasks finish or a breakpoint stops them", function()
-    local w = worker()
-    local orch = w:orch()
-    local before = snapshot(w, orch)
-    try(w.release, w)
-    local ok = try(w.wait, w)
-    wait_report(w, orch, before, ok)
-  end)
-
   -- A handle from a Lua expression, or a callable's registered name.
   local function find_callable(w, rest, who)
     local f = load("return " .. rest, "=" .. who, "t")
@@ -324,6 +296,58 @@ return function(repl)
     problem("%s: '%s' is neither a handle from Worker:register nor the name of a callable registered on this Worker "
       .. "(registered: %s)", who, rest, #names > 0 and table.concat(names, ", ") or "none")
   end
+
+  -- Stop on failure prints the failure when it is caught: the prompt calls this after every line,
+  -- so a task that fails while the user types (or while w:wait waits) is named before the next
+  -- prompt, once per catch. reported[w]: the caught task already shown (a :retry or :release
+  -- forgets it, so a retry that fails again is shown again).
+  local reported = setmetatable({}, { __mode = "k" })
+  function repl.after_line()
+    for _, w in ipairs(workers()) do
+      local ok, d = pcall(w.dispatch, w)
+      local caught = ok and d.caught or nil
+      if caught and reported[w] ~= caught then
+        reported[w] = caught
+        local orch = w:orch()
+        local okt, t = pcall(function() return orch:task(caught) end)
+        local e = okt and t.error and t.error:match("[^\n]*") or ("task " .. caught .. " failed")
+        out("caught: %s; dispatch is held: inspect, fix, then :retry %d; :release accepts the failure", e, caught)
+      elseif not caught then
+        reported[w] = nil
+      end
+    end
+  end
+
+  add("catch", "[on|off]", "stop on failure: a failed task holds dispatch before its consumers are poisoned", function(rest)
+    local w = worker()
+    if rest == "on" or rest == "off" then try(w.set_catch, w, rest == "on")
+    elseif rest ~= "" then problem(":catch: expected on or off (got '%s')", rest) end
+    out("failures are %s on %s", w.catch and "caught (dispatch holds at one; :retry N or :release)" or "not caught",
+      tostring(w))
+  end)
+
+  add("retry", "N [callable]", "run the caught failed task N again (as callable, one registered since, e.g. a fixed "
+    .. "one); on success the run goes on as if it had not failed", function(rest)
+    local n, as = rest:match("^(%S+)%s*(.-)$")
+    local id = math.tointeger(tonumber(n or ""))
+    if not id then problem(":retry: expected a task id (got '%s')", rest) end
+    local w = worker()
+    local orch = open_orch(w)
+    local h = as ~= "" and find_callable(w, as, ":retry") or nil
+    local before = snapshot(w, orch)
+    if w:dispatch().caught == id then reported[w] = nil end   -- a retry that fails again is news again
+    local ok = try(w.retry, w, id, h)
+    wait_report(w, orch, before, ok)
+  end)
+
+  add("release", nil, "dispatch freely again (accepting a caught failure), and wait until tasks finish or a breakpoint stops them", function()
+    local w = worker()
+    local orch = w:orch()
+    local before = snapshot(w, orch)
+    try(w.release, w)
+    local ok = try(w.wait, w)
+    wait_report(w, orch, before, ok)
+  end)
 
   add("break", "[callable]", "hold dispatch before any task of callable (a handle or its registered name); alone: list them",
     function(rest)
@@ -485,10 +509,15 @@ return function(repl)
     local lines = {}
     local function say(fmt, ...) lines[#lines + 1] = fmt:format(...) end
     local d = w:dispatch()
-    if t.state == "completed" or t.state == "consumed" then
+    local e = (t.error or "?"):match("[^\n]*")
+    -- A task its run's cancel (h:cancel) took out shows as consumed, not failed (its run's
+    -- bookkeeping finished it): its error, not its state, says it never ran.
+    local cancelled = e:match("its run (%d+) was cancelled") or e:match("as run (%d+) was cancelled")
+    if cancelled then
+      say("its run %s was cancelled: %s", cancelled, e)
+    elseif t.state == "completed" or t.state == "consumed" then
       say("it has run: %s", t.state)
     elseif t.state == "failed" then
-      local e = (t.error or "?"):match("[^\n]*")
       if e:find("interrupted", 1, true) or e:find("was cancelled", 1, true) then say("its run was cancelled: %s", e)
       else say("it failed: %s", e) end
       if d.caught == t.id then say("the failure is caught: fix what it needs, then :retry %d; :release accepts it", t.id) end
@@ -584,12 +613,14 @@ return function(repl)
     for _, l in ipairs(why_lines(w, orch, t)) do out("  %s", l) end
   end)
 
-  add("check", "[on|off]", "check mode for the next run: each task checked against its tags (docs/check.md)",
+  add("check", "[on|off|warn]", "check mode for the next run: each task checked against its tags (docs/check.md)",
     function(rest)
     local w = worker()
     if rest == "on" or rest == "off" then try(w.set_check, w, rest == "on")
-    elseif rest ~= "" then problem(":check: expected on or off (got '%s')", rest) end
-    out("check mode is %s for %s's next run%s", w.check and "on" or "off", tostring(w),
+    elseif rest == "warn" then try(w.set_check, w, "warn")
+    elseif rest ~= "" then problem(":check: expected on, off or warn (got '%s')", rest) end
+    out("check mode is %s for %s's next run%s", w.check == "warn" and "on, findings as warnings," or w.check and "on"
+      or "off", tostring(w),
       w:orch() and " (the open run keeps its mode)" or "")
   end)
 

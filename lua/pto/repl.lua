@@ -11,6 +11,9 @@
 --                             `text` (at_start: the word begins the line;
 --                             line: the whole line), or {files = true}:
 --                             complete a file name (readline does that)
+--   M.after_line()            after each line ran (a chunk or a command):
+--                             news the user must see before the next
+--                             prompt (pto/commands.lua: a caught failure)
 --   M.takes_file(line)        true when the word being completed is a file
 --                             name (:dot FILE, :trace FILE): the word then
 --                             breaks only at blanks, so that "/tmp/x" is whole
@@ -231,6 +234,8 @@ function M.print_results(...)
   io.stdout:write(table.concat(out, "\t"), "\n")
   io.stdout:flush()
 end
+
+function M.after_line() end
 
 -- ---- commands --------------------------------------------------------------
 

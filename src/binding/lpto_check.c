@@ -21,7 +21,7 @@ void lpto_open_check(lua_State *L)
 {
     (void)L;
     const char *e = getenv("PTO_CHECK");
-    if (e && strcmp(e, "1") == 0) recording = true;
+    if (e && (strcmp(e, "1") == 0 || strcmp(e, "warn") == 0)) recording = true;
 }
 
 void lpto_check_note(lua_State *L, int idx)

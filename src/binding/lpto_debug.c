@@ -182,16 +182,17 @@ static int w_release(lua_State *L)
     return 0;
 }
 
-/* w:set_check(on): check mode (docs/check.md) for the runs that begin from now on. */
+/* w:set_check(on | "warn"): check mode (docs/check.md) for the runs that begin from now on. */
 static int w_set_check(lua_State *L)
 {
     const char *who = "Worker:set_check";
     lworker *W = lpto_check_worker(L, 1, who);
-    if (lua_type(L, 2) != LUA_TBOOLEAN)
-        return lpto_error(L, who, "expected true or false (got %s)", luaL_typename(L, 2));
+    bool warn = lua_type(L, 2) == LUA_TSTRING && strcmp(lua_tostring(L, 2), "warn") == 0;
+    if (lua_type(L, 2) != LUA_TBOOLEAN && !warn)
+        return lpto_error(L, who, "expected true or false, or \"warn\" (got %s)", luaL_typename(L, 2));
     if (!W->w) return lpto_error(L, who, "the Worker is closed");
     if (lua_toboolean(L, 2)) lpto_check_record();
-    pto_worker_check_set(W->w, lua_toboolean(L, 2));
+    pto_worker_check_set(W->w, warn ? PTO_CHECK_WARN : lua_toboolean(L, 2) ? PTO_CHECK_ON : 0);
     return 0;
 }
 
@@ -232,15 +233,29 @@ static int w_set_catch(lua_State *L)
     return 0;
 }
 
-/* w:retry(id [, timeout_s]): run the caught failed task id again, release dispatch and wait like
- * w:wait -> boolean. */
+/* w:retry(id [, handle] [, timeout_s]): run the caught failed task id again (as handle, a callable
+ * registered since, e.g. a fixed one), release dispatch and wait like w:wait -> boolean. */
 static int w_retry(lua_State *L)
 {
     const char *who = "Worker:retry";
     lworker *W = check_ready(L, who);
     lua_Integer id = luaL_checkinteger(L, 2);
-    double timeout = luaL_optnumber(L, 3, 60);
-    if (pto_dispatch_retry(W->w, (int64_t)id) != 0) return lpto_engine_error(L, who);
+    int t = 3;
+    int32_t kind = -2;
+    uint64_t callable = 0;
+    if (lua_type(L, 3) == LUA_TUSERDATA) {
+        const lhandle *h = lpto_check_handle(L, 3, W, who);
+        /* A chip kernel runs as a next-level task; a function as a sub at level 3, at level 4 and above
+         * as either (a Worker child's orchestration function): there the task's own kind. */
+        kind = h->kind == LPTO_HANDLE_KERNEL ? PTO_NEXT_LEVEL : W->level >= 4 ? -1 : PTO_SUB;
+        callable = h->callable;
+        t = 4;
+    } else if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TNUMBER) {
+        return lpto_error(L, who, "argument 2 must be a handle from Worker:register (the callable to run it as) or "
+                          "a timeout in seconds (got %s)", luaL_typename(L, 3));
+    }
+    double timeout = luaL_optnumber(L, t, 60);
+    if (pto_dispatch_retry_as(W->w, (int64_t)id, kind, callable) != 0) return lpto_engine_error(L, who);
     lua_pushboolean(L, wait_quiet(L, W, timeout, who));
     return 1;
 }

@@ -88,23 +88,27 @@ static int worker_mode_field(lua_State *L, const char *who)
     return mode;
 }
 
-/* check = true | false, else $PTO_CHECK ("1" on; "0" or unset off), so `ptolua --check` reaches every Worker. */
-static bool worker_check_field(lua_State *L, const char *who)
+/* check = true | false | "warn", else $PTO_CHECK ("1" on; "warn" on with findings as warnings; "0" or
+ * unset off), so `ptolua --check[=warn]` reaches every Worker. The check mode (0, PTO_CHECK_ON, _WARN). */
+static int worker_check_field(lua_State *L, const char *who)
 {
     lua_getfield(L, 1, "check");
     int t = lua_type(L, -1);
     bool on = lua_toboolean(L, -1);
+    bool warn = t == LUA_TSTRING && strcmp(lua_tostring(L, -1), "warn") == 0;
     lua_pop(L, 1);
-    if (t == LUA_TBOOLEAN) {
+    if (t == LUA_TBOOLEAN || warn) {
         if (on) lpto_check_record();
-        return on;
+        return warn ? PTO_CHECK_WARN : on ? PTO_CHECK_ON : 0;
     }
     if (t != LUA_TNIL)
-        return lpto_error(L, who, "check must be true or false (got %s)", lua_typename(L, t));
+        return lpto_error(L, who, "check must be true or false, or \"warn\" (got %s)", lua_typename(L, t));
     const char *e = getenv("PTO_CHECK");
-    if (!e || !*e || strcmp(e, "0") == 0) return false;
-    if (strcmp(e, "1") == 0) return lpto_check_record(), true;
-    return lpto_error(L, who, "the environment variable PTO_CHECK is '%s'; set it to 1 (check mode) or 0, or unset it", e);
+    if (!e || !*e || strcmp(e, "0") == 0) return 0;
+    if (strcmp(e, "1") == 0) return lpto_check_record(), PTO_CHECK_ON;
+    if (strcmp(e, "warn") == 0) return lpto_check_record(), PTO_CHECK_WARN;
+    return lpto_error(L, who, "the environment variable PTO_CHECK is '%s'; set it to 1 (check mode), warn (check "
+                      "mode, findings as warnings) or 0, or unset it", e);
 }
 
 /* Push a new Worker userdata over w, with its user values. */
@@ -145,7 +149,7 @@ static int l_worker(lua_State *L)
     lua_Integer v[F_COUNT];
     worker_int_fields(L, v, who);
     int mode = worker_mode_field(L, who);
-    bool check = worker_check_field(L, who);
+    int check = worker_check_field(L, who);
     lua_getfield(L, 1, "catch");
     if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
         return lpto_error(L, who, "catch must be true or false (got %s)", luaL_typename(L, -1));
@@ -743,7 +747,11 @@ static int w_index(lua_State *L)
     if (k && strcmp(k, "workers") == 0) return lua_pushinteger(L, W->nworkers), 1;
     if (k && strcmp(k, "mode") == 0) return lua_pushstring(L, W->mode == PTO_MODE_THREAD ? "thread" : "process"), 1;
     if (k && strcmp(k, "catch") == 0) return lua_pushboolean(L, W->w && pto_worker_catch(W->w)), 1;
-    if (k && strcmp(k, "check") == 0) return lua_pushboolean(L, W->w && pto_worker_check(W->w)), 1;
+    if (k && strcmp(k, "check") == 0) {   /* true, false, or "warn" */
+        int32_t m = W->w ? pto_worker_check(W->w) : 0;
+        if (m == PTO_CHECK_WARN) return lua_pushliteral(L, "warn"), 1;
+        return lua_pushboolean(L, m != 0), 1;
+    }
     if (k && strcmp(k, "initialized") == 0) return lua_pushboolean(L, W->state == W_READY), 1;
     luaL_getmetafield(L, 1, "methods");
     lua_getfield(L, -1, k);

@@ -98,6 +98,8 @@ static void print_usage(FILE *f, const char *badoption) {
           "              500 tasks; drawn from the run's profile, it slows no run\n"
           "  --check     run every Worker in check mode (PTO_CHECK=1): each task is\n"
           "              checked against its tags, and may run twice (docs/check.md)\n"
+          "  --check=warn  the same, but every finding is a warning on stderr\n"
+          "              (PTO_CHECK=warn): tasks succeed, submits go ahead\n"
           "  --profile   print the profile of every Worker's last run to stderr at exit\n"
           "  --report f  write an HTML run report (profile, timeline, DAG) to 'f' at exit\n"
           "  --          stop handling options\n"
@@ -310,8 +312,9 @@ static int collectargs(int argc, char **argv, int *first) {
     *first = i;
     if (a[0] != '-') return flags; /* the script */
     if (strcmp(a, "--help") == 0) return ARG_HELP;
-    if (strcmp(a, "--check") == 0) { /* through the environment, so Workers in forked children see it too */
-      setenv("PTO_CHECK", "1", 1);
+    if (strcmp(a, "--check") == 0 || strcmp(a, "--check=warn") == 0) {
+      /* through the environment, so Workers in forked children see it too */
+      setenv("PTO_CHECK", a[7] ? "warn" : "1", 1);
       continue;
     }
     if (is_file_option(a)) { /* "--trace FILE": the next argument, whatever it is */
@@ -578,6 +581,22 @@ static void repl_open(lua_State *L) {
   }
 }
 
+/* pto.repl.after_line(), after each line the prompt ran: what happened
+ * meanwhile that the user must hear of before the next prompt (a caught
+ * failure, docs/repl.md) is printed there, not by the engine's threads,
+ * which would write into the line being edited. */
+static void after_line(lua_State *L) {
+  if (repl_ref == LUA_NOREF) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, repl_ref);
+  lua_getfield(L, -1, "after_line");
+  lua_remove(L, -2);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  report(L, docall(L, 0, 0));
+}
+
 static void repl(lua_State *L) {
   const char *saved = progname;
   int status;
@@ -589,11 +608,13 @@ static void repl(lua_State *L) {
     if (status == CHUNK_CANCELLED) continue;
     if (status == CHUNK_COMMAND) {
       if (run_command(L)) break;
+      after_line(L);
       continue;
     }
     if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
     if (status == LUA_OK) print_results(L);
     else report(L, status);
+    after_line(L);
   }
   lua_settop(L, 0);
   fputs("\n", stdout);

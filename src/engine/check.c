@@ -28,6 +28,8 @@
 #include "mailbox.h"
 #include "orchestrator.h"
 #include "ring.h"
+#include "run.h"
+#include "worker.h"
 #include "shm.h"
 #include "worker_manager.h"
 #include "slot.h"
@@ -72,6 +74,8 @@ typedef struct ccall {
     region *r;
     int32_t n;
     bool protect;          /* PROCESS mode, in a plain child: page protection around each run */
+    bool warn;             /* check = "warn": findings are warnings */
+    bool outside;          /* the last run() failed for a write outside the arguments */
 } ccall;
 
 /* ---- page protection (PROCESS mode, in the child) ----
@@ -274,12 +278,33 @@ static int run(ccall *c, char *err, size_t errlen)
 {
     err[0] = 0;
     if (c->protect) P.fault = 0;   /* P is the child's alone: THREAD-mode workers never touch it */
+    c->outside = false;
     int rc = c->fn(c->ctx, c->callable, c->args, c->cfg, err, errlen);
     if (c->protect && P.fault && !in_an_input(c, P.fault)) {
         outside_msg(c, P.fault, err, errlen);
+        c->outside = true;
         return 1;
     }
     return rc;
+}
+
+/* check = "warn": the finding in err ("check: ...") becomes "check: warning: ...", and the task
+ * runs once more from every argument's bytes as they were before the checks, so that it leaves
+ * what it would have left unchecked (a read OUTPUT then reads its real prior contents). Returns
+ * that run's result: a failure there is the task's own, with its own message. */
+static int as_warning(ccall *c, char *err, size_t errlen)
+{
+    char finding[1024];
+    snprintf(finding, sizeof finding, "%s", strncmp(err, "check: ", 7) == 0 ? err + 7 : err);
+    for (int32_t i = 0; i < c->n; i++)   /* all were snapshotted from the same bytes: order does not matter */
+        if (c->r[i].p) memcpy(c->r[i].p, c->r[i].snap, c->r[i].n);
+    /* Unwatched: a write outside the arguments was reported already, and the pages it faulted on
+     * stay writable until this task's end. */
+    err[0] = 0;
+    int rc = c->fn(c->ctx, c->callable, c->args, c->cfg, err, errlen);
+    if (rc != 0) return rc;
+    snprintf(err, errlen, "check: warning: %s", finding);
+    return 0;
 }
 
 static void free_regions(ccall *c)
@@ -411,7 +436,7 @@ static size_t append(char *err, size_t errlen, size_t k, const char *fmt, ...)
 }
 
 /* The warnings of a successful double run into err ("" if none). */
-static void warn(ccall *c, const verdict *v, bool nondet_out, char *err, size_t errlen)
+static void warnings(ccall *c, const verdict *v, bool nondet_out, char *err, size_t errlen)
 {
     char d[160];
     size_t k = 0;
@@ -438,9 +463,9 @@ static void warn(ccall *c, const verdict *v, bool nondet_out, char *err, size_t 
 }
 
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
-                   const pto_call_config *cfg, char *err, size_t errlen, const pto_mailbox *mb)
+                   const pto_call_config *cfg, char *err, size_t errlen, const pto_mailbox *mb, bool warn)
 {
-    ccall c = {fn, ctx, callable, args, cfg, tags, NULL, args->tensor_count, false};
+    ccall c = {fn, ctx, callable, args, cfg, tags, NULL, args->tensor_count, false, warn, false};
     if (mb && mb->check == 2) unprotect_areas();
     if ((mb && mb->check == 2) || !tags || args->tensor_count > PTO_CHECK_MAX_TAGS || !prepare(&c)) {
         free(c.r);
@@ -453,14 +478,17 @@ int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_
     char d[160];
     reset(&c, PAT_A);
     int rc = run(&c, err, errlen);
-    if (rc != 0) goto out;
+    if (rc != 0) {
+        if (c.outside && c.warn) rc = as_warning(&c, err, errlen);
+        goto out;
+    }
     uint64_t e;
     int32_t i = wrote_input(&c, &e);
     if (i >= 0) {
         describe(d, sizeof d, &args->tensors[i]);
         snprintf(err, errlen, "check: wrote argument %d (%s) tagged INPUT (first changed: element %" PRIu64
                  " of the view): tag it INOUT, or copy it first", i + 1, d, e);
-        rc = 1;
+        rc = c.warn ? as_warning(&c, err, errlen) : 1;
         goto out;
     }
     save_first(&c);
@@ -484,13 +512,13 @@ int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_
             snprintf(err, errlen, "check: read argument %d (%s) tagged %s before writing it (element %" PRIu64
                      " of the view depends on its prior contents): tag it INOUT", v.differ + 1, d,
                      tag_upper(tags[v.differ]), v.differ_elem);
-            rc = 1;
+            rc = c.warn ? as_warning(&c, err, errlen) : 1;
             goto out;
         }
         nondet_out = true;
         restore_unwritten(&c, PAT_A);
     }
-    warn(&c, &v, nondet_out, err, errlen);
+    warnings(&c, &v, nondet_out, err, errlen);
 out:
     err[errlen - 1] = 0;
     if (c.protect) {
@@ -598,13 +626,20 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
                 name_of(o, kind, callable, mine, sizeof mine);
                 name_of(o, x->s->kind, x->s->callable, theirs, sizeof theirs);
                 describe(d, sizeof d, t);
-                pto_set_error("check: task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
+                char msg[1024];
+                snprintf(msg, sizeof msg, "check: run %" PRId64 ", task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
                               "ordered after task %" PRId64 " (%s), which still %s those bytes and is not among "
                               "its producers: tag it INOUT (it then waits for the last writer), or write into a "
                               "fresh tensor",
-                              id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
+                              o->cur_run ? o->cur_run->id : o->w->runs, id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
                               x->writes ? "writes" : "reads");
-                return false;
+                if (!o->check_warn) {
+                    pto_set_error("%s", msg);
+                    return false;
+                }
+                /* check = "warn": said as the task warnings are (scheduler.c), once per task; it is submitted */
+                fprintf(stderr, "ptolua: check: warning: %s\n", msg + 7);
+                return true;
             }
         }
     }
@@ -630,13 +665,15 @@ void pto_check_record(pto_orch *o, pto_slot *s)
 
 const uint8_t *pto_check_tags_of(const pto_slot *s) { return s->group_size == 1 ? s->members[0].tags : NULL; }
 
-void pto_check_run_begin(pto_orch *o, pto_worker_manager *wm, bool on)
+void pto_check_run_begin(pto_orch *o, pto_worker_manager *wm, int32_t mode)
 {
+    bool on = mode != 0;
+    o->check_warn = mode == PTO_CHECK_WARN;
     wm->check_rings = o->rings;
     if (on && !o->check_log) o->check_log = pto_check_log_new();
     pto_check_log_clear(o->check_log);   /* ids restart with the run */
     o->check = on ? o->check_log : NULL;
-    atomic_store_explicit(&wm->check, on ? 1 : 0, memory_order_relaxed);
+    atomic_store_explicit(&wm->check, mode, memory_order_relaxed);
 }
 
 void pto_check_stage(pto_mailbox *mb, const pto_worker_manager *wm, const uint8_t *tags, int32_t n)
@@ -645,6 +682,7 @@ void pto_check_stage(pto_mailbox *mb, const pto_worker_manager *wm, const uint8_
     /* 2: the child lifts the page protection a checked task left, then runs this one as usual. */
     mb->check = on ? 1 : mb->check == 1 ? 2 : 0;
     if (!on) return;
+    mb->check_warn = atomic_load_explicit(&wm->check, memory_order_relaxed) == PTO_CHECK_WARN;
     /* Only what has been handed out: mprotect costs ~0.2 ms per GiB of mostly empty reservation. */
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         mb->check_ring_base[r] = (uint64_t)(uintptr_t)wm->check_rings[r].base;
@@ -667,5 +705,5 @@ int pto_check_leaf_run(void *ctx, uint64_t callable, const pto_args_view *args, 
                        size_t errlen)
 {
     const pto_check_leaf *cl = ctx;
-    return pto_check_call(cl->fn, cl->ctx, callable, args, cl->tags, cfg, err, errlen, cl->mb);
+    return pto_check_call(cl->fn, cl->ctx, callable, args, cl->tags, cfg, err, errlen, cl->mb, cl->warn);
 }

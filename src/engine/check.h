@@ -31,7 +31,10 @@ struct pto_worker_manager;
  * holds none of its writable arguments. On success err may hold warnings
  * (incomplete OUTPUT, non-determinism): "" when there are none. */
 int pto_check_call(pto_leaf_fn fn, void *ctx, uint64_t callable, const pto_args_view *args, const uint8_t *tags,
-                   const pto_call_config *cfg, char *err, size_t errlen, const struct pto_mailbox *mb);
+                   const pto_call_config *cfg, char *err, size_t errlen, const struct pto_mailbox *mb, bool warn);
+/* warn (check = "warn"): a finding that fails the task (a read OUTPUT, a written INPUT, a write
+ * outside the arguments) is returned as a "check: warning: ..." on success instead, after the task
+ * ran once more from its real inputs (so it leaves what an unchecked run would). */
 
 /* pto_check_call as a leaf of its own, so that another wrapper (diag.c's) can go around it:
  * ctx is a pto_check_leaf. */
@@ -40,6 +43,7 @@ typedef struct pto_check_leaf {
     void *ctx;
     const uint8_t *tags;
     const struct pto_mailbox *mb;
+    bool warn;
 } pto_check_leaf;
 int pto_check_leaf_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
                        size_t errlen);
@@ -48,8 +52,8 @@ int pto_check_leaf_run(void *ctx, uint64_t callable, const pto_args_view *args, 
  * OUTPUT, each writing its part while another's double run would fill all of it. */
 const uint8_t *pto_check_tags_of(const struct pto_slot *s);
 
-/* At run begin: check mode on or off for the run about to open. */
-void pto_check_run_begin(struct pto_orch *o, struct pto_worker_manager *wm, bool on);
+/* At run begin: check mode (0, PTO_CHECK_ON or PTO_CHECK_WARN) for the run about to open. */
+void pto_check_run_begin(struct pto_orch *o, struct pto_worker_manager *wm, int32_t mode);
 
 /* PROCESS mode, parent, before a post: mark mb's next task as checked (if wm's run is) with its n
  * tags and the heap rings, or not. */

@@ -253,11 +253,12 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
     if (PTO_UNLIKELY(pto_diag_wanted(&cfg))) {
         mb->diag.ts[PTO_SWIM_HANDED] = c->posted_ns;   /* the parent's post: level 3's hand-off span */
         /* diag.c's dumps go around the checks: they show the task's inputs and its final outputs */
-        pto_check_leaf cl = {leaf->run, leaf->ctx, tags, mb};
+        pto_check_leaf cl = {leaf->run, leaf->ctx, tags, mb, mb->check_warn != 0};
         rc = mb->check ? pto_diag_call(pto_check_leaf_run, &cl, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP)
                        : pto_diag_call(leaf->run, leaf->ctx, callable, &view, &cfg, &mb->diag, err, PTO_MB_ERR_CAP);
     } else {
-        rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, tags, &cfg, err, PTO_MB_ERR_CAP, mb)
+        rc = PTO_UNLIKELY(mb->check) ? pto_check_call(leaf->run, leaf->ctx, callable, &view, tags, &cfg, err, PTO_MB_ERR_CAP, mb,
+                                                                      mb->check_warn != 0)
                                      : leaf->run(leaf->ctx, callable, &view, &cfg, err, PTO_MB_ERR_CAP);
     }
     err[PTO_MB_ERR_CAP - 1] = 0;

@@ -139,6 +139,7 @@ typedef struct pto_mailbox {
     /* Check mode (check.c) and diagnostics (diag.c) are per task but live
      * here, once: a task that uses them is posted alone, into an empty ring. */
     _Alignas(64) uint32_t check, check_ntags;
+    uint32_t check_warn;                     /* 1: check mode's findings are warnings (check = "warn") */
     uint64_t check_ring_base[PTO_MAX_RING_DEPTH], check_ring_size[PTO_MAX_RING_DEPTH], check_shm_top;
     uint8_t check_tags[8192];
     pto_diag_task diag;

@@ -49,6 +49,7 @@ struct pto_orch {
     uint32_t mark;
 
     struct pto_check_log *check;     /* this run's check mode (check.c), NULL when off */
+    bool check_warn;                 /* check = "warn": an unordered overwrite is a warning, not a raise */
     struct pto_check_log *check_log; /* kept across runs once made */
 
     pto_ref *tmp_refs;               /* submit scratch */

@@ -561,13 +561,21 @@ static char *describe_failure(pto_scheduler *s, const pto_slot *x, const pto_wor
 static char *describe_outcome(pto_scheduler *s, const pto_slot *x, const pto_worker_thread *wt, const char *verb,
                               const char *why)
 {
+    /* Check mode names the run too (docs/check.md): a checked script runs many, and its finding
+     * must say which. A submitted run's is its handle's id (h.id), as in its cancel messages; a
+     * blocking or interactive run's is the Worker's run count (w:stats().runs, the trace's and the
+     * profile's run). Outside check mode the message stays as it always was. */
+    char run[40] = "";
+    if (PTO_UNLIKELY(atomic_load_explicit(&s->wm->check, memory_order_relaxed)))
+        snprintf(run, sizeof run, "run %lld, ",
+                 (long long)(x->run ? x->run->id : atomic_load_explicit(&s->run_no, memory_order_relaxed)));
     pthread_mutex_lock(&s->fail_mu);
     const char *name = NULL;
     for (int32_t i = 0; i < s->nnames; i++)
         if (s->names[i].kind == wt->kind && s->names[i].callable == x->callable) name = s->names[i].name;
-    char *msg = name ? pto_xasprintf("task %lld (callable '%s' on %s%s)%s: %s", (long long)x->id, name, wt->name,
-                                     x->group_size > 1 ? ", group member" : "", verb, why)
-                     : pto_xasprintf("task %lld (callable %llu on %s%s)%s: %s", (long long)x->id,
+    char *msg = name ? pto_xasprintf("%stask %lld (callable '%s' on %s%s)%s: %s", run, (long long)x->id, name,
+                                     wt->name, x->group_size > 1 ? ", group member" : "", verb, why)
+                     : pto_xasprintf("%stask %lld (callable %llu on %s%s)%s: %s", run, (long long)x->id,
                                      (unsigned long long)x->callable, wt->name,
                                      x->group_size > 1 ? ", group member" : "", verb, why);
     pthread_mutex_unlock(&s->fail_mu);
@@ -606,7 +614,13 @@ static void serve_caught(pto_scheduler *s)
     int32_t found = 0, k = 0;
     for (int32_t i = 0; i < s->ncaught; i++) {
         pto_slot *x = s->caught[i];
-        if (x->id == want) {
+        int32_t as = want >= 0 ? atomic_load(&s->retry_kind) : -2;
+        if (x->id == want && as >= 0 && as != x->kind) {   /* a callable of another kind: it stays caught */
+            found = 2;
+            s->caught[k++] = x;
+        } else if (x->id == want) {
+            /* The user re-registered what it calls (a fixed kernel or sub): its handle replaces the task's. */
+            if (as != -2) x->callable = atomic_load(&s->retry_callable);
             atomic_store(&s->caught_task, -1);   /* before the free: inspection stops reading x->error */
             free(x->error);
             x->error = NULL;
@@ -624,23 +638,25 @@ static void serve_caught(pto_scheduler *s)
     finish_all(s);
     atomic_store(&s->caught_task, k ? s->caught[k - 1]->id : -1);
     if (want >= 0) {
-        if (found) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
+        if (found == 1) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
         atomic_store(&s->release_req, false);
         atomic_store(&s->retry_result, found);
         atomic_store(&s->retry_req, -1);
     }
 }
 
-bool pto_sched_retry(pto_scheduler *s, int64_t id)
+int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callable)
 {
-    atomic_store(&s->retry_req, id);
+    atomic_store(&s->retry_kind, kind);
+    atomic_store(&s->retry_callable, callable);
+    atomic_store(&s->retry_req, id);   /* last: the scheduler reads the two above once it sees it */
     gate_changed(s);
     while (atomic_load(&s->retry_req) != -1 && atomic_load(&s->running)) sched_yield();
     if (!atomic_load(&s->running)) {
         atomic_store(&s->retry_req, -1);
-        return false;
+        return 0;
     }
-    return atomic_load(&s->retry_result) == 1;
+    return atomic_load(&s->retry_result);
 }
 
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)

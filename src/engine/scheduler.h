@@ -76,8 +76,11 @@ typedef struct pto_scheduler {
      * holds dispatch and waits in `caught` (scheduler-only), its consumers
      * not yet poisoned, until a retry or a release (or a drain) decides. */
     _Atomic bool catch_on;
+    _Atomic int64_t run_no;                 /* the Worker's run count at the engine run's begin (check mode's messages) */
     _Atomic int64_t retry_req;              /* a task id to run again, -1 when none is asked */
-    _Atomic int32_t retry_result;           /* 1: it was caught and runs again, 0: it was not caught */
+    _Atomic int32_t retry_result;           /* 1: it was caught and runs again, 0: it was not caught, 2: of another kind */
+    _Atomic int32_t retry_kind;             /* with retry_req: run it as retry_callable of this kind; -1 any, -2 as it was */
+    _Atomic uint64_t retry_callable;
     _Atomic bool release_req;               /* accept the caught failures */
     _Atomic int64_t caught_task;            /* newest caught task, -1 if none */
     struct pto_slot **caught;
@@ -119,8 +122,9 @@ void pto_sched_name_callable(pto_scheduler *s, int32_t kind, uint64_t callable, 
 
 /* Dispatch control (see pto_dispatch_* in pto.h). */
 void pto_sched_hold(pto_scheduler *s, bool hold);
-/* Run caught task id again (releasing the hold); false if it is not caught. */
-bool pto_sched_retry(pto_scheduler *s, int64_t id);
+/* Run caught task id again, releasing the hold (as callable of kind, or as it was when kind is -2; -1: of the task's own
+ * kind): 1, or 0 if it is not a caught failure, 2 if kind is not the task's. */
+int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callable);
 void pto_sched_step(pto_scheduler *s, int64_t n);
 /* Add (on) or remove a breakpoint; remove with callable UINT64_MAX drops all. Returns how many are set. */
 int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool on);

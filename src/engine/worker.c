@@ -238,6 +238,7 @@ bool pto_run_begin_session(pto_worker *w)
     pto_event_notify(w->sched.ev);
     atomic_store(&w->interrupts, 0);
     w->runs++;
+    atomic_store_explicit(&w->sched.run_no, w->runs, memory_order_relaxed);
     pto_diag_run_begin(&w->wm, w->runs);
     return true;
 }
@@ -461,11 +462,15 @@ int pto_worker_check_set(pto_worker *w, int32_t on)
         pto_set_error("no Worker");
         return -1;
     }
-    w->check = on != 0;
+    if (on < 0 || on > PTO_CHECK_WARN) {
+        pto_set_error("check mode is 0 (off), 1 (on) or 2 (findings are warnings), not %d", (int)on);
+        return -1;
+    }
+    w->check = on;
     return 0;
 }
 
-int32_t pto_worker_check(pto_worker *w) { return w && w->check ? 1 : 0; }
+int32_t pto_worker_check(pto_worker *w) { return w ? w->check : 0; }
 
 int pto_worker_catch_set(pto_worker *w, int32_t on)
 {
@@ -479,14 +484,26 @@ int pto_worker_catch_set(pto_worker *w, int32_t on)
 
 int32_t pto_worker_catch(pto_worker *w) { return w && atomic_load(&w->sched.catch_on) ? 1 : 0; }
 
-int pto_dispatch_retry(pto_worker *w, int64_t id)
+int pto_dispatch_retry(pto_worker *w, int64_t id) { return pto_dispatch_retry_as(w, id, -2, 0); }
+
+int pto_dispatch_retry_as(pto_worker *w, int64_t id, int32_t kind, uint64_t callable)
 {
     if (!dispatch_check(w)) return -1;
     if (id < 0) {   /* the scheduler's "no request" is -1: a negative id would never be answered */
         pto_set_error("task id %lld is not a task (ids start at 0)", (long long)id);
         return -1;
     }
-    if (!pto_sched_retry(&w->sched, id)) {
+    if (kind < -2 || kind > PTO_SUB) {   /* -2: as submitted (pto_dispatch_retry), -1: the task's own kind */
+        pto_set_error("kind %d is not a worker kind (PTO_NEXT_LEVEL, PTO_SUB, or -1: the task's own)", (int)kind);
+        return -1;
+    }
+    int r = pto_sched_retry(&w->sched, id, kind, callable);
+    if (r == 2) {
+        pto_set_error("task %lld is not a %s task: retry it with a callable of its own kind", (long long)id,
+                      kind == PTO_SUB ? "sub" : "next-level");
+        return -1;
+    }
+    if (r != 1) {
         pto_set_error("task %lld is not a caught failure (catch failures first; a task is caught when it fails "
                       "while they are, and stays caught until it is retried or dispatch is released)",
                       (long long)id);

@@ -25,7 +25,7 @@ struct pto_worker {
     _Atomic int32_t interrupts;   /* this run's; the second one kills children mid-task */
     int64_t runs;
     pto_runs runs_out;            /* submitted runs (run.h) */
-    bool check;                   /* the next runs run under check mode (check.c) */
+    int32_t check;                /* the next runs' check mode (check.c): 0 off, PTO_CHECK_ON or PTO_CHECK_WARN */
 };
 
 /* Open the engine run (pto_run_begin's work, which a session of submitted runs shares). */

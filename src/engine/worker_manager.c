@@ -183,7 +183,8 @@ static int wt_diag_call(pto_worker_thread *wt, pto_slot *s, int32_t member, cons
     pto_diag_task d;
     pto_diag_prepare(&d, wt->wm, s, member, wt->index);
     const uint8_t *tags = atomic_load_explicit(&wt->wm->check, memory_order_relaxed) ? pto_check_tags_of(s) : NULL;
-    pto_check_leaf cl = {wt->call, wt->call_ctx, tags, NULL};
+    pto_check_leaf cl = {wt->call, wt->call_ctx, tags, NULL,
+                         atomic_load_explicit(&wt->wm->check, memory_order_relaxed) == PTO_CHECK_WARN};
     int rc = tags ? pto_diag_call(pto_check_leaf_run, &cl, s->callable, v, &s->cfg->cfg, &d, err, errlen)
                   : pto_diag_call(wt->call, wt->call_ctx, s->callable, v, &s->cfg->cfg, &d, err, errlen);
     pto_diag_finish(wt->wm, s, &d);
@@ -210,7 +211,8 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         const pto_call_config *cfg = &s->cfg->cfg;
         int rc = PTO_UNLIKELY(pto_diag_wanted(cfg)) ? wt_diag_call(wt, s, member, &v, err, sizeof err)
                  : PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed))
-                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), cfg, err, sizeof err, NULL)
+                     ? pto_check_call(wt->call, wt->call_ctx, s->callable, &v, pto_check_tags_of(s), cfg, err, sizeof err, NULL,
+                                      atomic_load_explicit(&wt->wm->check, memory_order_relaxed) == PTO_CHECK_WARN)
                      : wt->call(wt->call_ctx, s->callable, &v, cfg, err, sizeof err);
         pto_crash_current(wt, NULL);
         leaf_tags = NULL;

@@ -118,7 +118,7 @@ typedef struct pto_worker_manager {
     pto_ship_table ships;         /* callables shipped after the fork */
     struct pto_trace *_Atomic trace;   /* trace.c: NULL until the first pto_trace_start */
     _Atomic uint64_t hot_until_ns;     /* pto_hot_spin, written by the orchestrator */
-    _Atomic int32_t check;             /* this run runs its tasks under check.c, set at run begin */
+    _Atomic int32_t check;             /* this run runs its tasks under check.c (PTO_CHECK_ON or _WARN), set at run begin */
     const struct pto_heap_ring *check_rings;   /* the Worker's PTO_MAX_RING_DEPTH rings, for check.c */
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
     struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */

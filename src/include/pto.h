@@ -348,11 +348,14 @@ int pto_worker_count(pto_worker *w, int32_t kind);
 /* Fill out for child index of kind; 0, or -1 if there is no such child. */
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
 
-/* Check mode (docs/check.md) for the runs that begin from now on: 1 runs every task under checks
- * of its tags (it may run twice) and reports unordered OUTPUT overwrites at submit; 0 turns it off.
+/* Check mode (docs/check.md) for the runs that begin from now on: PTO_CHECK_ON (1) runs every task
+ * under checks of its tags (it may run twice) and reports unordered OUTPUT overwrites at submit;
+ * PTO_CHECK_WARN (2) checks the same but reports every finding as a warning on stderr (the task
+ * succeeds with what it computes from its real inputs, the submit goes ahead); 0 turns it off.
  * 0 or -1. */
+enum { PTO_CHECK_ON = 1, PTO_CHECK_WARN = 2 };
 int pto_worker_check_set(pto_worker *w, int32_t on);
-/* 1 if w's next run has check mode on, else 0. */
+/* w's next run's check mode: 0, PTO_CHECK_ON or PTO_CHECK_WARN. */
 int32_t pto_worker_check(pto_worker *w);
 /* Stop on failure (on = 1): a single task's failure holds dispatch before its consumers are
  * poisoned, until pto_dispatch_retry runs it again or releasing dispatch (pto_dispatch_hold 0)
@@ -363,6 +366,10 @@ int32_t pto_worker_catch(pto_worker *w);
 /* Run the caught failed task id again and release dispatch; its consumers then wait for it as if
  * it had not failed. 0, or -1 if id is not a caught failure. */
 int pto_dispatch_retry(pto_worker *w, int64_t id);
+/* pto_dispatch_retry, running it as callable (of kind; -1: of the task's own kind) instead of the
+ * callable it was submitted with: a fixed one registered meanwhile. -1 also if the task is of
+ * another kind. */
+int pto_dispatch_retry_as(pto_worker *w, int64_t id, int32_t kind, uint64_t callable);
 
 /* Hold (1) dispatch of ready tasks, or resume it (0); submits still build the DAG, and a drain
  * still runs everything. 0 or -1. */

@@ -465,4 +465,87 @@ describe("from an L4 through an L3", function()
       for _, r in ipairs(rows) do same_values(r.arg == 1 and x or y, r.tensor) end
     end
   end)
+
+  it("dep_gen and swimlane files are written per Worker run, and block_dim = 2 gives block_dim = 1's result",
+     function()
+    local dir = fresh_dir()
+    local w3 = pto.Worker{level = 3, chips = 1}
+    local gemm = w3:register(pto.chip_kernel("gemm_tile"))
+    local add = w3:register(pto.chip_kernel("tile_add"))
+    local w4 <close> = pto.Worker{level = 4}
+    -- C += A*B at L3 as two chip tasks with an edge between them (P: gemm's output, tile_add's input)
+    local fn = w4:register(function(orch, args, cfg)
+      orch:submit_next_level(gemm, pto.args{{args:tensor(1), "in"}, {args:tensor(2), "in"}, {args:tensor(3), "out"}}, cfg)
+      orch:submit_next_level(add, pto.args{{args:tensor(4), "inout"}, {args:tensor(3), "in"}}, cfg)
+    end, "gemm_acc")
+    w4:add_worker(w3)
+    w4:init()
+    -- 40 rows: not a multiple of gemm_tile's 6-row blocks, so block_dim = 2's bands and remainder both run
+    local M = 40
+    local A, B = filled({M, M}, math.sin), filled({M, M}, math.cos)
+    local P1, P2 = pto.tensor({M, M}, "f32"), pto.tensor({M, M}, "f32")
+    local C1, C2 = filled({M, M}, function(i) return i % 3 end), filled({M, M}, function(i) return i % 3 end)
+    local producers = {}
+    w4:run(function(orch)
+      local cfg = {enable_dep_gen = 1, enable_l2_swimlane = 2, output_prefix = dir .. "/l"}
+      cfg.block_dim = 1
+      local t1 = orch:submit_next_level(fn, pto.args{{A, "in"}, {B, "in"}, {P1, "out"}, {C1, "inout"}},
+                                        pto.CallConfig(cfg))
+      -- C1 as a 5th argument the function ignores: an L4 edge t1 -> t2 for the L4's dependency file
+      cfg.block_dim = 2
+      local t2 = orch:submit_next_level(fn, pto.args{{A, "in"}, {B, "in"}, {P2, "out"}, {C2, "inout"}, {C1, "in"}},
+                                        pto.CallConfig(cfg))
+      orch:drain()
+      producers = {orch:task(t1).producers, orch:task(t2).producers, t1 = t1, t2 = t2}
+    end)
+    same_values(C1, C2)
+    local want = 1 % 3
+    for k = 1, M do want = want + A[k] * B[(k - 1) * M + 1] end
+    assert.is_true(math.abs(C1[1] - want) < 1e-3, ("C[1] = %f, want %f"):format(C1[1], want))
+    assert.are.same({}, producers[1])
+    assert.are.same({producers.t1}, producers[2])
+    -- Files by run: "l.<run>.deps" and so on, <run> naming the Worker (process, serial) and its run.
+    local runs = {}
+    for _, f in ipairs(ls(dir, "^l%.")) do
+      local run, rest = f:match("/l%.(p%d+w%d+r%d+)%.(.+)$")
+      assert(run, f)
+      runs[run] = runs[run] or {tsv = {}}
+      if rest == "deps" or rest == "dot" then runs[run][rest] = f end
+      if rest:match("^swimlane%.w%d+%.tsv$") then table.insert(runs[run].tsv, f) end
+    end
+    -- The L4's one run, and one L3 run per L4 task (each L4 task runs the function as a run of the L3).
+    local l4, l3 = {}, {}
+    for run, files in pairs(runs) do
+      assert(files.deps and files.dot, "run " .. run .. " has no .deps/.dot")
+      local deps = assert(F.readfile(files.deps))
+      if deps:find("arg 5 ", 1, true) then l4[#l4 + 1] = deps else l3[#l3 + 1] = deps end
+      local ok = os.execute(("dot -Tsvg %s -o /dev/null"):format(q(files.dot)))
+      assert(ok, "dot -Tsvg rejected " .. files.dot .. ":\n" .. (F.readfile(files.dot) or ""))
+      -- one worker per Worker (the L3 under the L4, the chip under the L3): one swimlane file each,
+      -- a line per task with its points in order
+      assert.are.equal(1, #files.tsv, run)
+      local rows = 0
+      for line in io.lines(files.tsv[1]) do
+        local fields = {}
+        for v in line:gmatch("[^\t]+") do fields[#fields + 1] = tonumber(v) end
+        assert.are.equal(9, #fields, line)
+        assert.is_true(fields[5] <= fields[6] and fields[6] <= fields[7] and fields[7] <= fields[8], line)
+        assert.are.equal(0, fields[9], line)
+        rows = rows + 1
+      end
+      assert.are.equal(2, rows, files.tsv[1])
+    end
+    assert.are.equal(1, #l4)
+    assert.are.equal(2, #l3)
+    -- the L4's file has exactly the edges orch:task(id).producers reported: t1 -> t2 through C1 (arg 5)
+    local edges = {}
+    for p, t in l4[1]:gmatch("\nedge (%d+) %-> (%d+) ") do edges[#edges + 1] = p .. "->" .. t end
+    assert.are.same({producers.t1 .. "->" .. producers.t2}, edges)
+    -- each L3 run: gemm (task 0) -> tile_add (task 1) through P, its second argument
+    for _, deps in ipairs(l3) do
+      local e = {}
+      for line in deps:gmatch("edge [^\n]+") do e[#e + 1] = line:match("^edge %d+ %-> %d+ arg %d+") end
+      assert.are.same({"edge 0 -> 1 arg 2"}, e)
+    end
+  end)
 end)

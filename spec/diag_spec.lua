@@ -1,7 +1,8 @@
 -- diag_spec.lua: the CallConfig's diagnostic fields (docs/tracing.md,
 -- "Diagnostics"): tensor dumps read back with pto.load_dump, per-task PMU
 -- counts, the dependency dump, swimlanes and block_dim, in both modes
--- (CTest runs it once per PTO_MODE) and from an L4 through an L3.
+-- (CTest runs it once per PTO_MODE), from an L4 through an L3, and around
+-- a user chip runtime (fixtures/saxpy.c, built by spec/CMakeLists.txt).
 --
 -- What each dump says is checked against what the engine itself reports:
 -- the tensors' own bytes, orch:task(id).producers for the edges.
@@ -546,6 +547,85 @@ describe("from an L4 through an L3", function()
       local e = {}
       for line in deps:gmatch("edge [^\n]+") do e[#e + 1] = line:match("^edge %d+ %-> %d+ arg %d+") end
       assert.are.same({"edge 0 -> 1 arg 2"}, e)
+    end
+  end)
+end)
+
+describe("a user chip runtime", function()
+  after_each(F.cleanup)
+
+  it("gets every field around its kernel: dumps read back, counts, deps and swimlanes", function()
+    local lib = assert(os.getenv("PTO_SAXPY_LIB"), "PTO_SAXPY_LIB names the fixture library (spec/CMakeLists.txt)")
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local saxpy = w:register(pto.chip_kernel{lib = lib, symbol = "saxpy"})
+    w:init()
+    local n = 64
+    local x = filled({n}, function(i) return i % 4 == 0 and 0 or i end)   -- zeros: elements saxpy leaves as they were
+    local y = filled({n}, function(i) return 1 - i end)
+    local z = filled({n}, function(i) return 0.5 * i end)
+    local z0 = z:totable()
+    local cfg = pto.CallConfig{enable_dump_tensor = 1, enable_pmu = 1, enable_dep_gen = 1, enable_l2_swimlane = 1,
+                               output_prefix = dir .. "/u"}
+    local ids, pmu, producers = {}, {}, {}
+    w:run(function(orch)
+      ids[1] = orch:submit_next_level(saxpy, pto.args{{x, "in"}, {y, "inout"}, scalars = {2.0}}, cfg)   -- y += 2x
+      ids[2] = orch:submit_next_level(saxpy, pto.args{{y, "in"}, {z, "inout"}, scalars = {3.0}}, cfg)   -- z += 3y
+      orch:drain()
+      for k, id in ipairs(ids) do
+        pmu[k] = orch:task(id).pmu
+        producers[k] = orch:task(id).producers
+      end
+    end)
+    for i = 1, n do
+      assert.are.equal((1 - i) + 2 * x[i], y[i])
+      assert.are.equal(0.5 * i + 3 * y[i], z[i])
+    end
+    -- dumps: task 1 x and y before, y after; task 2 y and z before, z after
+    local rows = pto.load_dump(the_one(dir, "%.index$"))
+    assert.are.equal(6, #rows)
+    local by = {}
+    for _, r in ipairs(rows) do by[r.task .. ":" .. r.arg .. ":" .. r.when] = r end
+    local a, b = ids[1], ids[2]
+    same_values(x, by[a .. ":1:in"].tensor)
+    same_values(y, by[a .. ":2:out"].tensor)
+    same_values(y, by[b .. ":1:in"].tensor)
+    same_values(z0, by[b .. ":2:in"].tensor)
+    same_values(z, by[b .. ":2:out"].tensor)
+    local before, after = by[a .. ":2:in"].tensor, by[a .. ":2:out"].tensor
+    for i = 1, n do
+      assert.are.equal(1 - i, before[i])
+      assert.are.equal(x[i] ~= 0, before[i] ~= after[i])   -- they differ exactly where the kernel changed y
+    end
+    -- counters of the software set, around the user's kernel
+    for k = 1, 2 do
+      assert.are.equal(1, pmu[k].set)
+      assert.is_true(pmu[k].task_clock > 0)
+    end
+    -- the dependency files: the one edge, through y (task 2's first argument), as producers reports it
+    assert.are.same({}, producers[1])
+    assert.are.same({a}, producers[2])
+    local deps = assert(F.readfile(the_one(dir, "%.deps$")))
+    local edges = {}
+    for line in deps:gmatch("edge [^\n]+") do edges[#edges + 1] = line:match("^edge %d+ %-> %d+ arg %d+") end
+    assert.are.same({("edge %d -> %d arg 1"):format(a, b)}, edges)
+    local dot = the_one(dir, "%.dot$")
+    assert(os.execute(("dot -Tsvg %s -o /dev/null"):format(q(dot))), "dot -Tsvg rejected " .. dot)
+    -- the swimlane file of the one chip: both tasks, points in order, taken where the kernel ran
+    -- (the chip's child in process mode, this process in thread mode)
+    local lines = {}
+    for line in io.lines(the_one(dir, "%.swimlane%.w0%.tsv$")) do
+      local f = {}
+      for v in line:gmatch("[^\t]+") do f[#f + 1] = tonumber(v) end
+      assert.are.equal(9, #f, line)
+      assert.is_true(f[5] <= f[6] and f[6] <= f[7] and f[7] <= f[8], line)
+      assert.are.equal(0, f[9], line)
+      lines[#lines + 1] = f
+    end
+    assert.are.equal(2, #lines)
+    local here = H.getpid()
+    for _, f in ipairs(lines) do
+      if os.getenv("PTO_MODE") == "thread" then assert.are.equal(here, f[4]) else assert.are_not.equal(here, f[4]) end
     end
   end)
 end)

@@ -322,6 +322,49 @@ describe("enable_dep_gen", function()
     local ok = os.execute(("dot -Tsvg %s -o /dev/null"):format(q(dot)))
     assert(ok, "dot -Tsvg rejected " .. dot .. ":\n" .. (F.readfile(dot) or ""))
   end)
+
+  it("writes each consumer of a task that asked as the scheduler wires it: wired, done or failed", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local sleep = w:register(pto.chip_kernel("sleep_us"))
+    local noop = w:register(pto.chip_kernel("noop"))
+    local fail = w:register(pto.chip_kernel("fail"))
+    w:init()
+    local y, z = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    local cfg = pto.CallConfig{enable_dep_gen = 1, output_prefix = dir .. "/c"}
+    local ids = {}
+    local ok, err = pcall(w.run, w, function(orch)
+      -- 0.3 s of sleep: the scheduler wires its consumer long before it ends
+      ids.slow = orch:submit_next_level(sleep, pto.args{{y, "out"}, scalars = {300000}}, cfg)
+      ids.waits = orch:submit_next_level(noop, pto.args{{y, "in"}}, cfg)
+      H.wait_state(orch, ids.slow, {"completed"})
+      -- no dep_gen of its own: the producer asked, so its consumer is written (and no task/edge line for it)
+      ids.late = orch:submit_next_level(noop, pto.args{{y, "in"}})
+      ids.bad = orch:submit_next_level(fail, pto.args{{z, "out"}}, cfg)
+      H.wait_state(orch, ids.bad, {"failed"})
+      ids.poisoned = orch:submit_next_level(noop, pto.args{{z, "in"}}, cfg)
+    end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("fail kernel called", 1, true), err)
+    local deps = assert(F.readfile(the_one(dir, "%.deps$")))
+    local consumers, edges = {}, {}
+    for line in deps:gmatch("[^\n]+") do
+      local p, t, how = line:match("^consumer (%d+) %-> (%d+) (%a+)$")
+      if p then consumers[#consumers + 1] = ("%s->%s %s"):format(p, t, how) end
+      local ep, et = line:match("^edge (%d+) %-> (%d+) ")
+      if ep then edges[ep .. "->" .. et] = true end
+      -- a task's consumer lines come after its own task and edge lines (written at its submit)
+      if p and edges[p .. "->" .. t] == nil and tonumber(t) ~= ids.late then error("consumer before its edge: " .. line) end
+    end
+    table.sort(consumers)
+    local want = {("%d->%d wired"):format(ids.slow, ids.waits), ("%d->%d done"):format(ids.slow, ids.late),
+                  ("%d->%d failed"):format(ids.bad, ids.poisoned)}
+    table.sort(want)
+    assert.are.same(want, consumers)
+    -- the edges of the tasks that asked have their consumer lines, and the reverse
+    assert.are.same({[ids.slow .. "->" .. ids.waits] = true, [ids.bad .. "->" .. ids.poisoned] = true}, edges)
+    assert(os.execute(("dot -Tsvg %s -o /dev/null"):format(q(the_one(dir, "%.dot$")))), "dot -Tsvg rejected the DOT")
+  end)
 end)
 
 describe("enable_l2_swimlane", function()

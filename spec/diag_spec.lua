@@ -326,24 +326,26 @@ describe("enable_dep_gen", function()
   it("writes each consumer of a task that asked as the scheduler wires it: wired, done or failed", function()
     local dir = fresh_dir()
     local w <close> = pto.Worker{level = 3, chips = 2}
-    local sleep = w:register(pto.chip_kernel("sleep_us"))
     local noop = w:register(pto.chip_kernel("noop"))
     local fail = w:register(pto.chip_kernel("fail"))
     w:init()
     local y, z = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
     local cfg = pto.CallConfig{enable_dep_gen = 1, output_prefix = dir .. "/c"}
     local ids = {}
+    w:hold()   -- nothing starts until the release: the first consumer is wired to a producer that has not run
     local ok, err = pcall(w.run, w, function(orch)
-      -- 0.3 s of sleep: the scheduler wires its consumer long before it ends
-      ids.slow = orch:submit_next_level(sleep, pto.args{{y, "out"}, scalars = {300000}}, cfg)
+      ids.first = orch:submit_next_level(noop, pto.args{{y, "out"}}, cfg)
       ids.waits = orch:submit_next_level(noop, pto.args{{y, "in"}}, cfg)
-      H.wait_state(orch, ids.slow, {"completed"})
+      w:sync()
+      w:release()
+      H.wait_state(orch, ids.first, {"completed"})
       -- no dep_gen of its own: the producer asked, so its consumer is written (and no task/edge line for it)
       ids.late = orch:submit_next_level(noop, pto.args{{y, "in"}})
       ids.bad = orch:submit_next_level(fail, pto.args{{z, "out"}}, cfg)
       H.wait_state(orch, ids.bad, {"failed"})
       ids.poisoned = orch:submit_next_level(noop, pto.args{{z, "in"}}, cfg)
     end)
+    w:release()   -- also when the run failed while held
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("fail kernel called", 1, true), err)
     local deps = assert(F.readfile(the_one(dir, "%.deps$")))
@@ -357,12 +359,12 @@ describe("enable_dep_gen", function()
       if p and edges[p .. "->" .. t] == nil and tonumber(t) ~= ids.late then error("consumer before its edge: " .. line) end
     end
     table.sort(consumers)
-    local want = {("%d->%d wired"):format(ids.slow, ids.waits), ("%d->%d done"):format(ids.slow, ids.late),
+    local want = {("%d->%d wired"):format(ids.first, ids.waits), ("%d->%d done"):format(ids.first, ids.late),
                   ("%d->%d failed"):format(ids.bad, ids.poisoned)}
     table.sort(want)
     assert.are.same(want, consumers)
     -- the edges of the tasks that asked have their consumer lines, and the reverse
-    assert.are.same({[ids.slow .. "->" .. ids.waits] = true, [ids.bad .. "->" .. ids.poisoned] = true}, edges)
+    assert.are.same({[ids.first .. "->" .. ids.waits] = true, [ids.bad .. "->" .. ids.poisoned] = true}, edges)
     assert(os.execute(("dot -Tsvg %s -o /dev/null"):format(q(the_one(dir, "%.dot$")))), "dot -Tsvg rejected the DOT")
   end)
 end)

@@ -1,7 +1,8 @@
 -- diag_spec.lua: the CallConfig's diagnostic fields (docs/tracing.md,
 -- "Diagnostics"): tensor dumps read back with pto.load_dump, per-task PMU
 -- counts, the dependency dump, swimlanes and block_dim, in both modes
--- (CTest runs it once per PTO_MODE) and from an L4 through an L3.
+-- (CTest runs it once per PTO_MODE), from an L4 through an L3, and around
+-- a user chip runtime (fixtures/saxpy.c, built by spec/CMakeLists.txt).
 --
 -- What each dump says is checked against what the engine itself reports:
 -- the tensors' own bytes, orch:task(id).producers for the edges.
@@ -321,6 +322,51 @@ describe("enable_dep_gen", function()
     local ok = os.execute(("dot -Tsvg %s -o /dev/null"):format(q(dot)))
     assert(ok, "dot -Tsvg rejected " .. dot .. ":\n" .. (F.readfile(dot) or ""))
   end)
+
+  it("writes each consumer of a task that asked as the scheduler wires it: wired, done or failed", function()
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 2}
+    local noop = w:register(pto.chip_kernel("noop"))
+    local fail = w:register(pto.chip_kernel("fail"))
+    w:init()
+    local y, z = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
+    local cfg = pto.CallConfig{enable_dep_gen = 1, output_prefix = dir .. "/c"}
+    local ids = {}
+    w:hold()   -- nothing starts until the release: the first consumer is wired to a producer that has not run
+    local ok, err = pcall(w.run, w, function(orch)
+      ids.first = orch:submit_next_level(noop, pto.args{{y, "out"}}, cfg)
+      ids.waits = orch:submit_next_level(noop, pto.args{{y, "in"}}, cfg)
+      w:sync()
+      w:release()
+      H.wait_state(orch, ids.first, {"completed"})
+      -- no dep_gen of its own: the producer asked, so its consumer is written (and no task/edge line for it)
+      ids.late = orch:submit_next_level(noop, pto.args{{y, "in"}})
+      ids.bad = orch:submit_next_level(fail, pto.args{{z, "out"}}, cfg)
+      H.wait_state(orch, ids.bad, {"failed"})
+      ids.poisoned = orch:submit_next_level(noop, pto.args{{z, "in"}}, cfg)
+    end)
+    w:release()   -- also when the run failed while held
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("fail kernel called", 1, true), err)
+    local deps = assert(F.readfile(the_one(dir, "%.deps$")))
+    local consumers, edges = {}, {}
+    for line in deps:gmatch("[^\n]+") do
+      local p, t, how = line:match("^consumer (%d+) %-> (%d+) (%a+)$")
+      if p then consumers[#consumers + 1] = ("%s->%s %s"):format(p, t, how) end
+      local ep, et = line:match("^edge (%d+) %-> (%d+) ")
+      if ep then edges[ep .. "->" .. et] = true end
+      -- a task's consumer lines come after its own task and edge lines (written at its submit)
+      if p and edges[p .. "->" .. t] == nil and tonumber(t) ~= ids.late then error("consumer before its edge: " .. line) end
+    end
+    table.sort(consumers)
+    local want = {("%d->%d wired"):format(ids.first, ids.waits), ("%d->%d done"):format(ids.first, ids.late),
+                  ("%d->%d failed"):format(ids.bad, ids.poisoned)}
+    table.sort(want)
+    assert.are.same(want, consumers)
+    -- the edges of the tasks that asked have their consumer lines, and the reverse
+    assert.are.same({[ids.first .. "->" .. ids.waits] = true, [ids.bad .. "->" .. ids.poisoned] = true}, edges)
+    assert(os.execute(("dot -Tsvg %s -o /dev/null"):format(q(the_one(dir, "%.dot$")))), "dot -Tsvg rejected the DOT")
+  end)
 end)
 
 describe("enable_l2_swimlane", function()
@@ -463,6 +509,168 @@ describe("from an L4 through an L3", function()
       local rows = pto.load_dump(f)
       assert.are.equal(2, #rows)
       for _, r in ipairs(rows) do same_values(r.arg == 1 and x or y, r.tensor) end
+    end
+  end)
+
+  it("dep_gen and swimlane files are written per Worker run, and block_dim = 2 gives block_dim = 1's result",
+     function()
+    local dir = fresh_dir()
+    local w3 = pto.Worker{level = 3, chips = 1}
+    local gemm = w3:register(pto.chip_kernel("gemm_tile"))
+    local add = w3:register(pto.chip_kernel("tile_add"))
+    local w4 <close> = pto.Worker{level = 4}
+    -- C += A*B at L3 as two chip tasks with an edge between them (P: gemm's output, tile_add's input)
+    local fn = w4:register(function(orch, args, cfg)
+      orch:submit_next_level(gemm, pto.args{{args:tensor(1), "in"}, {args:tensor(2), "in"}, {args:tensor(3), "out"}}, cfg)
+      orch:submit_next_level(add, pto.args{{args:tensor(4), "inout"}, {args:tensor(3), "in"}}, cfg)
+    end, "gemm_acc")
+    w4:add_worker(w3)
+    w4:init()
+    -- 40 rows: not a multiple of gemm_tile's 6-row blocks, so block_dim = 2's bands and remainder both run
+    local M = 40
+    local A, B = filled({M, M}, math.sin), filled({M, M}, math.cos)
+    local P1, P2 = pto.tensor({M, M}, "f32"), pto.tensor({M, M}, "f32")
+    local C1, C2 = filled({M, M}, function(i) return i % 3 end), filled({M, M}, function(i) return i % 3 end)
+    local producers = {}
+    w4:run(function(orch)
+      local cfg = {enable_dep_gen = 1, enable_l2_swimlane = 2, output_prefix = dir .. "/l"}
+      cfg.block_dim = 1
+      local t1 = orch:submit_next_level(fn, pto.args{{A, "in"}, {B, "in"}, {P1, "out"}, {C1, "inout"}},
+                                        pto.CallConfig(cfg))
+      -- C1 as a 5th argument the function ignores: an L4 edge t1 -> t2 for the L4's dependency file
+      cfg.block_dim = 2
+      local t2 = orch:submit_next_level(fn, pto.args{{A, "in"}, {B, "in"}, {P2, "out"}, {C2, "inout"}, {C1, "in"}},
+                                        pto.CallConfig(cfg))
+      orch:drain()
+      producers = {orch:task(t1).producers, orch:task(t2).producers, t1 = t1, t2 = t2}
+    end)
+    same_values(C1, C2)
+    local want = 1 % 3
+    for k = 1, M do want = want + A[k] * B[(k - 1) * M + 1] end
+    assert.is_true(math.abs(C1[1] - want) < 1e-3, ("C[1] = %f, want %f"):format(C1[1], want))
+    assert.are.same({}, producers[1])
+    assert.are.same({producers.t1}, producers[2])
+    -- Files by run: "l.<run>.deps" and so on, <run> naming the Worker (process, serial) and its run.
+    local runs = {}
+    for _, f in ipairs(ls(dir, "^l%.")) do
+      local run, rest = f:match("/l%.(p%d+w%d+r%d+)%.(.+)$")
+      assert(run, f)
+      runs[run] = runs[run] or {tsv = {}}
+      if rest == "deps" or rest == "dot" then runs[run][rest] = f end
+      if rest:match("^swimlane%.w%d+%.tsv$") then table.insert(runs[run].tsv, f) end
+    end
+    -- The L4's one run, and one L3 run per L4 task (each L4 task runs the function as a run of the L3).
+    local l4, l3 = {}, {}
+    for run, files in pairs(runs) do
+      assert(files.deps and files.dot, "run " .. run .. " has no .deps/.dot")
+      local deps = assert(F.readfile(files.deps))
+      if deps:find("arg 5 ", 1, true) then l4[#l4 + 1] = deps else l3[#l3 + 1] = deps end
+      local ok = os.execute(("dot -Tsvg %s -o /dev/null"):format(q(files.dot)))
+      assert(ok, "dot -Tsvg rejected " .. files.dot .. ":\n" .. (F.readfile(files.dot) or ""))
+      -- one worker per Worker (the L3 under the L4, the chip under the L3): one swimlane file each,
+      -- a line per task with its points in order
+      assert.are.equal(1, #files.tsv, run)
+      local rows = 0
+      for line in io.lines(files.tsv[1]) do
+        local fields = {}
+        for v in line:gmatch("[^\t]+") do fields[#fields + 1] = tonumber(v) end
+        assert.are.equal(9, #fields, line)
+        assert.is_true(fields[5] <= fields[6] and fields[6] <= fields[7] and fields[7] <= fields[8], line)
+        assert.are.equal(0, fields[9], line)
+        rows = rows + 1
+      end
+      assert.are.equal(2, rows, files.tsv[1])
+    end
+    assert.are.equal(1, #l4)
+    assert.are.equal(2, #l3)
+    -- the L4's file has exactly the edges orch:task(id).producers reported: t1 -> t2 through C1 (arg 5)
+    local edges = {}
+    for p, t in l4[1]:gmatch("\nedge (%d+) %-> (%d+) ") do edges[#edges + 1] = p .. "->" .. t end
+    assert.are.same({producers.t1 .. "->" .. producers.t2}, edges)
+    -- each L3 run: gemm (task 0) -> tile_add (task 1) through P, its second argument
+    for _, deps in ipairs(l3) do
+      local e = {}
+      for line in deps:gmatch("edge [^\n]+") do e[#e + 1] = line:match("^edge %d+ %-> %d+ arg %d+") end
+      assert.are.same({"edge 0 -> 1 arg 2"}, e)
+    end
+  end)
+end)
+
+describe("a user chip runtime", function()
+  after_each(F.cleanup)
+
+  it("gets every field around its kernel: dumps read back, counts, deps and swimlanes", function()
+    local lib = assert(os.getenv("PTO_SAXPY_LIB"), "PTO_SAXPY_LIB names the fixture library (spec/CMakeLists.txt)")
+    local dir = fresh_dir()
+    local w <close> = pto.Worker{level = 3, chips = 1}
+    local saxpy = w:register(pto.chip_kernel{lib = lib, symbol = "saxpy"})
+    w:init()
+    local n = 64
+    local x = filled({n}, function(i) return i % 4 == 0 and 0 or i end)   -- zeros: elements saxpy leaves as they were
+    local y = filled({n}, function(i) return 1 - i end)
+    local z = filled({n}, function(i) return 0.5 * i end)
+    local z0 = z:totable()
+    local cfg = pto.CallConfig{enable_dump_tensor = 1, enable_pmu = 1, enable_dep_gen = 1, enable_l2_swimlane = 1,
+                               output_prefix = dir .. "/u"}
+    local ids, pmu, producers = {}, {}, {}
+    w:run(function(orch)
+      ids[1] = orch:submit_next_level(saxpy, pto.args{{x, "in"}, {y, "inout"}, scalars = {2.0}}, cfg)   -- y += 2x
+      ids[2] = orch:submit_next_level(saxpy, pto.args{{y, "in"}, {z, "inout"}, scalars = {3.0}}, cfg)   -- z += 3y
+      orch:drain()
+      for k, id in ipairs(ids) do
+        pmu[k] = orch:task(id).pmu
+        producers[k] = orch:task(id).producers
+      end
+    end)
+    for i = 1, n do
+      assert.are.equal((1 - i) + 2 * x[i], y[i])
+      assert.are.equal(0.5 * i + 3 * y[i], z[i])
+    end
+    -- dumps: task 1 x and y before, y after; task 2 y and z before, z after
+    local rows = pto.load_dump(the_one(dir, "%.index$"))
+    assert.are.equal(6, #rows)
+    local by = {}
+    for _, r in ipairs(rows) do by[r.task .. ":" .. r.arg .. ":" .. r.when] = r end
+    local a, b = ids[1], ids[2]
+    same_values(x, by[a .. ":1:in"].tensor)
+    same_values(y, by[a .. ":2:out"].tensor)
+    same_values(y, by[b .. ":1:in"].tensor)
+    same_values(z0, by[b .. ":2:in"].tensor)
+    same_values(z, by[b .. ":2:out"].tensor)
+    local before, after = by[a .. ":2:in"].tensor, by[a .. ":2:out"].tensor
+    for i = 1, n do
+      assert.are.equal(1 - i, before[i])
+      assert.are.equal(x[i] ~= 0, before[i] ~= after[i])   -- they differ exactly where the kernel changed y
+    end
+    -- counters of the software set, around the user's kernel
+    for k = 1, 2 do
+      assert.are.equal(1, pmu[k].set)
+      assert.is_true(pmu[k].task_clock > 0)
+    end
+    -- the dependency files: the one edge, through y (task 2's first argument), as producers reports it
+    assert.are.same({}, producers[1])
+    assert.are.same({a}, producers[2])
+    local deps = assert(F.readfile(the_one(dir, "%.deps$")))
+    local edges = {}
+    for line in deps:gmatch("edge [^\n]+") do edges[#edges + 1] = line:match("^edge %d+ %-> %d+ arg %d+") end
+    assert.are.same({("edge %d -> %d arg 1"):format(a, b)}, edges)
+    local dot = the_one(dir, "%.dot$")
+    assert(os.execute(("dot -Tsvg %s -o /dev/null"):format(q(dot))), "dot -Tsvg rejected " .. dot)
+    -- the swimlane file of the one chip: both tasks, points in order, taken where the kernel ran
+    -- (the chip's child in process mode, this process in thread mode)
+    local lines = {}
+    for line in io.lines(the_one(dir, "%.swimlane%.w0%.tsv$")) do
+      local f = {}
+      for v in line:gmatch("[^\t]+") do f[#f + 1] = tonumber(v) end
+      assert.are.equal(9, #f, line)
+      assert.is_true(f[5] <= f[6] and f[6] <= f[7] and f[7] <= f[8], line)
+      assert.are.equal(0, f[9], line)
+      lines[#lines + 1] = f
+    end
+    assert.are.equal(2, #lines)
+    local here = H.getpid()
+    for _, f in ipairs(lines) do
+      if os.getenv("PTO_MODE") == "thread" then assert.are.equal(here, f[4]) else assert.are_not.equal(here, f[4]) end
     end
   end)
 end)

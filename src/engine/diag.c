@@ -6,7 +6,8 @@
  *   P.R.index            tensor dump index: a header line, then one line per
  *                        dumped tensor, appended by whoever ran the task
  *   P.R.t<task>.m<member>.a<arg>.<in|out>   the raw bytes of one dump
- *   P.R.deps, P.R.dot    the dependencies as the orchestrator inferred them
+ *   P.R.deps, P.R.dot    the dependencies as the orchestrator inferred them; .deps
+ *                        also each consumer as the scheduler wired it
  *   P.R.swimlane.w<worker>.tsv             swimlane points, per worker
  * The orchestrator creates the index (and the dependency files) at the first
  * submit that names P in a run: a missing or unwritable P is then an error
@@ -133,9 +134,9 @@ void pto_diag_free(pto_worker_manager *wm)
 
 /* ---- submit: the prefix and its files --------------------------------------- */
 
-static FILE *open_new(const char *path)
+static FILE *open_new(const char *path, int flags)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags, 0644);
     if (fd < 0) return NULL;
     FILE *f = fdopen(fd, "w");
     if (!f) close(fd);
@@ -151,7 +152,7 @@ static diag_prefix *prefix_setup(pto_diag *d, const pto_call_config *cfg)
         if (strcmp(p->prefix, cfg->output_prefix) == 0) return p;
     char path[PTO_OUTPUT_PREFIX_LEN + 2 * PTO_DIAG_RUN_LEN];
     snprintf(path, sizeof path, "%s.%s.index", cfg->output_prefix, d->run_tag);
-    FILE *f = open_new(path);
+    FILE *f = open_new(path, 0);
     if (!f) {
         pto_set_error("output_prefix '%s' cannot be written (creating %s: %s); give a prefix in an existing, "
                       "writable directory, like \"/tmp/dump/run\"",
@@ -172,9 +173,12 @@ static bool dep_files(pto_diag *d, diag_prefix *p)
     if (p->deps) return true;
     char path[PTO_OUTPUT_PREFIX_LEN + 2 * PTO_DIAG_RUN_LEN];
     snprintf(path, sizeof path, "%s.%s.deps", p->prefix, d->run_tag);
-    p->deps = open_new(path);
+    /* Appended to by the scheduler too (pto_diag_consumer, through its own descriptor): O_APPEND and a flush
+     * per line, so each line is one write(2) at the end of the file and lines never cut into each other. */
+    p->deps = open_new(path, O_APPEND);
+    if (p->deps) setvbuf(p->deps, NULL, _IOLBF, 0);
     snprintf(path, sizeof path, "%s.%s.dot", p->prefix, d->run_tag);
-    p->dot = p->deps ? open_new(path) : NULL;
+    p->dot = p->deps ? open_new(path, 0) : NULL;
     if (!p->dot) {
         pto_set_error("output_prefix '%s' cannot be written (creating %s: %s)", p->prefix, path, strerror(errno));
         if (p->deps) fclose(p->deps);
@@ -183,7 +187,9 @@ static bool dep_files(pto_diag *d, diag_prefix *p)
     }
     fputs("# ptolua dependencies v1\n"
           "# task T callable C: a submitted task\n"
-          "# edge P -> T arg A tensor BASE bytes [START, END) producer-range [PSTART, PEND): T reads bytes P wrote\n",
+          "# edge P -> T arg A tensor BASE bytes [START, END) producer-range [PSTART, PEND): T reads bytes P wrote\n"
+          "# consumer P -> T wired|done|failed: the scheduler wired T to P: T waits for P (wired), or P had\n"
+          "#   already finished (done) or failed (failed: T will not run) and T does not wait\n",
           p->deps);
     fputs("digraph deps {\n  node [shape=box];\n", p->dot);
     fflush(p->deps);
@@ -272,6 +278,25 @@ void pto_diag_dep_gen(pto_orch *o, const pto_slot *s)
     }
     fflush(p->deps);
     fflush(p->dot);
+}
+
+static bool write_all(int fd, const void *buf, size_t n);
+
+/* Scheduler thread: the orchestrator keeps the FILE (and its list of prefixes) to itself, so this line goes
+ * through a descriptor of its own, one write(2) with O_APPEND. The file exists: p's submit created it in this
+ * run, and a run's files are closed only after all its tasks were wired (the run ends after its drain). */
+void pto_diag_consumer(pto_worker_manager *wm, const pto_slot *p, const pto_slot *c, pto_diag_wiring how)
+{
+    static const char *const HOW[] = {"wired", "done", "failed"};
+    pto_diag *d = wm->diag;
+    if (!d || !p->cfg->cfg.output_prefix[0]) return;
+    char path[PTO_OUTPUT_PREFIX_LEN + 2 * PTO_DIAG_RUN_LEN], line[96];
+    snprintf(path, sizeof path, "%s.%s.deps", p->cfg->cfg.output_prefix, d->run_tag);
+    int n = snprintf(line, sizeof line, "consumer %" PRId64 " -> %" PRId64 " %s\n", p->id, c->id, HOW[how]);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return;
+    if (n > 0 && (size_t)n < sizeof line) (void)write_all(fd, line, (size_t)n);
+    close(fd);
 }
 
 /* ---- dispatcher side ------------------------------------------------------------- */

@@ -81,6 +81,12 @@ void pto_diag_trace_reset(struct pto_worker_manager *wm);
 bool pto_diag_submit_check(struct pto_worker_manager *wm, const pto_call_config *cfg);
 /* Orchestrator, before s's writers enter the TensorMap: write its inferred edges (enable_dep_gen). */
 void pto_diag_dep_gen(struct pto_orch *o, const struct pto_slot *s);
+/* How the scheduler wired consumer c to producer p (a dep edge): c waits for p, or p had already finished
+ * (completed, or failed: c will not run). */
+typedef enum { PTO_DIAG_WIRED = 0, PTO_DIAG_DONE, PTO_DIAG_FAILED } pto_diag_wiring;
+/* Scheduler, for a producer submitted with enable_dep_gen: append the consumer line of that edge. */
+void pto_diag_consumer(struct pto_worker_manager *wm, const struct pto_slot *p, const struct pto_slot *c,
+                       pto_diag_wiring how);
 /* A new run: forget the last run's counters, name this run's files. */
 void pto_diag_run_begin(struct pto_worker_manager *wm, int64_t run);
 /* The run is over: close its dependency files. */

@@ -1,4 +1,5 @@
 #include "scheduler.h"
+#include "diag.h"
 #include "run.h"
 #include "common.h"
 #include "slot.h"
@@ -177,10 +178,16 @@ static void wire(pto_scheduler *s, pto_slot *c)
          * its first failing member, while other members may still run and
          * the group's own failure is not yet recorded as the run's error. */
         int32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+        /* enable_dep_gen on the producer: its consumers as they are wired (diag.c), which the submit cannot
+         * know: whether c waits for p or p had finished already. */
+        bool dep_gen = PTO_UNLIKELY(p->cfg && p->cfg->cfg.enable_dep_gen);
         if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) {
-            if (atomic_load_explicit(&p->failed, memory_order_relaxed)) poison_consumer(c, p);
+            bool failed = atomic_load_explicit(&p->failed, memory_order_relaxed);
+            if (failed) poison_consumer(c, p);
+            if (dep_gen) pto_diag_consumer(s->wm, p, c, failed ? PTO_DIAG_FAILED : PTO_DIAG_DONE);
             continue;
         }
+        if (dep_gen) pto_diag_consumer(s->wm, p, c, PTO_DIAG_WIRED);
         pto_grow((void **)&p->consumers, &p->consumers_cap, p->nconsumers + 1, sizeof *p->consumers);
         p->consumers[p->nconsumers++] = c;
         live++;

@@ -426,6 +426,27 @@ describe("the polished prompt", function()
     assert.is_true(running <= 1, line)   -- one sub worker executes at most one task at a time
   end)
 
+  it(":task, :why, orch:task and orch:dot say queued for a task handed to a worker that runs another", function()
+    -- queue_depth 4: all four tasks are handed to the one chip at once; it
+    -- sleeps 0.5 s in task 0 while 1-3 wait in its queue (a chip kernel: a
+    -- thread-mode sub would take the interpreter lock from the prompt)
+    local dotf = tmpname()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{chips = 1, queue_depth = 4}\n"), PROMPT,
+      send("nap = w:register(pto.chip_kernel('sleep_us'), 'nap')\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("for i = 1, 4 do orch:submit_next_level(nap, pto.args{scalars = {500000}}) end\n"), PROMPT,
+      send(":task 3\n"), expect("task 3 nap (chip): queued for "), expect("(handed to it, not executing yet"), PROMPT,
+      send(":why 3\n"), expect("task 3 nap (chip) is queued:"), PROMPT,
+      send("orch:task(3).state, orch:task(3).queued\n"), expect("\nrunning\ttrue\n"), PROMPT,
+      send(":dot " .. dotf .. "\n"), expect("wrote " .. dotf), PROMPT,
+      send(":finish\n"), expect("run finished: 4 tasks"), PROMPT,
+      EOF, WAIT,
+    }
+    assert.is_nil(out:find("task 3 nap (chip): running", 1, true), out)
+    assert.matches('t3 %[label="task 3\\nnap %(next_level%)\\nqueued[\\"]', readfile(dotf))
+  end)
+
   it("reports Ctrl-C during :release in one line, without a traceback", function()
     local out = ok_session {
       PROMPT, send("w = pto.Worker{num_sub_workers = 1}\n"), PROMPT,

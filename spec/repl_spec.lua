@@ -408,6 +408,32 @@ describe("the polished prompt", function()
     assert.is_true(n < 12, rel)
   end)
 
+  it(":step summarises by transition when more than a screenful of tasks moves", function()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{chips = 2}\n"), PROMPT,
+      send("fill = w:register(pto.chip_kernel('fill'), 'fill')\n"), PROMPT,
+      send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("for i = 1, 60 do orch:submit_next_level(fill, pto.args{{pto.tensor({4}), 'out'}, scalars = {1.0}}) end\n"),
+      PROMPT,
+      send(":step 3\n"), expect("(dispatch held)"), PROMPT,   -- a few: one line each
+      send(":step 40\n"), expect("40 tasks changed state:"), expect("ready -> completed"),
+      expect("(:dag STATE lists the tasks in a state)"), expect("(dispatch held)"), PROMPT,
+      send(":finish\n"), expect("run finished: 60 tasks"), PROMPT,
+      EOF, WAIT,
+    }
+    local few = assert(out:match(":step 3\n(.-)\n> "), out)
+    local n = 0
+    for _ in few:gmatch("ready %-> completed on chip") do n = n + 1 end
+    assert.equal(3, n, few)
+    -- 40 moves in a summary, not 40 lines
+    local many = assert(out:match(":step 40\n(.-)\n> "), out)
+    local lines = 0
+    for _ in many:gmatch("[^\n]+") do lines = lines + 1 end
+    assert.is_true(lines < 8, many)
+    assert.is_nil(many:find("task 10 fill", 1, true), many)
+  end)
+
   it("tells tasks a worker runs from tasks queued for it", function()
     local out = ok_session {
       PROMPT, send("w = pto.Worker{num_sub_workers = 1}\n"), PROMPT,

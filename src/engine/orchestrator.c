@@ -231,6 +231,7 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     uint64_t timeout = (uint64_t)o->alloc_timeout_ms * 1000000ull;
     bool ok = false;
     ring->stalls++;
+    const uint64_t used0 = ring->used;
     const pto_scope_frame *f = pto_scope_innermost(&o->scope);   /* the scope whose allocations filled it */
     snprintf(ring->stall_scope, sizeof ring->stall_scope, "%s", f ? f->label : "");
     for (;;) {
@@ -280,6 +281,16 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     pto_wm_hot(o->sched->wm, pto_now_ns() + PTO_HOT_NS, false);
     uint64_t t1 = pto_now_ns();
     ring->stall_ns += (int64_t)(t1 - t0);
+    /* What the wait freed (at least the bytes asked for: a slab released
+     * behind a live one left `used` before its room came back): with that
+     * much more room the orchestrator goes on at once, and it stays ahead
+     * of the frees by every earlier wait of the run too, hence the sum. A
+     * failed wait (deadlock, timeout) measured nothing; its error sizes. */
+    if (ok) {
+        uint64_t after = ring->used - bytes, freed = used0 > after ? used0 - after : 0;
+        ring->run_waited += freed > bytes ? freed : bytes;
+        if (ring->size + ring->run_waited > ring->need) ring->need = ring->size + ring->run_waited;
+    }
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_stall(tr, r, bytes, t0, t1);
     return ok;

@@ -166,6 +166,8 @@ typedef struct pto_ring_stats {
     uint64_t capacity_bytes;
     uint64_t used_bytes;         /* now */
     int64_t live_slabs;          /* now */
+    uint64_t need_bytes;         /* the capacity that would not have stalled, from the waits of the worst run; 0 if
+                                  * no wait succeeded (the stall advice) */
     char stall_scope[64];        /* where the scope opened that allocated at the last stall (pto_scope_label), or "" */
 } pto_ring_stats;
 

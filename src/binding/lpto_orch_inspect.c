@@ -173,6 +173,10 @@ int lpto_orch_task(lua_State *L)
         lua_pushboolean(L, 1);
         lua_setfield(L, -2, "queued");
     }
+    if (info.reclaimed) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "reclaimed");
+    }
     if (info.run > 0) {
         lua_pushinteger(L, info.run);
         lua_setfield(L, -2, "run");

@@ -364,6 +364,35 @@ describe("the polished prompt", function()
       os.execute("rm -rf " .. q(dir))
     end)
 
+  it("completes pto.CallConfig{...}'s field names and a CallConfig's fields with TAB", function()
+    local out = ok_session {
+      PROMPT, send("c = pto.CallConfig{block_d\t = 4, enable_p\t = 1}\n"), PROMPT,
+      send("c.block_dim, c.enable_pmu\n"), expect("\n4\t1\n"), PROMPT,
+      send("pto.CallConfig({aicpu_thread_num = 2, output_p\t = 'x'}).output_prefix\n"), expect("\nx\n"), PROMPT,
+      send("pto.CallConfig{\t\t"), expect("enable_dep_gen"), send("\21\n"), PROMPT,
+      send("c.enable_l\t\n"), expect("\n0\n"), PROMPT,
+      EOF, WAIT,
+    }
+    -- after "{" only the fields are offered, not the globals
+    local listing = assert(out:match("pto%.CallConfig{\n(.-)\n> "), out)
+    assert.truthy(listing:find("output_prefix", 1, true), listing)
+    assert.is_nil(listing:find("collectgarbage", 1, true), listing)
+  end)
+
+  it("completes a file name after :trace", function()
+    local dir = tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. q(dir)))
+    writefile(dir .. "/trace_target.json", "")
+    ok_session {
+      PROMPT, send("w = pto.Worker{chips = 1}\n"), PROMPT,
+      send(":trace " .. dir .. "/trace_t\t\n"), expect("into " .. dir .. "/trace_target.json; :trace stop writes it"),
+      PROMPT, send(":trace stop\n"), expect("wrote " .. dir .. "/trace_target.json"), PROMPT,
+      EOF, WAIT,
+    }
+    os.execute("rm -rf " .. q(dir))
+  end)
+
   it(":dag filters by state, id range, worker and callable, with a summary by state; :task explains fan-out; "
     .. ":trace alone shows the status; :rings has one unit per column", function()
     local tracef = tmpname()

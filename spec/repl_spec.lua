@@ -364,6 +364,35 @@ describe("the polished prompt", function()
       os.execute("rm -rf " .. q(dir))
     end)
 
+  it("completes pto.CallConfig{...}'s field names and a CallConfig's fields with TAB", function()
+    local out = ok_session {
+      PROMPT, send("c = pto.CallConfig{block_d\t = 4, enable_p\t = 1}\n"), PROMPT,
+      send("c.block_dim, c.enable_pmu\n"), expect("\n4\t1\n"), PROMPT,
+      send("pto.CallConfig({aicpu_thread_num = 2, output_p\t = 'x'}).output_prefix\n"), expect("\nx\n"), PROMPT,
+      send("pto.CallConfig{\t\t"), expect("enable_dep_gen"), send("\21\n"), PROMPT,
+      send("c.enable_l\t\n"), expect("\n0\n"), PROMPT,
+      EOF, WAIT,
+    }
+    -- after "{" only the fields are offered, not the globals
+    local listing = assert(out:match("pto%.CallConfig{\n(.-)\n> "), out)
+    assert.truthy(listing:find("output_prefix", 1, true), listing)
+    assert.is_nil(listing:find("collectgarbage", 1, true), listing)
+  end)
+
+  it("completes a file name after :trace", function()
+    local dir = tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. q(dir)))
+    writefile(dir .. "/trace_target.json", "")
+    ok_session {
+      PROMPT, send("w = pto.Worker{chips = 1}\n"), PROMPT,
+      send(":trace " .. dir .. "/trace_t\t\n"), expect("into " .. dir .. "/trace_target.json; :trace stop writes it"),
+      PROMPT, send(":trace stop\n"), expect("wrote " .. dir .. "/trace_target.json"), PROMPT,
+      EOF, WAIT,
+    }
+    os.execute("rm -rf " .. q(dir))
+  end)
+
   it(":dag filters by state, id range, worker and callable, with a summary by state; :task explains fan-out; "
     .. ":trace alone shows the status; :rings has one unit per column", function()
     local tracef = tmpname()
@@ -408,6 +437,32 @@ describe("the polished prompt", function()
     assert.is_true(n < 12, rel)
   end)
 
+  it(":step summarises by transition when more than a screenful of tasks moves", function()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{chips = 2}\n"), PROMPT,
+      send("fill = w:register(pto.chip_kernel('fill'), 'fill')\n"), PROMPT,
+      send(":hold\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("for i = 1, 60 do orch:submit_next_level(fill, pto.args{{pto.tensor({4}), 'out'}, scalars = {1.0}}) end\n"),
+      PROMPT,
+      send(":step 3\n"), expect("(dispatch held)"), PROMPT,   -- a few: one line each
+      send(":step 40\n"), expect("40 tasks changed state:"), expect("ready -> completed"),
+      expect("(:dag STATE lists the tasks in a state)"), expect("(dispatch held)"), PROMPT,
+      send(":finish\n"), expect("run finished: 60 tasks"), PROMPT,
+      EOF, WAIT,
+    }
+    local few = assert(out:match(":step 3\n(.-)\n> "), out)
+    local n = 0
+    for _ in few:gmatch("ready %-> completed on chip") do n = n + 1 end
+    assert.equal(3, n, few)
+    -- 40 moves in a summary, not 40 lines
+    local many = assert(out:match(":step 40\n(.-)\n> "), out)
+    local lines = 0
+    for _ in many:gmatch("[^\n]+") do lines = lines + 1 end
+    assert.is_true(lines < 8, many)
+    assert.is_nil(many:find("task 10 fill", 1, true), many)
+  end)
+
   it("tells tasks a worker runs from tasks queued for it", function()
     local out = ok_session {
       PROMPT, send("w = pto.Worker{num_sub_workers = 1}\n"), PROMPT,
@@ -424,6 +479,27 @@ describe("the polished prompt", function()
     for k in line:gmatch("(%d+) %a+") do total = total + tonumber(k) end
     assert.equal(4, total, line)
     assert.is_true(running <= 1, line)   -- one sub worker executes at most one task at a time
+  end)
+
+  it(":task, :why, orch:task and orch:dot say queued for a task handed to a worker that runs another", function()
+    -- queue_depth 4: all four tasks are handed to the one chip at once; it
+    -- sleeps 0.5 s in task 0 while 1-3 wait in its queue (a chip kernel: a
+    -- thread-mode sub would take the interpreter lock from the prompt)
+    local dotf = tmpname()
+    local out = ok_session {
+      PROMPT, send("w = pto.Worker{chips = 1, queue_depth = 4}\n"), PROMPT,
+      send("nap = w:register(pto.chip_kernel('sleep_us'), 'nap')\n"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("for i = 1, 4 do orch:submit_next_level(nap, pto.args{scalars = {500000}}) end\n"), PROMPT,
+      send(":task 3\n"), expect("task 3 nap (chip): queued for "), expect("(handed to it, not executing yet"), PROMPT,
+      send(":why 3\n"), expect("task 3 nap (chip) is queued:"), PROMPT,
+      send("orch:task(3).state, orch:task(3).queued\n"), expect("\nrunning\ttrue\n"), PROMPT,
+      send(":dot " .. dotf .. "\n"), expect("wrote " .. dotf), PROMPT,
+      send(":finish\n"), expect("run finished: 4 tasks"), PROMPT,
+      EOF, WAIT,
+    }
+    assert.is_nil(out:find("task 3 nap (chip): running", 1, true), out)
+    assert.matches('t3 %[label="task 3\\nnap %(next_level%)\\nqueued[\\"]', readfile(dotf))
   end)
 
   it("reports Ctrl-C during :release in one line, without a traceback", function()

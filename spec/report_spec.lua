@@ -101,6 +101,37 @@ describe("the flow-control report", function()
                   report)
   end)
 
+  it("advises a ring size for a stall, says why, and a run with that size does not stall", function()
+    -- 12 scopes each hold 16 KiB until their 20 ms task ran: the orchestrator
+    -- runs ahead of the one chip and waits on a 64 KiB ring
+    local function scopes(size)
+      local w <close> = pto.Worker{chips = 1, heap_ring_size = size}
+      local sl = w:register(pto.chip_kernel("sleep_us"))
+      w:run(function(orch)
+        for _ = 1, 12 do
+          orch:scope(function()
+            orch:submit_next_level(sl, pto.args{{orch:alloc({4096}, "f32"), "in"}, scalars = {20000}})
+          end)
+        end
+      end)
+      return w:stats_report(), w:stats().rings[2]
+    end
+    local report, ring = scopes(64 * 1024)
+    assert.is_true(ring.stalls > 0, report)
+    local n, unit = report:match("Increase heap_ring_size %(now 64 KiB per ring%) to (%d+) (%a+), or end the scope")
+    assert.truthy(n, report)
+    local size = tonumber(n) * ({ KiB = 1 << 10, MiB = 1 << 20, GiB = 1 << 30 })[unit]
+    assert.truthy(report:find("Why: the 64 KiB it had plus the ", 1, true), report)
+    assert.truthy(report:find("rounded up to a power of two", 1, true), report)
+    assert.are.equal(0, size & (size - 1))                -- a power of two
+    assert.is_true(size >= ring.need_bytes, report)
+    local _, advice = report:gsub("%[!%]", "")
+    assert.equal(1, advice, report)                       -- printed once
+    local report2, ring2 = scopes(size)
+    assert.are.equal(0, ring2.stalls, report2)
+    assert.truthy(report2:find("none: no resource stalled", 1, true), report2)
+  end)
+
   it("checks its options", function()
     local w <close> = pto.Worker{chips = 1}
     H.assert_error(function() w:stats_report{fulll = true} end, "Worker:stats_report: ", "unknown field 'fulll'")

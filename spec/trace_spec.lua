@@ -577,6 +577,35 @@ describe("orch:dot's views", function()
     dot_accepts(text)
   end)
 
+  it("colours a reclaimed task by its callable, as the live tasks of that callable", function()
+    local text, gone, live, copied
+    W:run(function(orch)
+      orch:scope(function()   -- its tasks are reclaimed once the scope ended and they ran
+        local t = pto.tensor{4}
+        gone = orch:submit_next_level(K.fill, pto.args{{t, "out"}, scalars = {1.0}})
+        copied = orch:submit_next_level(K.copy, pto.args{{t, "in"}, {pto.tensor{4}, "out"}})
+      end)
+      orch:drain()
+      live = orch:submit_next_level(K.fill, pto.args{{pto.tensor{4}, "out"}, scalars = {1.0}})
+      orch:drain()
+      local t = orch:task(gone)
+      assert.is_true(t.reclaimed)
+      assert.are.equal("consumed", t.state)
+      assert.are.equal("next_level", t.kind)          -- not "reclaimed": the engine kept what it was
+      assert.are.equal(orch:task(live).callable, t.callable)
+      assert.truthy(t.worker_name, "a reclaimed task keeps its worker")
+      assert.is_nil(orch:task(live).reclaimed)
+      text = orch:dot()
+    end)
+    local nodes = node_lines(text, "t")
+    local cg, cl, cc = nodes[gone]:match("fillcolor=(%w+)"), nodes[live]:match("fillcolor=(%w+)"),
+      nodes[copied]:match("fillcolor=(%w+)")
+    assert.are.equal(cl, cg, text)        -- one callable, one colour, reclaimed or not
+    assert.are_not.equal(cg, cc, text)
+    assert.truthy(nodes[gone]:find("(next_level)\\nconsumed\\non chip", 1, true), nodes[gone])
+    dot_accepts(text)
+  end)
+
   it("condenses a DAG of more than 500 tasks into groups with counts, which dot renders quickly", function()
     local text, full
     W:run(function(orch)
@@ -605,7 +634,8 @@ describe("orch:dot's views", function()
     assert.are.equal(750, detailed)   -- the 250 allocs are folded into their fill and copy
     local t0 = pto.now()
     dot_accepts(text)
-    assert.is_true(pto.now() - t0 < 10, "dot took " .. (pto.now() - t0) .. " s on the condensed view")
+    -- issue 18 asks under 2 s for a 1000-task DAG (measured 0.014 s)
+    assert.is_true(pto.now() - t0 < 2, "dot took " .. (pto.now() - t0) .. " s on the condensed view")
     assert.has_error(function() W:run(function(orch) orch:dot(true) end) end)
   end)
 end)

@@ -125,6 +125,13 @@ return function(repl)
     return now
   end
 
+  -- The state users see: the engine's "running" means handed to a worker,
+  -- and orch:task marks those still waiting in its queue (queue_depth) as
+  -- queued, so that "running" is only what a child executes now.
+  local function shown_state(t)
+    return t.queued and "queued" or t.state
+  end
+
   local function dispatch_line(w)
     local d = w:dispatch()
     local parts = { d.held and "dispatch held" or "dispatch free" }
@@ -158,7 +165,7 @@ return function(repl)
   local function snapshot(w, orch)
     w:sync()
     local s = {}
-    if orch then for _, t in ipairs(orch:tasks()) do s[t.id] = t.state end end
+    if orch then for _, t in ipairs(orch:tasks()) do s[t.id] = shown_state(t) end end
     return s
   end
 
@@ -169,7 +176,8 @@ return function(repl)
   end
 
   local function move_line(w, t, was)
-    return ("%s: %s -> %s%s%s"):format(describe(w, t), was, t.state, t.worker_name and (" on " .. t.worker_name) or "",
+    return ("%s: %s -> %s%s%s"):format(describe(w, t), was, shown_state(t), t.worker_name and
+      ((t.queued and " for " or " on ") .. t.worker_name) or "",
       t.error and (": " .. t.error:match("[^\n]*")) or "")
   end
 
@@ -181,7 +189,7 @@ return function(repl)
     if orch then
       for _, t in ipairs(orch:tasks()) do
         local was = before[t.id]
-        if was and was ~= t.state then moves[#moves + 1] = { t = t, was = was } end
+        if was and was ~= shown_state(t) then moves[#moves + 1] = { t = t, was = was } end
       end
     end
     if #moves == 0 then out("no task changed state") end
@@ -190,7 +198,7 @@ return function(repl)
     else
       local count, order, failed = {}, {}, {}
       for _, m in ipairs(moves) do
-        local key = m.was .. " -> " .. m.t.state
+        local key = m.was .. " -> " .. shown_state(m.t)
         if not count[key] then order[#order + 1] = key end
         count[key] = (count[key] or 0) + 1
         if m.t.state == "failed" then failed[#failed + 1] = m end
@@ -431,13 +439,11 @@ return function(repl)
     local orch = open_orch(w)
     w:sync()
     local tasks = orch:tasks()
-    local now = executing(w)
     out("%d task%s; %s", #tasks, #tasks == 1 and "" or "s", dispatch_line(w))
     if #tasks == 0 then return end
     local by, order, rows = {}, { "pending", "ready", "running", "queued", "completed", "consumed", "failed", "free" }, {}
     for _, t in ipairs(tasks) do
-      -- "running" in the engine: handed to a worker; running only if a child executes it now
-      local state = t.state == "running" and not now[t.id] and "queued" or t.state
+      local state = shown_state(t)
       by[state] = (by[state] or 0) + 1
       rows[#rows + 1] = { t = t, state = state, callable = callable_name(w, t) }
     end
@@ -476,7 +482,13 @@ return function(repl)
     local orch = open_orch(w)
     w:sync()
     local t = try(orch.task, orch, id)
-    out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
+    if t.queued then
+      -- thread mode hands a task to its kind's queue before a worker takes it
+      out("%s: queued for %s (handed to it, not executing yet: :why %d says behind what)", describe(w, t),
+        t.worker_name or ("a " .. kind_name(w, t)), t.id)
+    else
+      out("%s: %s%s", describe(w, t), t.state, t.worker_name and (" on " .. t.worker_name) or "")
+    end
     if (t.group_size or 1) > 1 then out("  group of %d members", t.group_size) end
     out("  producers: %s (fan-in %d)", #t.producers > 0 and table.concat(t.producers, ", ") or "none", t.fanin)
     -- the engine's fan-out counts every reference that keeps the task's
@@ -609,7 +621,7 @@ return function(repl)
     local orch = open_orch(w)
     w:sync()
     local t = try(orch.task, orch, id)
-    out("%s is %s:", describe(w, t), t.state)
+    out("%s is %s:", describe(w, t), shown_state(t))
     for _, l in ipairs(why_lines(w, orch, t)) do out("  %s", l) end
   end)
 
@@ -649,7 +661,7 @@ return function(repl)
     for _, e in ipairs(entries) do
       local ok, t = pcall(orch.task, orch, e.producer)
       rows[#rows + 1] = { e.ring and ("ring %d +%d"):format(e.ring, e.ring_offset) or ("0x%x"):format(e.address),
-        bytes(e.nbytes), ok and describe(w, t) or ("task " .. e.producer), ok and t.state or "?" }
+        bytes(e.nbytes), ok and describe(w, t) or ("task " .. e.producer), ok and shown_state(t) or "?" }
     end
     columns(rows)
   end)

@@ -144,13 +144,13 @@ return function(pto)
 
   local function node_line(t, prefix, indent, colours, failed, uses)
     local label = {label_line(("task %d"):format(t.id)), label_line(what_of(t), 60)}
-    local state = t.state
+    local state = t.queued and "queued" or t.state   -- handed to a worker, not executing (orch:task)
     local fk = failure_kind(t, failed)
     state = SHOWN[fk] or state
     if (t.group_size or 1) > 1 then state = ("%s, group of %d"):format(state, t.group_size) end
     label[#label + 1] = label_line(state)
     if t.worker_name then
-      label[#label + 1] = label_line("on " .. t.worker_name .. (t.duration_ms and (", %.3g ms"):format(t.duration_ms) or ""))
+      label[#label + 1] = label_line((t.queued and "for " or "on ") .. t.worker_name .. (t.duration_ms and (", %.3g ms"):format(t.duration_ms) or ""))
     end
     if uses and uses[t.id] then label[#label + 1] = label_line("uses alloc " .. table.concat(uses[t.id], ", ")) end
     local attrs = ""
@@ -164,7 +164,8 @@ return function(pto)
       attrs = (", tooltip=%s"):format(quote_lines{label_line(t.error, 2000)})
     end
     local c = t.kind == "alloc" and "white" or colour_of(colours, what_of(t))
-    return ("%s%st%d [label=%s%s, %s];"):format(indent, prefix, t.id, quote_lines(label), attrs, node_style(t.state, fk, c))
+    return ("%s%st%d [label=%s%s, %s];"):format(indent, prefix, t.id, quote_lines(label), attrs,
+      node_style(t.queued and "queued" or t.state, fk, c))
   end
 
   -- A function giving the chain of nested scopes, outermost first, that
@@ -242,12 +243,12 @@ return function(pto)
         allocs = allocs + 1
       else
         local fk = failure_kind(t, failed)
-        local state = SHOWN[fk] or t.state
+        local state = SHOWN[fk] or (t.queued and "queued") or t.state
         local depth = #chain_of(t.scope)
         local key = ("%d|%s|%s"):format(depth, what_of(t), state)
         local g = groups[key]
         if not g then
-          g = { id = #order + 1, depth = depth, what = what_of(t), state = t.state, shown = state, fk = fk,
+          g = { id = #order + 1, depth = depth, what = what_of(t), state = state, shown = state, fk = fk,
             n = 0, workers = {}, nworkers = 0, first = t.id, errors = {} }
           groups[key] = g
           order[#order + 1] = g

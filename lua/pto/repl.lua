@@ -7,9 +7,10 @@
 --   M.print_results(...)      after a chunk returned values
 --   M.command(line)           for a first line starting with ':'; returns
 --                             "quit" to leave the prompt
---   M.complete(text, at_start, line) -> array of candidate words for
---                             `text` (at_start: the word begins the line;
---                             line: the whole line), or {files = true}:
+--   M.complete(text, at_start, line, before) -> array of candidate words
+--                             for `text` (at_start: the word begins the
+--                             line; line: the whole line; before: the line
+--                             up to the word), or {files = true}:
 --                             complete a file name (readline does that)
 --   M.after_line()            after each line ran (a chunk or a command):
 --                             news the user must see before the next
@@ -306,9 +307,19 @@ end
 -- Fields that pto objects compute in their __index (C code, so nothing to
 -- enumerate), by metatable name; their methods are in the metatable's
 -- `methods` table.
+local CALLCONFIG = { "block_dim", "aicpu_thread_num", "enable_l2_swimlane", "enable_dump_tensor", "enable_pmu",
+  "enable_dep_gen", "output_prefix" }   -- src/binding/lpto_args.c's CFG_FIELDS
 M.fields = {
   ["pto.Tensor"] = { "shape", "dtype", "ndims", "numel", "nbytes", "offset", "is_set", "address" },
   ["pto.Worker"] = { "closed", "level", "chips", "num_sub_workers", "workers", "mode", "initialized" },
+  ["pto.CallConfig"] = CALLCONFIG,
+}
+
+-- The field names a constructor's table takes, by the constructor's path:
+-- offered for a key inside `pto.CallConfig{...}` (C checks the fields, so
+-- there is nothing to enumerate).
+M.constructor_fields = {
+  ["pto.CallConfig"] = CALLCONFIG,
 }
 
 -- The tables whose string keys are the methods (and fields) of v: the
@@ -398,14 +409,29 @@ function M.takes_file(line)
   return kind == "file"
 end
 
+-- The fields of the constructor whose table the word is a key of, when
+-- `before` (the line up to the word) ends inside `name{` or `name({` with
+-- nothing or a finished field before it; else nil.
+local function constructor_keys(before)
+  local path, inner = (before or ""):match("([%a_][%w_.]*)%s*%(?%s*{([^{}]*)$")
+  local fields = path and M.constructor_fields[path]
+  if fields and (inner:match("^%s*$") or inner:match("[,;]%s*$")) then return fields end
+  return nil
+end
+
 -- Candidates for the word `text` (what readline found before the cursor,
--- with `.` and `:` kept inside words). Each candidate is a full word that
--- replaces `text`.
-function M.complete(text, at_start, line)
+-- with `.` and `:` kept inside words; `before`: the line before it). Each
+-- candidate is a full word that replaces `text`.
+function M.complete(text, at_start, line, before)
   local set, base = {}, ""
   local _, kind = command_arg(line)
+  local keys = constructor_keys(before)
   if kind == "file" then return { files = true } end
-  if kind == "callable" or kind == "dag" then
+  if keys and not text:find("[.:]") then
+    for _, k in ipairs(keys) do
+      if k:sub(1, #text) == text then set[k] = true end
+    end
+  elseif kind == "callable" or kind == "dag" then
     for _, name in ipairs(M.callable_names()) do
       if name:sub(1, #text) == text then set[name] = true end
     end

@@ -440,7 +440,7 @@ static void push_ring_stats(lua_State *L, const pto_stats *s)
         const pto_ring_stats *q = &s->rings[r];
         lua_createtable(L, 0, 7);
 #define F(name) lpto_set_int(L, #name, (lua_Integer)q->name)
-        F(stalls); F(hwm_bytes); F(capacity_bytes); F(used_bytes); F(live_slabs);
+        F(stalls); F(hwm_bytes); F(capacity_bytes); F(used_bytes); F(live_slabs); F(need_bytes);
 #undef F
         lua_pushnumber(L, (double)q->stall_ns / 1e6);
         lua_setfield(L, -2, "stall_ms");

@@ -107,6 +107,22 @@ int lpto_orch_tensormap(lua_State *L)
     return 1;
 }
 
+/* Whether a child of kind executes task id now. The engine's "running"
+ * means handed to a worker: with queue_depth > 1 (or a chain staged behind
+ * its first task) a task can wait in a worker's queue in that state, and
+ * users read "running" as executing. Only each child's current task says
+ * which (a group's members run on several children: any of them counts). */
+static bool executing(lorch *O, int kind, int64_t id)
+{
+    if (!O->W || O->W->state != W_READY) return true; /* nothing to ask: keep the engine's word */
+    int n = pto_worker_count(O->W->w, kind);
+    for (int i = 0; i < n; i++) {
+        pto_child_info ci;
+        if (pto_worker_child_info_get(O->W->w, kind, i, &ci) == 0 && ci.current_task == id) return true;
+    }
+    return false;
+}
+
 /* orch:task(id) -> {id, state, kind, callable, fanin, fanout, producers, consumers, ring, error, ...} */
 int lpto_orch_task(lua_State *L)
 {
@@ -152,6 +168,14 @@ int lpto_orch_task(lua_State *L)
         else if (O->W->level >= 4) lua_pushfstring(L, "L%d worker %d", O->W->level - 1, info.worker + 1);
         else lua_pushfstring(L, "chip %d", info.worker + 1);
         lua_setfield(L, -2, "worker_name");
+    }
+    if (info.state == PTO_TASK_RUNNING && info.kind >= 0 && !executing(O, info.kind, id)) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "queued");
+    }
+    if (info.reclaimed) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "reclaimed");
     }
     if (info.run > 0) {
         lua_pushinteger(L, info.run);

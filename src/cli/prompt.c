@@ -150,7 +150,9 @@ static void history_close(void) {
 static char **cands;          /* this completion's candidates, malloc'ed */
 static size_t ncands;
 
-/* Run inside lua_pcall: pto.repl.complete(text, at_start, line), results
+/* Run inside lua_pcall: pto.repl.complete(text, at_start, line, before)
+ * (before: the line up to the word, so that the word's place is known,
+ * e.g. a key inside pto.CallConfig{...}), results
  * checked to be an array of strings, and true when it asked for a file
  * name ({files = true}). Everything that
  * can raise (allocation included) happens here, never on readline's stack
@@ -158,13 +160,17 @@ static size_t ncands;
 static int complete_collect(lua_State *L) {
   const char *text = lua_touserdata(L, 1);
   int at_start = lua_toboolean(L, 2);
+  lua_Integer start = lua_tointeger(L, 3);
+  const char *line = rl_line_buffer ? rl_line_buffer : "";
+  size_t len = strlen(line);
   lua_Integer i, n;
   lua_rawgeti(L, LUA_REGISTRYINDEX, full_ref);
   lua_getfield(L, -1, "complete");
   lua_pushstring(L, text);
   lua_pushboolean(L, at_start);
-  lua_pushstring(L, rl_line_buffer ? rl_line_buffer : "");
-  lua_call(L, 3, 1);
+  lua_pushstring(L, line);
+  lua_pushlstring(L, line, start >= 0 && (size_t)start <= len ? (size_t)start : len);
+  lua_call(L, 4, 1);
   luaL_checktype(L, -1, LUA_TTABLE);
   lua_pushliteral(L, "files");
   if (lua_rawget(L, -2) != LUA_TNIL) return 2; /* {files = true}: a file name */
@@ -200,7 +206,8 @@ static char **attempt_completion(const char *text, int start, int end) {
   lua_pushcfunction(L, complete_collect);
   lua_pushlightuserdata(L, (void *)text);
   lua_pushboolean(L, start == 0);
-  int ok = lua_pcall(L, 2, 2, 0) == LUA_OK; /* candidates, and whether to complete a file name */
+  lua_pushinteger(L, start);
+  int ok = lua_pcall(L, 3, 2, 0) == LUA_OK; /* candidates, and whether to complete a file name */
   int files = ok && lua_toboolean(L, -1);
   lua_pop(L, 1);
   if (files) {

@@ -28,7 +28,15 @@ int pto_task_info_get(pto_orch *o, int64_t id, pto_task_info *info)
     pto_slot *s = pto_slot_get(&o->pool, id);
     if (!s) {
         info->state = PTO_TASK_CONSUMED;
-        info->kind = -2;  /* unknown: reclaimed */
+        info->reclaimed = 1;
+        const pto_gone *g = id < o->gone_hi ? &o->gone[id] : NULL;
+        if (g && g->kind) {   /* what it was (orchestrator.h) */
+            info->kind = g->kind - 2;
+            info->callable = g->callable;
+            info->worker = g->worker;
+        } else {
+            info->kind = -2;  /* unknown: reclaimed past PTO_GONE_CAP */
+        }
         return 0;
     }
     info->state = atomic_load_explicit(&s->state, memory_order_acquire);

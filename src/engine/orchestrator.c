@@ -55,6 +55,7 @@ static void cfgs_free(pto_orch *o)
 
 void pto_orch_destroy(pto_orch *o)
 {
+    free(o->gone);
     pto_slot_pool_destroy(&o->pool);
     pto_tm_destroy(&o->tm);
     pto_scope_destroy(&o->scope);
@@ -74,6 +75,28 @@ static void cfg_unref(pto_orch *o, pto_cfg_ref *c)
             free(c);
             return;
         }
+}
+
+/* Note what s was before its slot goes (pto_orch.gone). Reclaims come in
+ * nearly id order, so the array grows in steps and a store is all a task
+ * costs; past the cap nothing is kept. */
+static void remember_gone(pto_orch *o, const pto_slot *s)
+{
+    int64_t id = s->id;
+    if (id >= PTO_GONE_CAP) return;
+    if (id >= o->gone_cap) {
+        int64_t c = o->gone_cap ? o->gone_cap : 1024;
+        while (c <= id) c *= 2;
+        if (c > PTO_GONE_CAP) c = PTO_GONE_CAP;
+        pto_gone *g = realloc(o->gone, (size_t)c * sizeof *g);
+        if (!g) return;
+        memset(g + o->gone_cap, 0, (size_t)(c - o->gone_cap) * sizeof *g);
+        o->gone = g;
+        o->gone_cap = c;
+    }
+    o->gone[id] = (pto_gone){s->callable, s->kind + 2,
+                             s->kind >= 0 ? atomic_load_explicit(&s->worker, memory_order_relaxed) : -1};
+    if (id + 1 > o->gone_hi) o->gone_hi = id + 1;
 }
 
 static void reclaim(pto_orch *o, pto_slot *s)
@@ -100,6 +123,7 @@ static void reclaim(pto_orch *o, pto_slot *s)
 #endif
     if (s->ring >= 0) pto_ring_release(&o->rings[s->ring], s->slab_seq);
     cfg_unref(o, s->cfg);
+    remember_gone(o, s);
     pto_slot_recycle(&o->pool, s);
 }
 
@@ -231,6 +255,7 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     uint64_t timeout = (uint64_t)o->alloc_timeout_ms * 1000000ull;
     bool ok = false;
     ring->stalls++;
+    const uint64_t used0 = ring->used;
     const pto_scope_frame *f = pto_scope_innermost(&o->scope);   /* the scope whose allocations filled it */
     snprintf(ring->stall_scope, sizeof ring->stall_scope, "%s", f ? f->label : "");
     for (;;) {
@@ -280,6 +305,16 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     pto_wm_hot(o->sched->wm, pto_now_ns() + PTO_HOT_NS, false);
     uint64_t t1 = pto_now_ns();
     ring->stall_ns += (int64_t)(t1 - t0);
+    /* What the wait freed (at least the bytes asked for: a slab released
+     * behind a live one left `used` before its room came back): with that
+     * much more room the orchestrator goes on at once, and it stays ahead
+     * of the frees by every earlier wait of the run too, hence the sum. A
+     * failed wait (deadlock, timeout) measured nothing; its error sizes. */
+    if (ok) {
+        uint64_t after = ring->used - bytes, freed = used0 > after ? used0 - after : 0;
+        ring->run_waited += freed > bytes ? freed : bytes;
+        if (ring->size + ring->run_waited > ring->need) ring->need = ring->size + ring->run_waited;
+    }
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_stall(tr, r, bytes, t0, t1);
     return ok;
@@ -843,6 +878,8 @@ int pto_orch_end(pto_orch *o)
     if (tr) pto_trace_run_end(tr);
     o->open = false;
     o->ending = false;
+    if (o->gone_hi) memset(o->gone, 0, (size_t)o->gone_hi * sizeof *o->gone);   /* ids restart */
+    o->gone_hi = 0;
     char *fail = pto_sched_take_failure(o->sched);
     if (!ok) {
         free(fail);

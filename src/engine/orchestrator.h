@@ -54,7 +54,23 @@ struct pto_orch {
 
     pto_ref *tmp_refs;               /* submit scratch */
     int32_t ntmp, tmp_cap;
+
+    /* What a reclaimed task was (orch_inspect.c): its slot is gone, but
+     * views of the open run (orch:dot colours by callable) still need its
+     * kind, callable and worker. Indexed by id, the run's first
+     * PTO_GONE_CAP ids (bounded memory, grown as ids are reclaimed);
+     * cleared at run end up to gone_hi. */
+    struct pto_gone *gone;
+    int64_t gone_cap, gone_hi;
 };
+
+#define PTO_GONE_CAP (1 << 16)
+
+typedef struct pto_gone {
+    uint64_t callable;
+    int32_t kind;                    /* pto_worker_kind + 2 (-1 + 2 for an alloc slot); 0: not recorded */
+    int32_t worker;
+} pto_gone;
 
 void pto_orch_init(struct pto_orch *o, struct pto_worker *w, struct pto_scheduler *sched, pto_heap_ring *rings,
                    uint32_t alloc_timeout_ms, _Atomic bool *shutdown);

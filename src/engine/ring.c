@@ -135,4 +135,5 @@ void pto_ring_reset(pto_heap_ring *r)
     r->head = r->count = 0;
     r->head_seq = 0;
     r->used = 0;
+    r->run_waited = 0;
 }

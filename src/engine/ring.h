@@ -26,6 +26,10 @@ typedef struct pto_heap_ring {
     uint64_t head_seq;            /* FIFO position of fifo[head] */
     uint64_t used, hwm;
     int64_t stalls, stall_ns;
+    /* Stall advice: the bytes the orchestrator waited to be freed in this
+     * run (reset with the ring), and the most capacity + that sum reached
+     * in any run: a ring that large would not have made it wait. */
+    uint64_t run_waited, need;
     char stall_scope[64];         /* the allocating scope's label at the last stall (stats advice) */
     _Atomic uint64_t top;         /* the highest end of any slab so far: check mode protects [0, top) */
 } pto_heap_ring;

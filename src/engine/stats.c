@@ -23,7 +23,7 @@ void pto_worker_stats_get(pto_worker *w, pto_stats *st)
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         const pto_heap_ring *ring = &w->rings[r];
         st->rings[r] = (pto_ring_stats){ring->stalls, ring->stall_ns, ring->hwm, ring->size, ring->used,
-                                        ring->count, ""};
+                                        ring->count, ring->need, ""};
         memcpy(st->rings[r].stall_scope, ring->stall_scope, sizeof ring->stall_scope);
     }
 }
@@ -130,13 +130,34 @@ static int put_advice(out *o, const pto_stats *st)
             put(o, "  [!] Heap Ring %d reached %.1f%% of its capacity", r, p);
         put(o, ".\n      Increase heap_ring_size (now ");
         put_bytes(o, rs->capacity_bytes, u, 0);
+        put(o, " %s per ring)", u.name);
+        /* A size from what the waits freed (ring.h): rounded up to a power
+         * of two, as the rings' wrap-around wastes up to a slab. */
+        uint64_t advised = 0;
+        if (rs->stalls > 0 && rs->need_bytes > rs->capacity_bytes) {
+            advised = 1;
+            while (advised < rs->need_bytes && advised < (UINT64_C(1) << 62)) advised <<= 1;
+            unit au = column_unit(advised);
+            put(o, " to ");
+            put_bytes(o, advised, au, 0);
+            put(o, " %s", au.name);
+        }
         char at[sizeof rs->stall_scope];
         memcpy(at, rs->stall_scope, sizeof at);
         at[sizeof at - 1] = 0;   /* a child's record: trust no terminator */
         if (rs->stalls > 0 && at[0])
-            put(o, " %s per ring), or end the scope opened at %s (depth %d) sooner.\n", u.name, at, r);
+            put(o, ", or end the scope opened at %s (depth %d) sooner.\n", at, r);
         else
-            put(o, " %s per ring), or end the scopes at depth %d sooner.\n", u.name, r);
+            put(o, ", or end the scopes at depth %d sooner.\n", r);
+        if (advised) {
+            unit wu = column_unit(rs->need_bytes - rs->capacity_bytes);
+            put(o, "      Why: the ");
+            put_bytes(o, rs->capacity_bytes, u, 0);
+            put(o, " %s it had plus the ", u.name);
+            put_bytes(o, rs->need_bytes - rs->capacity_bytes, wu, 0);
+            put(o, " %s the orchestrator waited to be freed (worst run), rounded up to a power of two: with that "
+                   "room it would not have waited.\n", wu.name);
+        }
         advice++;
     }
     if (!advice) put(o, "  none: no resource stalled or came near its limit.\n");

@@ -166,6 +166,8 @@ typedef struct pto_ring_stats {
     uint64_t capacity_bytes;
     uint64_t used_bytes;         /* now */
     int64_t live_slabs;          /* now */
+    uint64_t need_bytes;         /* the capacity that would not have stalled, from the waits of the worst run; 0 if
+                                  * no wait succeeded (the stall advice) */
     char stall_scope[64];        /* where the scope opened that allocated at the last stall (pto_scope_label), or "" */
 } pto_ring_stats;
 
@@ -199,6 +201,9 @@ typedef struct pto_task_info {
     int32_t worker;
     int32_t pin;                 /* the worker it must run on (a group: its member 0's), -1 for any */
     int64_t run;                 /* the id of the submitted run it belongs to (pto_run_info), 0 in a blocking run */
+    /* 1 if its slot was reclaimed: state is CONSUMED and only kind, callable and worker are known (for
+     * the run's first 65536 ids; past them kind is -2) */
+    int32_t reclaimed;
 } pto_task_info;
 
 /* One TensorMap entry: bytes [start, end) of storage base were last written by task producer. */

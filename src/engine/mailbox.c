@@ -272,8 +272,9 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
     /* This child's own count: what the memory says may be scribbled on. */
     uint32_t seq = atomic_load_explicit(&mb->done, memory_order_relaxed);
     int prev_rc = 0;
-    /* The clock costs ~20 ns a read: a cell found waiting starts when the
-     * one before it ended, so back-to-back cells read it once each. */
+    /* The clock costs ~20 ns a read: a cell that was waiting behind the
+     * one before it starts when that one ended, so back-to-back cells read
+     * it once each. */
     uint64_t t0 = 0, last_done = 0;
     for (;;) {
         bool waited = false;
@@ -291,7 +292,11 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
          * past it would inflate the spin budget. A cell found waiting
          * needed no spin at all. */
         pto_mb_spin_observe(&spin, waited && c->posted_ns > t0 ? c->posted_ns - t0 : 0);
-        c->start_ns = waited || !last_done ? pto_now_ns() : last_done;
+        /* Only a cell posted while the one before it still ran (posted_ns
+         * 0) was waiting when that one ended; one posted after (stamped)
+         * starts now, even if this child was slow to look: a stale start
+         * would cut into its deadline. */
+        c->start_ns = waited || c->posted_ns || !last_done ? pto_now_ns() : last_done;
         atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
         uint32_t want = PTO_CELL_POSTED;
         bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN,

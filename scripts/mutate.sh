@@ -85,8 +85,8 @@ mutant ring_ignores_after_prev src/engine/mailbox.c \
   'c->skipped = revoked || (c->after_prev && prev_rc != 0 && false);' \
   'a child runs a chained cell although the cell before it (its producer) failed'
 mutant interrupt_revokes_nothing src/engine/worker_manager.c \
-  'if (s->group_size == 1 && (all || (s->run && pto_run_cancelled(s->run)))) pto_proc_revoke(wt->child, k);' \
-  'if (s->group_size == 1 && (all || (s->run && pto_run_cancelled(s->run)))) (void)k;' \
+  'if (cancelled(wt, staged_at(wt, k)->slot)) pto_proc_revoke(wt->child, k);' \
+  'if (cancelled(wt, staged_at(wt, k)->slot)) (void)k;' \
   'an interrupt or a cancel lets the tasks handed to a child but not begun run'
 mutant respawn_skips_dead_child src/engine/process.c \
   'if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {' \

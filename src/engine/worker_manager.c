@@ -114,8 +114,21 @@ static bool wt_has_work(void *arg)
            atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL, NULL);
 }
 
+/* s, staged or handed to a child, must not run: staged before an interrupt
+ * (an interrupted run drains without running what is queued, however deep
+ * the queues are), or its submitted run was cancelled (the scheduler gives
+ * it the run's message; looked at only once some run was). Group members
+ * run on. */
+static bool cancelled(const pto_worker_thread *wt, const pto_slot *s)
+{
+    if (s->group_size != 1) return false;
+    if (atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) return true;
+    return PTO_UNLIKELY(atomic_load_explicit(wt->wm->run_cancels, memory_order_relaxed)) && s->run &&
+           pto_run_cancelled(s->run);
+}
+
 /* A task that must not run: its group failed, the task it is chained
- * behind did not succeed, or the run was interrupted. -1: run it. */
+ * behind did not succeed, or it is cancelled. -1: run it. */
 static int32_t skip_status(const pto_worker_thread *wt, pto_slot *s, pto_slot *after)
 {
     if (s->group_size > 1 && atomic_load_explicit(&s->group_failed, memory_order_acquire)) return PTO_DONE_SKIPPED;
@@ -123,14 +136,7 @@ static int32_t skip_status(const pto_worker_thread *wt, pto_slot *s, pto_slot *a
      * on this worker already, which knows its outcome before the scheduler
      * does. */
     if (after && !atomic_load_explicit(&after->ran_ok, memory_order_relaxed)) return PTO_DONE_UNRUN;
-    /* Staged before the interrupt: an interrupted run drains without
-     * running what is still queued, however deep the queues are. */
-    if (s->group_size == 1 && atomic_load_explicit(wt->wm->cancel, memory_order_relaxed)) return PTO_DONE_CANCELLED;
-    /* Its submitted run was cancelled (pto_run_cancel): the scheduler gives
-     * it the run's message. Looked at only once some run was. */
-    if (PTO_UNLIKELY(atomic_load_explicit(wt->wm->run_cancels, memory_order_relaxed)) && s->group_size == 1 &&
-        s->run && pto_run_cancelled(s->run))
-        return PTO_DONE_CANCELLED;
+    if (cancelled(wt, s)) return PTO_DONE_CANCELLED;
     return -1;
 }
 
@@ -332,13 +338,9 @@ static uint64_t head_due(pto_worker_thread *wt, const pto_slot *s)
  * cancelled) instead of running. */
 static void revoke_posted(pto_worker_thread *wt)
 {
-    /* A cell begun or revoked already fails the CAS: no harm done. Group
-     * members run on (skip_status does not cancel them either). */
-    bool all = atomic_load_explicit(wt->wm->cancel, memory_order_relaxed);
-    for (uint32_t k = 0; k < wt->staged_posted; k++) {
-        const pto_slot *s = staged_at(wt, k)->slot;
-        if (s->group_size == 1 && (all || (s->run && pto_run_cancelled(s->run)))) pto_proc_revoke(wt->child, k);
-    }
+    /* A cell begun or revoked already fails the CAS: no harm done. */
+    for (uint32_t k = 0; k < wt->staged_posted; k++)
+        if (cancelled(wt, staged_at(wt, k)->slot)) pto_proc_revoke(wt->child, k);
 }
 
 /* Collect what wt's child finished; true if anything moved. */

@@ -120,10 +120,17 @@ describe("Worker:submit and the run handle", function()
   it("orders a later run's reader after an earlier run's writer (RAW across runs)", function()
     local t, u = pto.tensor({16}, "f32"), pto.tensor({16}, "f32")
     local writer
+    -- The writer is tagged INOUT so that it waits for the sleep: an OUTPUT
+    -- writer does not wait for earlier writers (next test), and a fill free to
+    -- run on the other chip may finish before run 2 submits its reader, which
+    -- then rightly lists no producer (seen once in CI, thread mode).
     local h1 = W:submit(function(orch)
       local s = sleep(orch, 200000, {t, "out"})
       H.wait_state(orch, s, {"running"})
-      writer = fill(orch, t, 5.0)
+      local a = pto.args{{t, "inout"}}
+      a:add_scalar(5.0)
+      writer = orch:submit_next_level(K.fill, a)
+      assert.are.same({s}, producers(orch, writer))
     end)
     local got
     local h2 = W:submit(function(orch)

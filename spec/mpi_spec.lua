@@ -116,6 +116,10 @@ describe("an L4 over L3s on ranks 1 and 2 (mpirun -np 3)", function()
     assert_checks("args", "input_not_returned", "out_existing")
   end)
 
+  it("brings the remote L3 orchestration functions' results back: single, prepared and group submits", function()
+    assert_checks("results")
+  end)
+
   it("wraps a remote failure with rank, host and pid, keeps the root cause; the next run works", function()
     assert_checks("fail_raises", "fail_names_rank", "fail_root_cause", "fail_traceback", "fail_next_run")
   end)

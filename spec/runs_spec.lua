@@ -571,7 +571,7 @@ describe("inspecting submitted runs", function()
 end)
 
 describe("results from every level", function()
-  local w4, L3FN, BAD
+  local w4, L3FN, BAD, ECHO
   setup(function()
     w4 = pto.Worker{level = 4}
     L3FN = w4:register(function(_, args)
@@ -579,6 +579,7 @@ describe("results from every level", function()
               nested = {1, 2, {true}}}, 42, nil, "last"
     end, "l3fn")
     BAD = w4:register(function() return coroutine.create(print) end, "bad_result")
+    ECHO = w4:register(function(_, args) return args:scalar(1), args:tensor_count(), args:scalar_count() end, "echo")
     w4:add_worker(pto.Worker{level = 3, chips = 1})
     w4:add_worker(pto.Worker{level = 3, chips = 1})
   end)
@@ -611,6 +612,37 @@ describe("results from every level", function()
     end)
     h:wait()
     for i = 1, 3 do check(select("#", h:result(ids[i])), h:result(ids[i])) end
+  end)
+
+  it("prepared and group submits carry results too: a group's per member, orch:result(id, k)", function()
+    local t = pto.tensor{4}
+    local ids = {}
+    local r = w4:run(function(orch)
+      local p = orch:prepare_next_level(ECHO, {"in"})
+      ids.p = p(t, 7)
+      ids.g = orch:submit_next_level_group(ECHO, {pto.args{{t, "in"}, scalars = {11}},
+                                                  pto.args{{t, "in"}, scalars = {12}}})
+      orch:drain()
+      -- the function saw exactly the arguments the L4 gave (one tensor, one scalar): no result box
+      return {p = {orch:result(ids.p)}, p1 = {orch:result(ids.p, 1)}, g1 = {orch:result(ids.g, 1)},
+              g2 = {orch:result(ids.g, 2)}}
+    end)
+    assert.are.same({7, 1, 1}, {r.p[1], r.p[2], r.p[3]})
+    assert.are.same(r.p, r.p1)
+    assert.are.same({11, 1, 1}, {r.g1[1], r.g1[2], r.g1[3]})
+    assert.are.same({12, 1, 1}, {r.g2[1], r.g2[2], r.g2[3]})
+    -- after a submitted run, through its handle; misuse names the fix
+    local h = w4:submit(function(orch)
+      ids.g = orch:submit_next_level_group(ECHO, {pto.args{scalars = {21}}, pto.args{scalars = {22}}})
+      ids.p = orch:prepare_next_level(ECHO, {})(23)
+    end)
+    h:wait()
+    assert.are.equal(22, (h:result(ids.g, 2)))
+    assert.are.equal(23, (h:result(ids.p)))
+    local msg = H.assert_error(function() h:result(ids.g) end, "Run:result: ", "is a group of 2 members")
+    assert.truthy(msg:find("give the member as the second argument, 1 to 2 (got none)", 1, true), msg)
+    H.assert_error(function() h:result(ids.g, 3) end, "Run:result: ", "1 to 2 (got 3)")
+    H.assert_error(function() h:result(ids.p, 2) end, "Run:result: ", "is not a group")
   end)
 
   it("results that cannot travel fail their task, saying what can", function()

@@ -185,6 +185,13 @@ static void recv_bytes(void *p, uint64_t n, int src)
 /* Bytes travel to the rank with the task (out) and back when it completes (back). */
 static bool goes_out(int tag) { return tag == PTO_INPUT || tag == PTO_INOUT || tag == PTO_NO_DEP; }
 static bool comes_back(int tag) { return tag == PTO_OUTPUT || tag == PTO_INOUT || tag == PTO_OUTPUT_EXISTING; }
+/* A task's result box (lpto_result.c: its last tensor, NO_DEP, with the
+ * marker as its last scalar) goes out zeroed like any NO_DEP tensor and
+ * comes back with what the orchestration function returned. */
+static bool is_result_box(int i, int nt, int ns, const uint8_t *tags, const uint64_t *sc)
+{
+    return i == nt - 1 && ns > 0 && sc[ns - 1] == PTO_RESULT_BOX_MARK && tags[i] == PTO_NO_DEP;
+}
 
 static void finalize_at_exit(void);
 
@@ -415,7 +422,7 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
     MPI_Send(out, (int)replen, MPI_BYTE, 0, TAG_REP, MPI_COMM_WORLD);
     free(out);
     for (int i = 0; i < h.nt; i++) {
-        if (!comes_back(tags[i])) continue;
+        if (!comes_back(tags[i]) && !is_result_box(i, h.nt, h.ns, tags, sc)) continue;
         uint64_t n = pto_tensor_nbytes(&t[i]);
         /* A failed task still sends what it was to send: rank 0 waits for it. */
         if (at[i]) send_bytes(at[i], n, 0);
@@ -576,7 +583,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     memset(rep, 0, sizeof(rep_head));
     MPI_Recv(rep, rlen, MPI_BYTE, R->rank, TAG_REP, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     for (int i = 0; i < a->tensor_count; i++)
-        if (comes_back(tags[i]))
+        if (comes_back(tags[i]) || is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars))
             recv_bytes((char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset),
                        pto_tensor_nbytes(&a->tensors[i]), R->rank);
     pthread_mutex_unlock(&G.mu);

@@ -281,16 +281,19 @@ void lpto_runs_before_blocking(lua_State *L, lworker *W, const char *who);
 int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
 
 /* lpto_result.c: results of orchestration functions, from a Worker child to its parent. */
-/* Level >= 4 submit to a Worker child: extend ta with a result box (pushes 2 values; returns the box's index). */
-int lpto_result_attach(lua_State *L, pto_task_args *ta);
-/* After that submit (task id): keep the box at index box for orch:result, pinned for the run. */
-void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box);
+/* Level >= 4 submit to a Worker child: extend each of the n members' ta[i] with a result box of its own
+ * (pushes 2 values; returns the index of the boxes' storage). */
+int lpto_result_attach(lua_State *L, pto_task_args *ta, int n);
+/* After that submit (task id): keep the boxes at index box for orch:result, pinned for the run;
+ * members: the group's size, 0 for a single task. */
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, int members);
 /* In the child: the arguments without the box into out; returns the box, or NULL if there is none. */
 void *lpto_result_unwrap(const pto_args_view *in, pto_args_view *out);
 /* Write the n values from stack index first into box (raises if they cannot travel). */
 void lpto_result_write(lua_State *L, void *box, int first, int n);
-/* Push task id's results from the results table at tidx (o: to say why there are none); returns their count. */
-int lpto_result_push(lua_State *L, int tidx, int64_t id, pto_orch *o, const char *who);
+/* Push task id's results (of member 1..n of a group; 0: not given) from the results table at tidx
+ * (o: to say why there are none); returns their count. */
+int lpto_result_push(lua_State *L, int tidx, int64_t id, lua_Integer member, pto_orch *o, const char *who);
 int lpto_orch_result(lua_State *L);           /* orch:result */
 
 /* lpto_level.c: Workers of Workers. */

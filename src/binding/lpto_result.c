@@ -33,45 +33,61 @@ typedef struct box_header {
 
 /* ---- the level above: attach a box to a submit ------------------------------------- */
 
-int lpto_result_attach(lua_State *L, pto_task_args *ta)
+int lpto_result_attach(lua_State *L, pto_task_args *ta, int n)
 {
-    void *p = pto_shm_alloc(LPTO_RESULT_BYTES);
+    size_t bytes = (size_t)LPTO_RESULT_BYTES * (size_t)n;
+    char *p = pto_shm_alloc(bytes);
     if (!p)
-        return lpto_error(L, "orch:submit_next_level", "no shared memory left for the task's result box (%d bytes); "
+        return lpto_error(L, "orch:submit_next_level", "no shared memory left for the task's result box%s (%zu bytes); "
                                                         "raise the Worker's shm_size or PTO_SHM_SIZE",
-                          LPTO_RESULT_BYTES);
-    memset(p, 0, sizeof(box_header));
-    lpto_push_storage(L, (uint64_t)(uintptr_t)p, LPTO_RESULT_BYTES, LPTO_ST_ARENA);
+                          n > 1 ? "es" : "", bytes);
+    for (int i = 0; i < n; i++) memset(p + (size_t)i * LPTO_RESULT_BYTES, 0, sizeof(box_header));
+    lpto_push_storage(L, (uint64_t)(uintptr_t)p, bytes, LPTO_ST_ARENA);
     int box = lua_gettop(L);
-    /* The extended arrays live in a userdata on the stack until the submit returns. */
-    int32_t nt = ta->tensor_count + 1, ns = ta->scalar_count + 1;
-    char *buf = lua_newuserdatauv(L, sizeof(pto_tensor) * (size_t)nt + 8 * (size_t)ns + (size_t)nt, 0);
-    pto_tensor *ts = (pto_tensor *)buf;
-    uint64_t *ss = (uint64_t *)(buf + sizeof(pto_tensor) * (size_t)nt);
-    uint8_t *tags = (uint8_t *)(ss + ns);
-    if (ta->tensor_count) {
-        memcpy(ts, ta->tensors, sizeof(pto_tensor) * (size_t)ta->tensor_count);
-        memcpy(tags, ta->tags, (size_t)ta->tensor_count);
+    /* The extended arrays of every member live in one userdata on the stack until the submit returns. */
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        need += (sizeof(pto_tensor) + 1) * (size_t)(ta[i].tensor_count + 1) + 8 * (size_t)(ta[i].scalar_count + 1) + 8;
+    char *buf = lua_newuserdatauv(L, need, 0);
+    for (int i = 0; i < n; i++) {
+        int32_t nt = ta[i].tensor_count + 1, ns = ta[i].scalar_count + 1;
+        pto_tensor *ts = (pto_tensor *)buf;
+        uint64_t *ss = (uint64_t *)(buf + sizeof(pto_tensor) * (size_t)nt);
+        uint8_t *tags = (uint8_t *)(ss + ns);
+        buf = (char *)tags + (((size_t)nt + 7) & ~(size_t)7);   /* the next member's arrays stay aligned */
+        if (ta[i].tensor_count) {
+            memcpy(ts, ta[i].tensors, sizeof(pto_tensor) * (size_t)ta[i].tensor_count);
+            memcpy(tags, ta[i].tags, (size_t)ta[i].tensor_count);
+        }
+        if (ta[i].scalar_count) memcpy(ss, ta[i].scalars, 8 * (size_t)ta[i].scalar_count);
+        ts[nt - 1] = (pto_tensor){.base = (uint64_t)(uintptr_t)p, .offset = (uint64_t)i * LPTO_RESULT_BYTES,
+                                  .dtype = PTO_U8, .ndims = 1, .shape = {LPTO_RESULT_BYTES}};
+        tags[nt - 1] = PTO_NO_DEP;
+        ss[ns - 1] = RESULT_MAGIC;
+        ta[i] = (pto_task_args){nt, ns, ts, tags, ss};
     }
-    if (ta->scalar_count) memcpy(ss, ta->scalars, 8 * (size_t)ta->scalar_count);
-    ts[nt - 1] = (pto_tensor){.base = (uint64_t)(uintptr_t)p, .dtype = PTO_U8, .ndims = 1,
-                              .shape = {LPTO_RESULT_BYTES}};
-    tags[nt - 1] = PTO_NO_DEP;
-    ss[ns - 1] = RESULT_MAGIC;
-    *ta = (pto_task_args){nt, ns, ts, tags, ss};
     return box;
 }
 
-void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box)
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, int members)
 {
     oidx = lua_absindex(L, oidx);
+    box = lua_absindex(L, box);
     if (lua_getiuservalue(L, oidx, OUV_RESULTS) != LUA_TTABLE) {
         lua_pop(L, 1);
         lua_newtable(L);
         lua_pushvalue(L, -1);
         lua_setiuservalue(L, oidx, OUV_RESULTS);
     }
-    lua_pushvalue(L, box);
+    if (members > 0) {   /* a group: {storage, members = n} */
+        lua_createtable(L, 1, 1);
+        lua_pushvalue(L, box);
+        lua_rawseti(L, -2, 1);
+        lua_pushinteger(L, members);
+        lua_setfield(L, -2, "members");
+    } else {
+        lua_pushvalue(L, box);
+    }
     lua_rawseti(L, -2, (lua_Integer)id);
     lua_pop(L, 1);
     /* Pinned: it must outlive the run's function while the task writes it. */
@@ -230,16 +246,33 @@ void lpto_result_write(lua_State *L, void *box, int first, int n)
 
 /* ---- reading: orch:result(id), h:result(id) ---------------------------------------- */
 
-/* Push the results of task id from the results table at tidx; returns their count. */
-int lpto_result_push(lua_State *L, int tidx, int64_t id, pto_orch *o, const char *who)
+/* Push the results of task id (of its member-th member, 1-based, for a
+ * group; 0: none given) from the results table at tidx; returns their count. */
+int lpto_result_push(lua_State *L, int tidx, int64_t id, lua_Integer member, pto_orch *o, const char *who)
 {
     tidx = lua_absindex(L, tidx);
     if (lua_type(L, tidx) != LUA_TTABLE || lua_rawgeti(L, tidx, (lua_Integer)id) == LUA_TNIL)
-        return lpto_error(L, who, "task %lld is not a task this run submitted to a Worker child with "
-                                  "orch:submit_next_level; only those carry results",
+        return lpto_error(L, who, "task %lld is not a task this run submitted to a Worker child (orch:submit_next_level, "
+                                  "prepared or group); only those carry results",
                           (long long)id);
+    uint64_t at = 0;
+    if (lua_istable(L, -1)) {   /* a group: one box per member */
+        lua_getfield(L, -1, "members");
+        lua_Integer n = lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        if (member < 1 || member > n)
+            return lpto_error(L, who, "task %lld is a group of %lld members, each with its own results: give the "
+                                      "member as the second argument, 1 to %lld (got %s)",
+                              (long long)id, (long long)n, (long long)n,
+                              member ? lua_pushfstring(L, "%I", member) : "none");
+        lua_rawgeti(L, -1, 1);
+        at = (uint64_t)(member - 1) * LPTO_RESULT_BYTES;
+    } else if (member > 1) {
+        return lpto_error(L, who, "task %lld is not a group; it has one set of results (member 1, or none given)",
+                          (long long)id);
+    }
     lpto_storage *st = lua_touserdata(L, -1);
-    const box_header *h = (const box_header *)(uintptr_t)st->base;
+    const box_header *h = (const box_header *)(uintptr_t)(st->base + at);
     if (!__atomic_load_n(&h->written, __ATOMIC_ACQUIRE)) {
         pto_task_info info;
         if (o && pto_task_info_get(o, id, &info) == 0 && info.state == PTO_TASK_FAILED)
@@ -262,13 +295,15 @@ int lpto_result_push(lua_State *L, int tidx, int64_t id, pto_orch *o, const char
     return lua_gettop(L) - top;
 }
 
-/* orch:result(id) -> what the orchestration function of task id returned. */
+/* orch:result(id [, member]) -> what the orchestration function of task id
+ * (of that member of a group) returned. */
 int lpto_orch_result(lua_State *L)
 {
     const char *who = "orch:result";
     lorch *O = lpto_check_orch(L, 1, who);
     lua_Integer id = luaL_checkinteger(L, 2);
-    lua_settop(L, 2);
+    lua_Integer member = luaL_optinteger(L, 3, 0);
+    lua_settop(L, 3);
     lua_getiuservalue(L, 1, OUV_RESULTS);
-    return lpto_result_push(L, 3, id, O->o, who);
+    return lpto_result_push(L, 4, id, member, O->o, who);
 }

@@ -165,16 +165,18 @@ static int r_done(lua_State *L)
     return 1;
 }
 
-/* h:result(id) -> what the orchestration function of its task id (submitted
- * to a Worker child) returned, once that task completed. */
+/* h:result(id [, member]) -> what the orchestration function of its task id
+ * (submitted to a Worker child; of that member of a group) returned, once
+ * that task completed. */
 static int r_result(lua_State *L)
 {
     const char *who = "Run:result";
     check_run(L, 1, who);
     lua_Integer id = luaL_checkinteger(L, 2);
-    lua_settop(L, 2);
+    lua_Integer member = luaL_optinteger(L, 3, 0);
+    lua_settop(L, 3);
     lua_getiuservalue(L, 1, RUV_TASKS);
-    return lpto_result_push(L, 3, id, NULL, who);
+    return lpto_result_push(L, 4, id, member, NULL, who);
 }
 
 static const char *const STATES[] = {"running", "ok", "failed", "cancelled"};

@@ -186,11 +186,13 @@ static void recv_bytes(void *p, uint64_t n, int src)
 static bool goes_out(int tag) { return tag == PTO_INPUT || tag == PTO_INOUT || tag == PTO_NO_DEP; }
 static bool comes_back(int tag) { return tag == PTO_OUTPUT || tag == PTO_INOUT || tag == PTO_OUTPUT_EXISTING; }
 /* A task's result box (lpto_result.c: its last tensor, NO_DEP, with the
- * marker as its last scalar) goes out zeroed like any NO_DEP tensor and
- * comes back with what the orchestration function returned. */
-static bool is_result_box(int i, int nt, int ns, const uint8_t *tags, const uint64_t *sc)
+ * marker as its last scalar) does not go out (the serving rank clears its
+ * header) and comes back as one message of the bytes in use, which MPI
+ * may make shorter than the box. */
+static bool is_result_box(int i, int nt, int ns, const uint8_t *tags, const uint64_t *sc, const pto_tensor *t)
 {
-    return i == nt - 1 && ns > 0 && sc[ns - 1] == PTO_RESULT_BOX_MARK && tags[i] == PTO_NO_DEP;
+    return i == nt - 1 && ns > 0 && sc[ns - 1] == PTO_RESULT_BOX_MARK && tags[i] == PTO_NO_DEP &&
+           pto_tensor_nbytes(&t[i]) == LPTO_RESULT_BYTES;
 }
 
 static void finalize_at_exit(void);
@@ -390,7 +392,9 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
         while (st[k].base != t[i].base) k++;
         uint64_t n = pto_tensor_nbytes(&t[i]);
         at[i] = st[k].mem ? st[k].mem + (t[i].offset - st[k].lo) : NULL;
-        if (goes_out(tags[i])) {
+        if (is_result_box(i, h.nt, h.ns, tags, sc, t)) {
+            if (at[i]) lpto_result_box_clear(at[i]);
+        } else if (goes_out(tags[i])) {
             if (at[i]) recv_bytes(at[i], n, 0);
             else for (uint64_t got = 0; got < n; got += sizeof sink)
                 recv_bytes(sink, n - got < sizeof sink ? n - got : sizeof sink, 0);
@@ -422,7 +426,12 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
     MPI_Send(out, (int)replen, MPI_BYTE, 0, TAG_REP, MPI_COMM_WORLD);
     free(out);
     for (int i = 0; i < h.nt; i++) {
-        if (!comes_back(tags[i]) && !is_result_box(i, h.nt, h.ns, tags, sc)) continue;
+        if (is_result_box(i, h.nt, h.ns, tags, sc, t)) {
+            static const char none[64];   /* no block for it: "no results" */
+            send_bytes(at[i] ? at[i] : none, lpto_result_box_used(at[i]), 0);
+            continue;
+        }
+        if (!comes_back(tags[i])) continue;
         uint64_t n = pto_tensor_nbytes(&t[i]);
         /* A failed task still sends what it was to send: rank 0 waits for it. */
         if (at[i]) send_bytes(at[i], n, 0);
@@ -566,7 +575,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     send_ships(R);
     MPI_Send(buf, (int)len, MPI_BYTE, R->rank, TAG_REQ, MPI_COMM_WORLD);
     for (int i = 0; i < a->tensor_count; i++)
-        if (goes_out(tags[i]))
+        if (goes_out(tags[i]) && !is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars, a->tensors))
             send_bytes((const char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset),
                        pto_tensor_nbytes(&a->tensors[i]), R->rank);
     pthread_mutex_unlock(&G.mu);
@@ -582,10 +591,13 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     }
     memset(rep, 0, sizeof(rep_head));
     MPI_Recv(rep, rlen, MPI_BYTE, R->rank, TAG_REP, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    for (int i = 0; i < a->tensor_count; i++)
-        if (comes_back(tags[i]) || is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars))
-            recv_bytes((char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset),
-                       pto_tensor_nbytes(&a->tensors[i]), R->rank);
+    for (int i = 0; i < a->tensor_count; i++) {
+        char *at = (char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset);
+        if (is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars, a->tensors))
+            MPI_Recv(at, LPTO_RESULT_BYTES, MPI_BYTE, R->rank, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        else if (comes_back(tags[i]))
+            recv_bytes(at, pto_tensor_nbytes(&a->tensors[i]), R->rank);
+    }
     pthread_mutex_unlock(&G.mu);
     rep_head rh;
     memcpy(&rh, rep, sizeof rh);

@@ -618,13 +618,19 @@ void lpto_orch_end(lua_State *L, int oidx)
     lua_setiuservalue(L, oidx, OUV_PINS);
 }
 
-/* Where the Lua code that opens a scope is, so that a deadlock names it (pto_scope_label). */
+/* Where the Lua code that opens a scope is, so that a deadlock names it
+ * (pto_scope_label). Every scope pays for it, so no printf: "src:line". */
 static void label_scope(lua_State *L, lorch *O)
 {
     lua_Debug ar;
     if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) return;
-    char label[LUA_IDSIZE + 16];
-    snprintf(label, sizeof label, "%s:%d", ar.short_src, ar.currentline);
+    char label[LUA_IDSIZE + 16], digits[12];
+    size_t n = strlen(ar.short_src), k = 0;
+    memcpy(label, ar.short_src, n);
+    label[n++] = ':';
+    for (unsigned v = (unsigned)ar.currentline; v; v /= 10) digits[k++] = (char)('0' + v % 10);
+    while (k) label[n++] = digits[--k];
+    label[n] = '\0';
     pto_scope_label(O->o, label);
 }
 

@@ -287,6 +287,11 @@ int lpto_result_attach(lua_State *L, pto_task_args *ta, int n);
 /* After that submit (task id): keep the boxes at index box for orch:result, pinned for the run;
  * members: the group's size, 0 for a single task. */
 void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, int members);
+#define LPTO_RESULT_BYTES 16384   /* a result box: a header, then the results as Lua source */
+/* The bytes of box in use (header and text; a NULL box: a header's worth), which is all that need travel. */
+size_t lpto_result_box_used(const void *box);
+/* Make box say "no results yet". */
+void lpto_result_box_clear(void *box);
 /* In the child: the arguments without the box into out; returns the box, or NULL if there is none. */
 void *lpto_result_unwrap(const pto_args_view *in, pto_args_view *out);
 /* Write the n values from stack index first into box (raises if they cannot travel). */

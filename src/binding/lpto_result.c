@@ -22,7 +22,6 @@
 
 #include "lpto_priv.h"
 
-#define LPTO_RESULT_BYTES 16384
 #define RESULT_MAGIC PTO_RESULT_BOX_MARK   /* the marker scalar */
 #define RESULT_MAX_DEPTH 32
 
@@ -243,6 +242,16 @@ void lpto_result_write(lua_State *L, void *box, int first, int n)
     __atomic_store_n(&h->written, 1, __ATOMIC_RELEASE);
     lua_settop(L, top);
 }
+
+size_t lpto_result_box_used(const void *box)
+{
+    const box_header *h = box;
+    if (!box) return sizeof *h;
+    size_t len = __atomic_load_n(&h->written, __ATOMIC_ACQUIRE) ? h->len : 0;
+    return sizeof *h + (len <= LPTO_RESULT_BYTES - sizeof *h ? len : 0);
+}
+
+void lpto_result_box_clear(void *box) { memset(box, 0, sizeof(box_header)); }
 
 /* ---- reading: orch:result(id), h:result(id) ---------------------------------------- */
 

@@ -748,7 +748,9 @@ int pto_scope_label(pto_orch *o, const char *label)
 {
     if (!pto_orch_check_open(o)) return -1;
     pto_scope_frame *f = pto_scope_innermost(&o->scope);
-    snprintf(f->label, sizeof f->label, "%s", label ? label : "");
+    size_t n = label ? strnlen(label, sizeof f->label - 1) : 0;   /* per scope: no printf */
+    if (n) memcpy(f->label, label, n);
+    f->label[n] = '\0';
     return 0;
 }
 

@@ -643,6 +643,13 @@ describe("results from every level", function()
     assert.truthy(msg:find("give the member as the second argument, 1 to 2 (got none)", 1, true), msg)
     H.assert_error(function() h:result(ids.g, 3) end, "Run:result: ", "1 to 2 (got 3)")
     H.assert_error(function() h:result(ids.p, 2) end, "Run:result: ", "is not a group")
+    -- a group of one, pinned: its one set of results, with or without the member
+    local one = w4:run(function(orch)
+      local g = orch:submit_next_level_group(ECHO, {pto.args{scalars = {31}}}, nil, {workers = {2}})
+      orch:drain()
+      return {orch:result(g), orch:result(g, 1)}
+    end)
+    assert.are.same({31, 31, 0, 1}, one)   -- the first call gives one value, the last all three
   end)
 
   it("results that cannot travel fail their task, saying what can", function()

@@ -269,6 +269,7 @@ int lpto_result_push(lua_State *L, int tidx, int64_t id, lua_Integer member, pto
         lua_getfield(L, -1, "members");
         lua_Integer n = lua_tointeger(L, -1);
         lua_pop(L, 1);
+        if (n == 1 && member == 0) member = 1;   /* a group of one has one set of results */
         if (member < 1 || member > n)
             return lpto_error(L, who, "task %lld is a group of %lld members, each with its own results: give the "
                                       "member as the second argument, 1 to %lld (got %s)",

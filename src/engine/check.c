@@ -622,6 +622,9 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
             for (int32_t k = 0; k < lg->n; k++) {
                 use *x = &lg->a[k];
                 if (x->hi <= lo || hi <= x->lo || ordered_after(o, lg, x->s, x->id)) continue;
+                /* The walk stops at finished tasks, and one on the path back to x finishes only after x
+                 * did: if x finished while we walked, the path may have been cut, and x is no hazard. */
+                if (!unfinished(x->s, x->id)) continue;
                 char mine[128], theirs[128], d[160];
                 name_of(o, kind, callable, mine, sizeof mine);
                 name_of(o, x->s->kind, x->s->callable, theirs, sizeof theirs);

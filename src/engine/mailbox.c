@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -86,6 +87,24 @@ bool pto_mb_revoke(pto_mailbox *mb, uint32_t seq)
                                                    memory_order_acq_rel, memory_order_acquire);
 }
 
+/* A CallConfig's fields and its prefix up to the NUL (NULL src: the
+ * defaults). The prefix buffer is 1 KiB and nearly always empty: copied
+ * whole, every post dirtied 17 cache lines of the cell that the child had
+ * just read, and every serve read them back. */
+static void cfg_copy(pto_call_config *dst, const pto_call_config *src)
+{
+    enum { HEAD = offsetof(pto_call_config, output_prefix) };
+    if (!src) {
+        memset(dst, 0, HEAD);
+        dst->output_prefix[0] = 0;
+        return;
+    }
+    memcpy(dst, src, HEAD);
+    size_t n = strnlen(src->output_prefix, sizeof src->output_prefix - 1);
+    memcpy(dst->output_prefix, src->output_prefix, n);
+    dst->output_prefix[n] = 0;
+}
+
 int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
 {
@@ -109,8 +128,7 @@ int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args
     /* Only a child that may be waiting for this cell reads the stamp (its
      * spin budget learns from it); one busy with earlier cells does not. */
     c->posted_ns = atomic_load_explicit(&mb->done, memory_order_relaxed) == seq ? pto_now_ns() : 0;
-    if (cfg) c->cfg = *cfg;
-    else memset(&c->cfg, 0, sizeof c->cfg);
+    cfg_copy(&c->cfg, cfg);
     /* The release publishes every field above to the child; seq_cst orders
      * it before the sleeper check in pto_event_notify (Dekker). */
     atomic_store_explicit(&mb->posted, seq + 1, memory_order_seq_cst);
@@ -227,8 +245,8 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
         return 1;
     }
     /* A private copy: the leaf must see a NUL-terminated prefix whatever the bytes say. */
-    pto_call_config cfg = c->cfg;
-    cfg.output_prefix[sizeof cfg.output_prefix - 1] = 0;
+    pto_call_config cfg;
+    cfg_copy(&cfg, &c->cfg);
     uint64_t addr = c->load_addr, llen = c->load_len;
     if (addr) {
         if (!load_range_ok(addr, llen)) {

@@ -52,6 +52,14 @@ local function send(s) return {"send", s} end
 local function expect(s) return {"expect", s} end
 local PROMPT = {"line", "> "}   -- at a line's start: never the tail of ">> "
 local EOF = {"send", "\4"} -- Ctrl-D
+-- After a line typed only to press TAB, Ctrl-U and Enter discard it. The
+-- prompt that follows cannot be told from the one readline redraws under a
+-- completion listing, so a marker line proves the discard was read before
+-- the next keys go out (sent early, they raced the line's evaluation: seen
+-- once under TSan, where Ctrl-U then did not erase the line).
+local DISCARD = {"send", "\21\n"}
+local MARK = {"send", "print('dis' .. 'carded')\n"}
+local MARKED = {"expect", "\ndiscarded\n"}
 local WAIT = {"wait"}
 
 teardown(function()
@@ -352,8 +360,8 @@ describe("the polished prompt", function()
         send("#orch:da\t().nodes\n"), expect("\n0\n"), PROMPT,
         send("C = pto.tensor({2, 5})\n"), PROMPT,
         send("C.sh\t[2]\n"), expect("\n5\n"), PROMPT,
-        send("pto.\t\t"), expect("pto.tensor_spec"), send("\21\n"), PROMPT,
-        send("pto.tensor({2}):\t\t"), send("\21\n"), PROMPT,
+        send("pto.\t\t"), expect("pto.tensor_spec"), DISCARD, MARK, MARKED, PROMPT,
+        send("pto.tensor({2}):\t\t"), DISCARD, MARK, MARKED, PROMPT,
         send(":break \t\n"), expect("dispatch will hold before any task of fill_kernel"), PROMPT,
         send(":dot " .. dir .. "/on\t\n"), expect("wrote " .. dir .. "/only_file.txt"), PROMPT,
         send(":finish\n"), expect("run finished"), PROMPT,
@@ -369,7 +377,7 @@ describe("the polished prompt", function()
       PROMPT, send("c = pto.CallConfig{block_d\t = 4, enable_p\t = 1}\n"), PROMPT,
       send("c.block_dim, c.enable_pmu\n"), expect("\n4\t1\n"), PROMPT,
       send("pto.CallConfig({aicpu_thread_num = 2, output_p\t = 'x'}).output_prefix\n"), expect("\nx\n"), PROMPT,
-      send("pto.CallConfig{\t\t"), expect("enable_dep_gen"), send("\21\n"), PROMPT,
+      send("pto.CallConfig{\t\t"), expect("enable_dep_gen"), DISCARD, MARK, MARKED, PROMPT,
       send("c.enable_l\t\n"), expect("\n0\n"), PROMPT,
       EOF, WAIT,
     }

@@ -642,7 +642,7 @@ describe("results from every level", function()
     local msg = H.assert_error(function() h:result(ids.g) end, "Run:result: ", "is a group of 2 members")
     assert.truthy(msg:find("give the member as the second argument, 1 to 2 (got none)", 1, true), msg)
     H.assert_error(function() h:result(ids.g, 3) end, "Run:result: ", "1 to 2 (got 3)")
-    H.assert_error(function() h:result(ids.p, 2) end, "Run:result: ", "is not a group")
+    H.assert_error(function() h:result(ids.p, 2) end, "Run:result: ", "has one set of results")
     -- a group of one, pinned: its one set of results, with or without the member
     local one = w4:run(function(orch)
       local g = orch:submit_next_level_group(ECHO, {pto.args{scalars = {31}}}, nil, {workers = {2}})

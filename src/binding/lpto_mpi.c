@@ -185,14 +185,14 @@ static void recv_bytes(void *p, uint64_t n, int src)
 /* Bytes travel to the rank with the task (out) and back when it completes (back). */
 static bool goes_out(int tag) { return tag == PTO_INPUT || tag == PTO_INOUT || tag == PTO_NO_DEP; }
 static bool comes_back(int tag) { return tag == PTO_OUTPUT || tag == PTO_INOUT || tag == PTO_OUTPUT_EXISTING; }
-/* A task's result box (lpto_result.c: its last tensor, NO_DEP, with the
- * marker as its last scalar) does not go out (the serving rank clears its
- * header) and comes back as one message of the bytes in use, which MPI
- * may make shorter than the box. */
-static bool is_result_box(int i, int nt, int ns, const uint8_t *tags, const uint64_t *sc, const pto_tensor *t)
+/* The index of a task's result box among its tensors, or -1 (recognised as
+ * the child recognises it, lpto_result_unwrap). It does not go out (the
+ * serving rank clears its header) and comes back as one message of the
+ * bytes in use, which MPI may make shorter than the box. */
+static int result_box(int nt, int ns, const pto_tensor *t, const uint64_t *sc)
 {
-    return i == nt - 1 && ns > 0 && sc[ns - 1] == PTO_RESULT_BOX_MARK && tags[i] == PTO_NO_DEP &&
-           pto_tensor_nbytes(&t[i]) == LPTO_RESULT_BYTES;
+    pto_args_view v = {nt, ns, t, sc}, rest;
+    return lpto_result_unwrap(&v, &rest) ? nt - 1 : -1;
 }
 
 static void finalize_at_exit(void);
@@ -367,6 +367,7 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
     memcpy(tags, p, (size_t)h.nt);
     p += h.nt;
     memcpy(sc, p, (size_t)h.ns * 8);
+    int box = result_box(h.nt, h.ns, t, sc);
     /* Views of one storage stay views of one block here, so the L3 infers
      * the same overlaps; only the bytes the views cover travel. */
     for (int i = 0; i < h.nt; i++) {
@@ -392,7 +393,7 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
         while (st[k].base != t[i].base) k++;
         uint64_t n = pto_tensor_nbytes(&t[i]);
         at[i] = st[k].mem ? st[k].mem + (t[i].offset - st[k].lo) : NULL;
-        if (is_result_box(i, h.nt, h.ns, tags, sc, t)) {
+        if (i == box) {
             if (at[i]) lpto_result_box_clear(at[i]);
         } else if (goes_out(tags[i])) {
             if (at[i]) recv_bytes(at[i], n, 0);
@@ -426,7 +427,7 @@ static void serve_run(lworker *W, int child, char *buf, int len, const hello *hi
     MPI_Send(out, (int)replen, MPI_BYTE, 0, TAG_REP, MPI_COMM_WORLD);
     free(out);
     for (int i = 0; i < h.nt; i++) {
-        if (is_result_box(i, h.nt, h.ns, tags, sc, t)) {
+        if (i == box) {
             static const char none[64];   /* no block for it: "no results" */
             send_bytes(at[i] ? at[i] : none, lpto_result_box_used(at[i]), 0);
             continue;
@@ -550,6 +551,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
 {
     remote *R = ctx;
     const uint8_t *tags = pto_leaf_tags();
+    int box = result_box(a->tensor_count, a->scalar_count, a->tensors, a->scalars);
     if (a->tensor_count && !tags) {
         snprintf(err, errlen, "%s (rank %d): the task's tensor tags are not known here", R->name, R->rank);
         return 1;
@@ -575,7 +577,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     send_ships(R);
     MPI_Send(buf, (int)len, MPI_BYTE, R->rank, TAG_REQ, MPI_COMM_WORLD);
     for (int i = 0; i < a->tensor_count; i++)
-        if (goes_out(tags[i]) && !is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars, a->tensors))
+        if (goes_out(tags[i]) && i != box)
             send_bytes((const char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset),
                        pto_tensor_nbytes(&a->tensors[i]), R->rank);
     pthread_mutex_unlock(&G.mu);
@@ -593,7 +595,7 @@ static int remote_run(void *ctx, uint64_t callable, const pto_args_view *a, cons
     MPI_Recv(rep, rlen, MPI_BYTE, R->rank, TAG_REP, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     for (int i = 0; i < a->tensor_count; i++) {
         char *at = (char *)(uintptr_t)(a->tensors[i].base + a->tensors[i].offset);
-        if (is_result_box(i, a->tensor_count, a->scalar_count, tags, a->scalars, a->tensors))
+        if (i == box)
             MPI_Recv(at, LPTO_RESULT_BYTES, MPI_BYTE, R->rank, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         else if (comes_back(tags[i]))
             recv_bytes(at, pto_tensor_nbytes(&a->tensors[i]), R->rank);

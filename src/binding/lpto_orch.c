@@ -254,7 +254,6 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     }
     if (timeout_ms >= 0 && pto_submit_timeout(O->o, timeout_ms) != 0) return lpto_engine_error(L, who);
     /* A Worker child's task brings its function's results back (lpto_result.c), each member of a group its own. */
-    bool group = n > 1 || pins;
     int box = W->level >= 4 && kind == PTO_NEXT_LEVEL ? lpto_result_attach(L, targs, n) : 0;
     /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
     bool release = lpto_releases_gil(W);
@@ -272,7 +271,7 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
         after_submit(L, oidx, O, aidx[i], as[i], descs + off, unset + off);
         off += as[i]->nt;
     }
-    if (box) lpto_result_track(L, oidx, O, id, box, group ? n : 0);
+    if (box) lpto_result_track(L, oidx, O, id, box);
     lua_pushinteger(L, id);
     return 1;
 }
@@ -497,7 +496,7 @@ static int prep_call(lua_State *L)
         if (unset_output(ts[i], P->tags[i])) bind_output(L, oidx, O, ts[i], i + 1, &descs[i]);
         else pin_tensor(L, oidx, O, ts[i], i + 1);
     }
-    if (box) lpto_result_track(L, oidx, O, id, box, 0);
+    if (box) lpto_result_track(L, oidx, O, id, box);
     lua_pushinteger(L, id);
     return 1;
 }

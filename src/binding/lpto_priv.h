@@ -284,9 +284,8 @@ int lpto_runs_wait_all(lua_State *L, int idx, lworker *W, const char *who);
 /* Level >= 4 submit to a Worker child: extend each of the n members' ta[i] with a result box of its own
  * (pushes 2 values; returns the index of the boxes' storage). */
 int lpto_result_attach(lua_State *L, pto_task_args *ta, int n);
-/* After that submit (task id): keep the boxes at index box for orch:result, pinned for the run;
- * members: the group's size, 0 for a single task. */
-void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, int members);
+/* After that submit (task id): keep the boxes at index box for orch:result, pinned for the run. */
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box);
 #define LPTO_RESULT_BYTES 16384   /* a result box: a header, then the results as Lua source */
 /* The bytes of box in use (header and text; a NULL box: a header's worth), which is all that need travel. */
 size_t lpto_result_box_used(const void *box);

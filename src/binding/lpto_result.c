@@ -68,7 +68,7 @@ int lpto_result_attach(lua_State *L, pto_task_args *ta, int n)
     return box;
 }
 
-void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, int members)
+void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box)
 {
     oidx = lua_absindex(L, oidx);
     box = lua_absindex(L, box);
@@ -78,15 +78,7 @@ void lpto_result_track(lua_State *L, int oidx, lorch *O, int64_t id, int box, in
         lua_pushvalue(L, -1);
         lua_setiuservalue(L, oidx, OUV_RESULTS);
     }
-    if (members > 0) {   /* a group: {storage, members = n} */
-        lua_createtable(L, 1, 1);
-        lua_pushvalue(L, box);
-        lua_rawseti(L, -2, 1);
-        lua_pushinteger(L, members);
-        lua_setfield(L, -2, "members");
-    } else {
-        lua_pushvalue(L, box);
-    }
+    lua_pushvalue(L, box);
     lua_rawseti(L, -2, (lua_Integer)id);
     lua_pop(L, 1);
     /* Pinned: it must outlive the run's function while the task writes it. */
@@ -264,24 +256,18 @@ int lpto_result_push(lua_State *L, int tidx, int64_t id, lua_Integer member, pto
         return lpto_error(L, who, "task %lld is not a task this run submitted to a Worker child (orch:submit_next_level, "
                                   "prepared or group); only those carry results",
                           (long long)id);
-    uint64_t at = 0;
-    if (lua_istable(L, -1)) {   /* a group: one box per member */
-        lua_getfield(L, -1, "members");
-        lua_Integer n = lua_tointeger(L, -1);
-        lua_pop(L, 1);
-        if (n == 1 && member == 0) member = 1;   /* a group of one has one set of results */
-        if (member < 1 || member > n)
-            return lpto_error(L, who, "task %lld is a group of %lld members, each with its own results: give the "
-                                      "member as the second argument, 1 to %lld (got %s)",
-                              (long long)id, (long long)n, (long long)n,
-                              member ? lua_pushfstring(L, "%I", member) : "none");
-        lua_rawgeti(L, -1, 1);
-        at = (uint64_t)(member - 1) * LPTO_RESULT_BYTES;
-    } else if (member > 1) {
-        return lpto_error(L, who, "task %lld is not a group; it has one set of results (member 1, or none given)",
-                          (long long)id);
-    }
+    /* One box per member, in one storage: its size says how many. */
     lpto_storage *st = lua_touserdata(L, -1);
+    lua_Integer n = (lua_Integer)(st->nbytes / LPTO_RESULT_BYTES);
+    if (n == 1 && (member < 0 || member > 1))
+        return lpto_error(L, who, "task %lld has one set of results (member 1, or none given; got %lld)",
+                          (long long)id, (long long)member);
+    if (n > 1 && (member < 1 || member > n))
+        return lpto_error(L, who, "task %lld is a group of %lld members, each with its own results: give the "
+                                  "member as the second argument, 1 to %lld (got %s)",
+                          (long long)id, (long long)n, (long long)n,
+                          member ? lua_pushfstring(L, "%I", member) : "none");
+    uint64_t at = member > 1 ? (uint64_t)(member - 1) * LPTO_RESULT_BYTES : 0;
     const box_header *h = (const box_header *)(uintptr_t)(st->base + at);
     if (!__atomic_load_n(&h->written, __ATOMIC_ACQUIRE)) {
         pto_task_info info;

@@ -660,3 +660,107 @@ describe("results from every level", function()
     w4:wait_all()
   end)
 end)
+
+-- A level above stages several tasks on one Worker child (its queue, its
+-- mailbox ring); the child begins each as a submitted run of its own and
+-- ends them in order, so they overlap. flag_set / flag_wait is a handshake
+-- that passes only if two tasks run at the same time: run one after the
+-- other, the waiter times out.
+describe("an L4's tasks on one L3 child", function()
+  local w4, WAITER, SETTER, FAILS, RAISES
+  setup(function()
+    local l3 = pto.Worker{level = 3, chips = 2}
+    local wait = l3:register(pto.chip_kernel("flag_wait"), "flag_wait")
+    local set = l3:register(pto.chip_kernel("flag_set"), "flag_set")
+    local fail = l3:register(pto.chip_kernel("fail"), "fail")
+    w4 = pto.Worker{level = 4}
+    -- marks tensor 2 (it began), then waits up to scalar 1 ms for tensor 1
+    WAITER = w4:register(function(orch, a)
+      orch:submit_next_level(set, pto.args{{a:tensor(2), "no_dep"}, scalars = {1}})
+      orch:submit_next_level(wait, pto.args{{a:tensor(1), "no_dep"}, scalars = {1, a:scalar(1)}})
+      return "waited"
+    end, "waiter")
+    SETTER = w4:register(function(orch, a)
+      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}})
+      return "set"
+    end, "setter")
+    FAILS = w4:register(function(orch) orch:submit_next_level(fail, pto.args{scalars = {7}}) end, "fails")
+    RAISES = w4:register(function(orch, a)
+      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}})
+      error("raised on purpose")
+    end, "raises")
+    w4:add_worker(l3)
+    w4:init()
+  end)
+  teardown(function() if w4 then w4:close() end end)
+
+  local function flag() return pto.tensor({1}, "i32") end
+  local function waiter(f, mark, ms) return pto.args{{f, "no_dep"}, {mark or flag(), "no_dep"}, scalars = {ms or 10000}} end
+
+  it("begins a task while the one before it on the same child still runs, in a run and across runs", function()
+    local ids = {}
+    local f = flag()
+    local r = w4:run(function(orch)
+      ids.w = orch:submit_next_level(WAITER, waiter(f))
+      ids.s = orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}})
+      orch:drain()
+      return {orch:result(ids.w), orch:result(ids.s)}
+    end)
+    assert.are.same({"waited", "set"}, r)
+    f = flag()
+    local hw = w4:submit(function(orch) ids.w = orch:submit_next_level(WAITER, waiter(f)) end)
+    local hs = w4:submit(function(orch) ids.s = orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}}) end)
+    hs:wait()
+    hw:wait()
+    assert.are.equal("waited", hw:result(ids.w))
+    assert.are.equal("set", hs:result(ids.s))
+    assert.are.equal(1, f[1])
+  end)
+
+  it("fails only the task whose L3 run failed; the one beside it completes", function()
+    local f = flag()
+    local hf = w4:submit(function(orch) orch:submit_next_level(FAILS, pto.args{}) end)
+    local hw = w4:submit(function(orch) orch:submit_next_level(WAITER, waiter(f)) end)
+    local hs = w4:submit(function(orch) orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}}) end)
+    H.assert_error(function() hf:wait() end, "Run:wait: ", "fail kernel called with code 7")
+    hw:wait()
+    hs:wait()
+    w4:wait_all()
+  end)
+
+  it("fails the task of an orchestration function that raises only after what it submitted has run", function()
+    local f = flag()
+    local msg = H.assert_error(function()
+      w4:run(function(orch) orch:submit_next_level(RAISES, pto.args{{f, "no_dep"}}) end)
+    end, "Worker:run: ", "raised on purpose")
+    assert.truthy(msg:find("L3 orchestration function failed", 1, true), msg)
+    assert.are.equal(1, f[1])
+    local g = flag()
+    w4:run(function(orch)
+      orch:submit_next_level(WAITER, waiter(g))
+      orch:submit_next_level(SETTER, pto.args{{g, "no_dep"}})
+    end)
+  end)
+
+  H.process_only("fails every task a dying child had begun, and runs none of them again",
+    "a thread-mode child cannot be killed alone", function()
+    local fa, fb, ma, mb = flag(), flag(), flag(), flag()
+    local h = w4:submit(function(orch)
+      orch:submit_next_level(WAITER, waiter(fa, ma, 30000))
+      orch:submit_next_level(WAITER, waiter(fb, mb, 30000))
+    end)
+    assert.is_true(H.eventually(function() return ma[1] == 1 and mb[1] == 1 end, 20), "both tasks began")
+    os.execute("kill -9 " .. w4:child_pids().workers[1])
+    -- run again on the replacement, either task would now pass at once
+    fa[1], fb[1] = 1, 1
+    H.assert_error(function() h:wait() end, "Run:wait: ", "while running the task")
+    local state, counts = h:status()
+    assert.are.equal("failed", state)
+    assert.are.equal(2, counts.failed)
+    local f = flag()
+    w4:run(function(orch)
+      orch:submit_next_level(WAITER, waiter(f))
+      orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}})
+    end)
+  end)
+end)

@@ -100,6 +100,15 @@ typedef struct trace_link {
     _Atomic uint64_t head;       /* child: the newest block */
 } trace_link;
 
+/* A task of the overlapping leaf: its child's submitted run, from begin to end. */
+#define LEVEL_INFLIGHT 4         /* the most a level above stages on one worker (its mailbox ring) */
+typedef struct level_task {
+    bool used;
+    pto_run *r;                  /* the run's engine record, for ready */
+    int handle_ref, st_ref;      /* registry: the run handle; the storage its tensor arguments borrow */
+    void *box;                   /* its result box in the level above's memory, or NULL */
+} level_task;
+
 struct wchild {
     sub_ctx s;                   /* first: lpto_sub_load installs shipped functions through it */
     lworker *child;
@@ -115,6 +124,8 @@ struct wchild {
     bool traced_here;            /* THREAD mode: its trace was started for its parent's */
     bool remote;                 /* on another MPI rank (lpto_mpi.c): stats are published by its leaf */
     pto_leaf remote_leaf;
+    level_task tasks[LEVEL_INFLIGHT];   /* begun and not yet ended (the overlapping leaf) */
+    int inflight;
 };
 
 /* ---- add_worker ------------------------------------------------------------------ */
@@ -747,6 +758,176 @@ static int level_leaf_locked(void *ctx, uint64_t callable, const pto_args_view *
     return rc;
 }
 
+static const char *message(lua_State *L, int idx)
+{
+    const char *m = lua_tostring(L, idx);
+    return m ? m : "(error object is not a string)";
+}
+
+/* ---- the leaf, overlapping: each task a submitted run of the child ----
+ * A level above stages several tasks on one Worker child; the child begins
+ * each as child:submit(fn, args, cfg) and ends it with the handle's wait,
+ * in order, so its runs overlap as a script's submitted runs do, ordered
+ * across runs by their tags in the child's session. */
+
+/* Begin cell: fn(orch, args, cfg) submitted on the child, its handle and
+ * arguments' storage kept until the end (the task's tensors are valid until
+ * then). Stack: C, args, cfg, callable, task. */
+static int begin_protected(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    pto_args_view view;
+    void *box = lpto_result_unwrap(lua_touserdata(L, 2), &view);
+    const pto_call_config *cfg = lua_touserdata(L, 3);
+    lua_Integer callable = lua_tointeger(L, 4);
+    level_task *task = lua_touserdata(L, 5);
+    lua_settop(L, 0);
+    lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
+    st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
+    lua_pushcfunction(L, lpto_run_submit_child);                        /* 2 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
+    lua_rawgeti(L, -1, callable);
+    lua_remove(L, -2);
+    if (!lua_isfunction(L, -1))
+        return luaL_error(L, "callable %d is not an orchestration function registered on this Worker", (int)callable);
+    lua_pushlightuserdata(L, C->child);
+    lua_pushcclosure(L, traced_call, 2);                                /* 4 */
+    lpto_push_args_view(L, &view, 1);                                   /* 5 */
+    lpto_push_config(L, cfg);                                           /* 6 */
+    C->child->driven = true;
+    int status = lua_pcall(L, 4, 1, 0);
+    C->child->driven = false;
+    if (status != LUA_OK) {
+        /* What the function submitted before it failed runs on: the task
+         * ends, and its tensors go back to the level above, only after. */
+        st->valid = false;
+        pto_worker *w = C->child->w;
+        if (w) {
+            lpto_gil_release(C->child->gil);
+            pto_run_wait(w, NULL, -1);
+            lpto_gil_acquire(C->child->gil);
+        }
+        return lua_error(L);
+    }
+    task->r = lpto_run_engine(L, -1);
+    task->handle_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, 1);
+    task->st_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    task->box = box;
+    return 0;
+}
+
+/* End task: wait for its run, write its results. Stack: C, task. */
+static int end_protected(lua_State *L)
+{
+    level_task *task = lua_touserdata(L, 2);
+    lua_settop(L, 0);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, task->handle_ref);   /* 1 */
+    int n = lpto_run_finish(L, 1, NULL);
+    if (task->box) lpto_result_write(L, task->box, 2, n);
+    return 0;
+}
+
+static void task_release(lua_State *T, level_task *task)
+{
+    lua_rawgeti(T, LUA_REGISTRYINDEX, task->st_ref);
+    lpto_storage *st = lua_touserdata(T, -1);
+    if (st) st->valid = false;
+    lua_pop(T, 1);
+    luaL_unref(T, LUA_REGISTRYINDEX, task->st_ref);
+    luaL_unref(T, LUA_REGISTRYINDEX, task->handle_ref);
+    task->used = false;
+}
+
+static int level_begin(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                       pto_wake_fn wake, void *wake_arg, void **token, char *err, size_t errlen)
+{
+    wchild *C = ctx;
+    level_task *task = NULL;
+    for (int i = 0; i < LEVEL_INFLIGHT && !task; i++)
+        if (!C->tasks[i].used) task = &C->tasks[i];
+    if (!task) {
+        snprintf(err, errlen, "%s was handed more than %d tasks at once", C->s.name, LEVEL_INFLIGHT);
+        return 1;
+    }
+    lua_State *T = C->s.T;
+    if (C->tl && !C->inflight) trace_begin(C);
+    lua_settop(T, 0);
+    lua_pushcfunction(T, begin_protected);
+    lua_pushlightuserdata(T, C);
+    lua_pushlightuserdata(T, (void *)args);
+    lua_pushlightuserdata(T, (void *)cfg);
+    lua_pushinteger(T, (lua_Integer)callable);
+    lua_pushlightuserdata(T, task);
+    int rc = 0;
+    if (lua_pcall(T, 5, 0, 0) != LUA_OK) {
+        snprintf(err, errlen, "%s", message(T, -1));
+        rc = 1;
+        if (C->tl && !C->inflight) trace_end(C);
+        publish_stats(C);
+        publish_profile(C);
+    } else {
+        task->used = true;
+        C->inflight++;
+        *token = task;
+        pto_run_on_done(task->r, wake, wake_arg);
+    }
+    lua_settop(T, 0);
+    return rc;
+}
+
+static int level_ready(void *ctx, void *token)
+{
+    wchild *C = ctx;
+    level_task *task = token;
+    return C->child->w == NULL || pto_run_wait(C->child->w, task->r, 0) != 0;
+}
+
+static int level_end(void *ctx, void *token, char *err, size_t errlen)
+{
+    wchild *C = ctx;
+    lua_State *T = C->s.T;
+    level_task *task = token;
+    lua_settop(T, 0);
+    lua_pushcfunction(T, end_protected);
+    lua_pushlightuserdata(T, C);
+    lua_pushlightuserdata(T, task);
+    C->child->driven = true;
+    int rc = 0;
+    if (lua_pcall(T, 2, 0, 0) != LUA_OK) {
+        snprintf(err, errlen, "%s", message(T, -1));
+        rc = 1;
+    }
+    C->child->driven = false;
+    lua_settop(T, 0);
+    task_release(T, task);
+    C->inflight--;
+    if (C->tl && !C->inflight) trace_end(C);
+    publish_stats(C);
+    publish_profile(C);
+    return rc;
+}
+
+static int level_begin_locked(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
+                              pto_wake_fn wake, void *wake_arg, void **token, char *err, size_t errlen)
+{
+    lpto_gil *g = ((wchild *)ctx)->s.W->gil;
+    lpto_gil_acquire(g);
+    int rc = level_begin(ctx, callable, args, cfg, wake, wake_arg, token, err, errlen);
+    lpto_gil_release(g);
+    return rc;
+}
+
+static int level_end_locked(void *ctx, void *token, char *err, size_t errlen)
+{
+    lpto_gil *g = ((wchild *)ctx)->s.W->gil;
+    lpto_gil_acquire(g);
+    int rc = level_end(ctx, token, err, errlen);
+    lpto_gil_release(g);
+    return rc;
+}
+
 static int init_protected(lua_State *L)
 {
     wchild *C = lua_touserdata(L, 1);
@@ -756,12 +937,6 @@ static int init_protected(lua_State *L)
     lpto_worker_init(L, -1, C->child, NULL);   /* no Lua function called: messages stand alone */
     C->child->driven = false;
     return 0;
-}
-
-static const char *message(lua_State *L, int idx)
-{
-    const char *m = lua_tostring(L, idx);
-    return m ? m : "(error object is not a string)";
 }
 
 /* PROCESS mode, in the child: initialise the hosted Worker, which forks its
@@ -788,6 +963,11 @@ static int level_start(void *ctx, char *err, size_t errlen)
         return 1;
     }
     publish_stats(C);
+    /* From here this child's main thread takes the interpreter lock only
+     * for a leaf call: between them it waits in the mailbox loop while the
+     * tasks it began run, and a THREAD-mode Worker it hosts needs the lock
+     * for its own threads then. */
+    lpto_gil_release(C->s.W->gil);
     return 0;
 }
 
@@ -796,9 +976,20 @@ static int level_start(void *ctx, char *err, size_t errlen)
 static void level_stop(void *ctx)
 {
     wchild *C = ctx;
+    lpto_gil_acquire(C->s.W->gil);
     lua_settop(C->s.T, 0);
     C->child->driven = true;
     lpto_worker_free(C->s.T, C->child);
+    lpto_gil_release(C->s.W->gil);
+}
+
+static int level_load_locked(void *ctx, uint64_t callable, const void *blob, size_t len, char *err, size_t errlen)
+{
+    lpto_gil *g = ((wchild *)ctx)->s.W->gil;
+    lpto_gil_acquire(g);
+    int rc = lpto_sub_load(ctx, callable, blob, len, err, errlen);
+    lpto_gil_release(g);
+    return rc;
 }
 
 /* Child i of W into C: its userdata (referenced), its Lua thread (kept in W's thread list) and its name.
@@ -829,7 +1020,8 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
         wchild *C = &W->wchildren[i];
         bind_child(L, W, C, i);
         C->process = W->mode == PTO_MODE_PROCESS;
-        pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name};
+        pto_leaf leaf = {.run = level_leaf_locked, .ctx = C, .name = C->s.name, .begin = level_begin_locked,
+                         .ready = level_ready, .end = level_end_locked};
         if (C->child->rank) {   /* on another MPI rank: the leaf sends it the tasks */
             C->remote = C->process = true;
             C->stats = calloc(1, sizeof *C->stats);
@@ -857,8 +1049,9 @@ void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who)
                                    "no longer use, or raise PTO_SHM_SIZE", (unsigned long long)(C->arena_bytes >> 20),
                            C->s.name, (unsigned long long)(ss.reserved_bytes >> 20),
                            (unsigned long long)(ss.in_use_bytes >> 20));
-            leaf = (pto_leaf){.run = level_run, .ctx = C, .name = C->s.name, .start = level_start,
-                              .load = lpto_sub_load, .stop = level_stop};
+            leaf = (pto_leaf){.run = level_leaf_locked, .ctx = C, .name = C->s.name, .start = level_start,
+                              .load = level_load_locked, .stop = level_stop, .begin = level_begin_locked,
+                              .ready = level_ready, .end = level_end_locked};
         } else {
             /* THREAD mode: the child lives in this process, on the thread of its leaf. */
             lua_pushcfunction(L, init_protected);

@@ -275,6 +275,13 @@ void lpto_open_run(lua_State *L);
 extern const luaL_Reg lpto_run_methods[];
 /* Worker:run while submitted runs are outstanding: submit, then wait (Worker at 1, fn at 2). */
 int lpto_run_blocking(lua_State *L, const char *who);
+/* lua_CFunction: Worker:submit as a Worker child's leaf calls it (messages stand alone). */
+int lpto_run_submit_child(lua_State *L);
+/* The engine's record of the run handle at idx. */
+pto_run *lpto_run_engine(lua_State *L, int idx);
+/* Wait for the run handle at h, then push what its function returned or raise its failure (who NULL:
+ * unprefixed, for the level above to name); returns the count pushed. */
+int lpto_run_finish(lua_State *L, int h, const char *who);
 /* Before a blocking run that cannot join submitted ones (Worker:open_run): end their session, or raise. */
 void lpto_runs_before_blocking(lua_State *L, lworker *W, const char *who);
 /* Wait for every submitted run of W (at idx); 1 with the first failure nobody observed pushed, or 0. */

@@ -375,12 +375,21 @@ static int submit_run(lua_State *L, const char *who)
 /* w:submit(fn, args, cfg) -> run handle */
 static int w_submit(lua_State *L) { return submit_run(L, "Worker:submit"); }
 
+int lpto_run_submit_child(lua_State *L) { return submit_run(L, NULL); }
+
+pto_run *lpto_run_engine(lua_State *L, int idx) { return ((lrun *)lua_touserdata(L, idx))->r; }
+
 int lpto_run_blocking(lua_State *L, const char *who)
 {
     submit_run(L, who);
-    lrun *R = lua_touserdata(L, -1);
+    return lpto_run_finish(L, lua_gettop(L), who);
+}
+
+int lpto_run_finish(lua_State *L, int h, const char *who)
+{
+    h = lua_absindex(L, h);
+    lrun *R = lua_touserdata(L, h);
     lworker *W = R->W;
-    int h = lua_gettop(L);
     wait_engine(L, R, who);
     forget(L, h, R);
     settle(L, W, who);

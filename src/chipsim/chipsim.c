@@ -30,7 +30,7 @@
 
 const char *const pto_chip_kernels[] = {
     "vector_add", "vector_mul", "vector_scale", "fill", "copy", "gemm_tile",
-    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", "noop",
+    "tile_add", "reduce_sum", "sleep_us", "spin_us", "fail", "crash", "noop", "flag_set", "flag_wait",
     "bad_read_out", "bad_write_in", "bad_half_out", "bad_write_outside", "bad_random", NULL,
 };
 
@@ -544,6 +544,56 @@ KERNEL(crash)
 KERNEL(noop)
 {
     (void)args, (void)err, (void)errlen;
+    return 0;
+}
+
+/* flag_set and flag_wait: a handshake between two tasks through element 0 of an
+ * i32 tensor (typically tagged NO_DEP on both, so neither orders the
+ * other), to show that two tasks run at the same time: flag_wait fails, after
+ * its timeout, if the signal can come only after it ends. */
+static int flag_args(const char *kernel, const pto_args_view *args, int nscalars, const char *usage, char *err,
+                     size_t errlen)
+{
+    if (check_args(kernel, args, 1, 1, "1 tensor (t, i32)", err, errlen)) return 1;
+    if (args->tensors[0].dtype != PTO_I32 || numel(&args->tensors[0]) < 1)
+        return fail_with(err, errlen, "%s: t is %s with %llu elements; expects i32 with at least 1", kernel,
+                         dtype_name(args->tensors[0].dtype), (unsigned long long)numel(&args->tensors[0]));
+    if (args->scalar_count < nscalars)
+        return fail_with(err, errlen, "%s: expects %s, got %d scalar%s", kernel, usage, args->scalar_count,
+                         args->scalar_count == 1 ? "" : "s");
+    return 0;
+}
+
+KERNEL(flag_set)
+{
+    if (flag_args("flag_set", args, 1, "scalar 0: the value (integer)", err, errlen)) return 1;
+    __atomic_store_n((int32_t *)data(&args->tensors[0]), (int32_t)args->scalars[0], __ATOMIC_RELEASE);
+    return 0;
+}
+
+KERNEL(flag_wait)
+{
+    if (flag_args("flag_wait", args, 1, "scalar 0: the value (integer), optional 1: timeout in ms", err, errlen)) return 1;
+    int32_t want = (int32_t)args->scalars[0];
+    uint64_t ms = args->scalar_count >= 2 ? args->scalars[1] : 10000;
+    if (ms > UINT64_C(3600000))
+        return fail_with(err, errlen, "flag_wait: scalar 1 is %llu ms, over an hour; pass an integer timeout in ms",
+                         (unsigned long long)ms);
+    const int32_t *p = data(&args->tensors[0]);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t start = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, now = start;
+    int32_t seen;
+    while ((seen = __atomic_load_n(p, __ATOMIC_ACQUIRE)) != want) {
+        if (now - start >= ms)
+            return fail_with(err, errlen, "flag_wait: element 1 of t was still %d after %llu ms of waiting for %d (did the "
+                             "task that signals it run at the same time?)", (int)seen, (unsigned long long)ms,
+                             (int)want);
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    }
     return 0;
 }
 

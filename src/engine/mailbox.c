@@ -232,21 +232,21 @@ static bool load_range_ok(uint64_t addr, uint64_t len)
     return len > 0 && addr + len > addr && pto_shm_contains(p) && pto_shm_contains(p + len - 1);
 }
 
-static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
+/* Decode cell c's arguments (the mailbox is untrusted bytes) and install a
+ * shipped callable: 0, or the task's failure with the reason in c->err. */
+static int unpack(pto_mb_cell *c, const pto_leaf *leaf, pto_args_view *view, pto_call_config *cfg)
 {
     char *err = c->err;
     uint64_t callable = c->callable;
     uint32_t len = c->blob_len;
-    pto_args_view view;
     c->loaded = 0;
     err[0] = 0;
-    if (len > PTO_MB_BLOB_CAP || pto_blob_decode(c->blob, len, &view) != 0) {
+    if (len > PTO_MB_BLOB_CAP || pto_blob_decode(c->blob, len, view) != 0) {
         snprintf(err, PTO_MB_ERR_CAP, "the task's arguments arrived malformed in the mailbox (%" PRIu32 " bytes)", len);
         return 1;
     }
     /* A private copy: the leaf must see a NUL-terminated prefix whatever the bytes say. */
-    pto_call_config cfg;
-    cfg_copy(&cfg, &c->cfg);
+    cfg_copy(cfg, &c->cfg);
     uint64_t addr = c->load_addr, llen = c->load_len;
     if (addr) {
         if (!load_range_ok(addr, llen)) {
@@ -266,6 +266,17 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
         }
         c->loaded = 1;
     }
+    return 0;
+}
+
+static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
+{
+    char *err = c->err;
+    uint64_t callable = c->callable;
+    pto_args_view view;
+    pto_call_config cfg;
+    int urc = unpack(c, leaf, &view, &cfg);
+    if (urc != 0) return urc;
     const uint8_t *tags = PTO_UNLIKELY(mb->check) ? pto_check_tags(mb, &view) : NULL;
     int rc;
     if (PTO_UNLIKELY(pto_diag_wanted(&cfg))) {
@@ -283,10 +294,144 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
     return rc;
 }
 
+/* Begin cell seq at start_ns: tell the parent, and claim the cell against
+ * a revocation. false: it is not to run (revoked, or chained behind a
+ * failure), and goes back skipped. */
+static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_ns, bool prev_failed)
+{
+    c->start_ns = start_ns;
+    atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
+    uint32_t want = PTO_CELL_POSTED;
+    bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN, memory_order_acq_rel,
+                                                            memory_order_acquire);
+    c->skipped = revoked || (c->after_prev && prev_failed);
+    if (!c->skipped) return true;
+    c->rc = 0;
+    c->loaded = 0;
+    c->err[0] = 0;
+    return false;
+}
+
+/* Cell *seq's result is written: hand it back. */
+static void finish(pto_mailbox *mb, uint32_t *seq)
+{
+    /* Only this child advances done; the zygote writes DEAD, never done. */
+    atomic_store_explicit(&mb->done, ++*seq, memory_order_seq_cst);
+    pto_mb_wake_parent(mb);
+}
+
+/* ---- a leaf that overlaps its tasks (leaf->begin: a Worker child) ----
+ * Every posted cell is begun at once, up to the whole ring, and they end
+ * in order, so done stays a FIFO count and the parent's side (collection,
+ * revocation, deadlines of the oldest) is the same as for any leaf. A
+ * cell that needs the one before it to have ended (after_prev), or the
+ * mailbox's one-task state (check mode, diagnostics), waits until nothing
+ * is begun and runs as with any leaf. */
+
+typedef struct overlap {
+    pto_mailbox *mb;
+    const pto_leaf *leaf;
+    uint32_t seq, next;             /* cells [seq, next) are begun and not yet ended */
+    int prev_rc;                    /* the outcome of cell seq - 1 */
+    void *token[PTO_MB_CELLS];      /* the leaf's, for a begun cell that runs; NULL once its result is final */
+} overlap;
+
+static bool runs_alone(const pto_mailbox *mb, const pto_mb_cell *c)
+{
+    return c->after_prev || mb->check || pto_diag_wanted(&c->cfg);
+}
+
+/* Whether cell o->next may be begun now. */
+static bool can_begin(overlap *o)
+{
+    pto_mailbox *mb = o->mb;
+    if (atomic_load_explicit(&mb->posted, memory_order_acquire) == o->next || o->next - o->seq >= PTO_MB_CELLS)
+        return false;
+    return o->next == o->seq || !runs_alone(mb, pto_mb_cell_of(mb, o->next));
+}
+
+static bool overlap_has_work(void *p)
+{
+    overlap *o = p;
+    if (pto_mb_state(o->mb) == PTO_MB_SHUTDOWN || can_begin(o)) return true;
+    void *t = o->seq != o->next ? o->token[o->seq & (PTO_MB_CELLS - 1)] : NULL;
+    return t && o->leaf->ready(o->leaf->ctx, t);
+}
+
+static void wake_child(void *mb) { pto_event_notify(&((pto_mailbox *)mb)->to_child); }
+
+/* Begin cell o->next. */
+static void begin_next(overlap *o)
+{
+    pto_mailbox *mb = o->mb;
+    const pto_leaf *leaf = o->leaf;
+    pto_mb_cell *c = pto_mb_cell_of(mb, o->next);
+    void **token = &o->token[o->next & (PTO_MB_CELLS - 1)];
+    *token = NULL;
+    bool alone = runs_alone(mb, c);
+    if (take(mb, c, o->next, pto_now_ns(), o->prev_rc != 0)) {
+        if (alone) {
+            c->rc = serve(mb, c, leaf);
+        } else {
+            pto_args_view view;
+            pto_call_config cfg;
+            c->rc = unpack(c, leaf, &view, &cfg);
+            if (c->rc == 0)
+                c->rc = leaf->begin(leaf->ctx, c->callable, &view, &cfg, wake_child, mb, token, c->err, PTO_MB_ERR_CAP);
+            c->err[PTO_MB_ERR_CAP - 1] = 0;
+            if (c->rc != 0) *token = NULL;
+        }
+    }
+    o->next++;
+}
+
+static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spin, int64_t cold_spin_ns)
+{
+    overlap o = {.mb = mb, .leaf = leaf};
+    o.seq = o.next = atomic_load_explicit(&mb->done, memory_order_relaxed);
+    for (;;) {
+        if (pto_mb_state(mb) == PTO_MB_SHUTDOWN) return;
+        while (can_begin(&o)) {
+            bool alone = runs_alone(mb, pto_mb_cell_of(mb, o.next));
+            begin_next(&o);
+            if (alone) break;   /* ended already: hand it back before anything else begins */
+        }
+        uint32_t i = o.seq & (PTO_MB_CELLS - 1);
+        if (o.seq == o.next || (o.token[i] && !leaf->ready(leaf->ctx, o.token[i]))) {
+            /* Nothing begun yet: a post wakes it (the adaptive spin learns
+             * from those waits alone); a begun task: its end, or a post. */
+            uint64_t t0 = pto_now_ns();
+            bool idle = o.seq == o.next;
+            int64_t b = pto_mb_spin_budget(spin);
+            if (!spin_for(overlap_has_work, &o, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
+                pto_event_wait(&mb->to_child, overlap_has_work, &o, 0, -1);
+            if (idle && can_begin(&o)) {
+                uint64_t posted_ns = pto_mb_cell_of(mb, o.next)->posted_ns;
+                pto_mb_spin_observe(spin, posted_ns > t0 ? posted_ns - t0 : 0);
+            }
+            continue;
+        }
+        pto_mb_cell *c = pto_mb_cell_of(mb, o.seq);
+        if (o.token[i]) {
+            c->err[0] = 0;
+            c->rc = leaf->end(leaf->ctx, o.token[i], c->err, PTO_MB_ERR_CAP);
+            c->err[PTO_MB_ERR_CAP - 1] = 0;
+            o.token[i] = NULL;
+        }
+        o.prev_rc = c->skipped ? 1 : c->rc;
+        c->done_ns = pto_now_ns();
+        finish(mb, &o.seq);
+    }
+}
+
 void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns)
 {
     pto_mb_spin spin;
     pto_mb_spin_init(&spin, spin_max_ns);
+    if (leaf->begin && leaf->ready && leaf->end) {
+        overlap_loop(mb, leaf, &spin, cold_spin_ns);
+        return;
+    }
     /* This child's own count: what the memory says may be scribbled on. */
     uint32_t seq = atomic_load_explicit(&mb->done, memory_order_relaxed);
     int prev_rc = 0;
@@ -314,23 +459,10 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
          * 0) was waiting when that one ended; one posted after (stamped)
          * starts now, even if this child was slow to look: a stale start
          * would cut into its deadline. */
-        c->start_ns = waited || c->posted_ns || !last_done ? pto_now_ns() : last_done;
-        atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
-        uint32_t want = PTO_CELL_POSTED;
-        bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN,
-                                                                memory_order_acq_rel, memory_order_acquire);
-        c->skipped = revoked || (c->after_prev && prev_rc != 0);
-        if (c->skipped) {
-            c->rc = 0;
-            c->loaded = 0;
-            c->err[0] = 0;
-        } else {
+        if (take(mb, c, seq, waited || c->posted_ns || !last_done ? pto_now_ns() : last_done, prev_rc != 0))
             c->rc = serve(mb, c, leaf);
-        }
         prev_rc = c->skipped ? 1 : c->rc;
         c->done_ns = last_done = pto_now_ns();
-        /* Only this child advances done; the zygote writes DEAD, never done. */
-        atomic_store_explicit(&mb->done, ++seq, memory_order_seq_cst);
-        pto_mb_wake_parent(mb);
+        finish(mb, &seq);
     }
 }

@@ -464,8 +464,11 @@ static int lost(pto_child *c, uint32_t st, pto_proc_result *r, char *err, size_t
     char who[96], how[256];
     label(who, sizeof who, c);
     /* The zygote's DEAD is final: after it, the counters no longer move. */
-    r->lost = c->timed_out_ms || st != PTO_MB_DEAD ||
-              (int32_t)(atomic_load_explicit(&mb->started, memory_order_acquire) - c->collected) > 0;
+    int32_t begun = (int32_t)(atomic_load_explicit(&mb->started, memory_order_acquire) - c->collected);
+    int32_t posted = (int32_t)(c->posted - c->collected);
+    r->lost = c->timed_out_ms || st != PTO_MB_DEAD || begun > 0;
+    /* The counter is the child's memory: believe it only within what was posted. */
+    r->begun = begun < 1 ? 1 : begun > posted ? (uint32_t)posted : (uint32_t)begun;
     r->rc = 1;
     r->skipped = false;
     r->t0 = r->t1 = 0;

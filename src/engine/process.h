@@ -118,6 +118,8 @@ typedef struct pto_proc_result {
     int rc;                  /* the leaf's result; 1 when the child died running it */
     bool skipped;            /* not run: after_prev, and the cell before failed */
     bool lost;               /* PTO_PROC_LOST: whether the oldest cell had begun (and so failed) */
+    uint32_t begun;          /* PTO_PROC_LOST: how many cells from the oldest had begun (a leaf that
+                              * overlaps tasks begins several): they all failed */
     uint64_t t0, t1;         /* when the child began and ended it (0 if it did not run) */
 } pto_proc_result;
 
@@ -128,9 +130,9 @@ enum { PTO_PROC_RUNNING = 0, PTO_PROC_DONE = 1, PTO_PROC_LOST = 2 };
  * PTO_PROC_DONE: finished; its result in *r and, if it failed, the message
  *   in err (check mode's warnings too on success).
  * PTO_PROC_LOST: the child is gone. If the oldest cell had begun (r->lost),
- *   it failed: rc 1 and the reason in err. Every other uncollected cell was
- *   never begun and is taken back (c->posted = c->collected): post those
- *   again. A replacement is requested as for any death.
+ *   it failed, and so did the r->begun - 1 after it that had begun too: rc 1
+ *   and the reason in err. Every other uncollected cell was never begun and
+ *   is taken back (c->posted = c->collected): post those again. A replacement is requested as for any death.
  * check_zygote: also look whether the forkserver is gone (a system call:
  * every TICK, not every turn). */
 int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err, size_t errlen);

@@ -18,6 +18,18 @@ static void run_done(pto_run *r)
     if (atomic_exchange_explicit(&r->done, true, memory_order_seq_cst)) return;
     atomic_fetch_sub_explicit(r->live, 1, memory_order_seq_cst);
     pto_event_notify(r->ev);
+    /* Dekker with pto_run_on_done: one of the two sees the other. */
+    pto_wake_fn wake = atomic_load_explicit(&r->on_done, memory_order_seq_cst);
+    if (wake) wake(atomic_load_explicit(&r->on_done_arg, memory_order_relaxed));
+}
+
+void pto_run_on_done(pto_run *r, pto_wake_fn wake, void *arg)
+{
+    atomic_store_explicit(&r->on_done, NULL, memory_order_seq_cst);
+    atomic_store_explicit(&r->on_done_arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&r->on_done, wake, memory_order_seq_cst);
+    /* Done before the wish was seen: a wake-up too many is harmless, one too few a hang. */
+    if (wake && atomic_load_explicit(&r->done, memory_order_seq_cst)) wake(arg);
 }
 
 void pto_run_task_finished(pto_run *r, const pto_slot *s, bool failed)

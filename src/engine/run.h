@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "event.h"
+#include "pto.h"
 
 struct pto_worker;
 struct pto_slot;
@@ -46,6 +47,8 @@ struct pto_run {
     char *failure;                    /* its first failed task's message */
     _Atomic int64_t *live;            /* the session's count of unfinished runs */
     pto_event *ev;                    /* the orchestrator's: woken when the run is done */
+    _Atomic(pto_wake_fn) on_done;     /* pto_run_on_done: also called when it is done */
+    _Atomic(void *) on_done_arg;
     int refs;                         /* handle + session (orchestrator thread only) */
     struct pto_run *next;             /* the session's list */
 };

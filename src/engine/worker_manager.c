@@ -228,10 +228,135 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
     pto_event_notify(wt->wm->sched_ev);
 }
 
+/* ---- THREAD mode, a leaf that overlaps its tasks (leaf.begin: a Worker
+ * child, whose tasks are submitted runs) ----
+ * The thread begins every task it can claim, up to PTO_MB_CELLS at once as
+ * a child process would, and ends them in order. A task chained behind one
+ * staged before it here (after), or one run under check mode or
+ * diagnostics, waits until nothing is begun and runs as with any leaf. */
+
+typedef struct wt_begun {
+    pto_slot *slot;
+    int32_t member;
+    pto_worker_thread *origin;
+    void *token;
+    uint64_t t0;
+} wt_begun;
+
+typedef struct wt_overlap {
+    pto_worker_thread *wt;
+    wt_begun q[PTO_MB_CELLS];
+    uint32_t head, len;
+} wt_overlap;
+
+static bool overlap_has_work(void *p)
+{
+    wt_overlap *o = p;
+    const pto_leaf *leaf = &o->wt->leaf;
+    return (o->len < PTO_MB_CELLS && wt_has_work(o->wt)) ||
+           atomic_load_explicit(&o->wt->wm->stopping, memory_order_acquire) ||
+           (o->len && leaf->ready(leaf->ctx, o->q[o->head].token));
+}
+
+static void wake_thread(void *wt) { pto_event_notify(&((pto_worker_thread *)wt)->ev); }
+
+/* Begin s, or finish it at once if it must not run or its begin failed. */
+static void overlap_begin(wt_overlap *o, pto_slot *s, int32_t member, pto_worker_thread *origin)
+{
+    pto_worker_thread *wt = o->wt;
+    pto_completion c = {.slot = s, .origin = origin, .member = member, .status = PTO_DONE_OK, .error = NULL};
+    int32_t skip = skip_status(wt, s, NULL);
+    if (skip >= 0) {
+        c.status = skip;
+        complete(wt, c);
+        pto_event_notify(wt->wm->sched_ev);
+        return;
+    }
+    const pto_member *m = &s->members[member];
+    pto_args_view v = {m->tensor_count, m->scalar_count, m->tensors, m->scalars};
+    char err[PTO_MB_ERR_CAP];
+    err[0] = 0;
+    uint64_t t0 = pto_now_ns();
+    if (!o->len) started(wt, s, member, t0);
+    else if (member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
+    void *token = NULL;
+    leaf_tags = m->tags;
+    pto_crash_current(wt, s);
+    int rc = wt->leaf.begin(wt->leaf.ctx, s->callable, &v, &s->cfg->cfg, wake_thread, wt, &token, err, sizeof err);
+    pto_crash_current(wt, NULL);
+    leaf_tags = NULL;
+    if (rc != 0) {
+        ran(wt, &c, t0, pto_now_ns(), rc, err);
+        if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
+        complete(wt, c);
+        pto_event_notify(wt->wm->sched_ev);
+        return;
+    }
+    o->q[(o->head + o->len++) % PTO_MB_CELLS] = (wt_begun){s, member, origin, token, t0};
+}
+
+/* End the oldest begun task (waiting for it if need be). */
+static void overlap_end(wt_overlap *o)
+{
+    pto_worker_thread *wt = o->wt;
+    wt_begun b = o->q[o->head];
+    o->head = (o->head + 1) % PTO_MB_CELLS;
+    o->len--;
+    pto_completion c = {.slot = b.slot, .origin = b.origin, .member = b.member, .status = PTO_DONE_OK, .error = NULL};
+    char err[PTO_MB_ERR_CAP];
+    err[0] = 0;
+    pto_crash_current(wt, b.slot);
+    int rc = wt->leaf.end(wt->leaf.ctx, b.token, err, sizeof err);
+    pto_crash_current(wt, NULL);
+    ran(wt, &c, b.t0, pto_now_ns(), rc, err);
+    if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
+    complete(wt, c);
+    pto_event_notify(wt->wm->sched_ev);
+}
+
+static bool runs_alone_here(const pto_worker_thread *wt, const pto_slot *s, const pto_slot *after)
+{
+    return after || PTO_UNLIKELY(atomic_load_explicit(&wt->wm->check, memory_order_relaxed)) ||
+           PTO_UNLIKELY(pto_diag_wanted(&s->cfg->cfg));
+}
+
+static void wt_overlap_loop(pto_worker_thread *wt)
+{
+    wt_overlap o = {.wt = wt};
+    for (;;) {
+        if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) {
+            while (o.len) overlap_end(&o);
+            return;
+        }
+        pto_slot *slot, *after;
+        int32_t member;
+        pto_worker_thread *origin;
+        while (o.len < PTO_MB_CELLS) {
+            if (claim(wt, false, &slot, &member, &after)) origin = wt;
+            else if (!(origin = steal(wt, false, &slot, &member, &after))) break;
+            if (!runs_alone_here(wt, slot, after)) {
+                overlap_begin(&o, slot, member, origin);
+                continue;
+            }
+            while (o.len) overlap_end(&o);
+            wt_run_one(wt, slot, member, after, origin);
+        }
+        if (o.len && wt->leaf.ready(wt->leaf.ctx, o.q[o.head].token)) {
+            overlap_end(&o);
+            continue;
+        }
+        pto_event_wait(&wt->ev, overlap_has_work, &o, pto_hot_spin(WT_SPIN_NS, WT_COLD_SPIN_NS, &wt->wm->hot_until_ns), -1);
+    }
+}
+
 static void *wt_main(void *arg)
 {
     pto_worker_thread *wt = arg;
     atomic_fetch_add_explicit(&wt->wm->up, 1, memory_order_release);
+    if (wt->leaf.begin && wt->leaf.ready && wt->leaf.end) {
+        wt_overlap_loop(wt);
+        return NULL;
+    }
     for (;;) {
         pto_event_wait(&wt->ev, wt_has_work, wt, pto_hot_spin(WT_SPIN_NS, WT_COLD_SPIN_NS, &wt->wm->hot_until_ns), -1);
         if (atomic_load_explicit(&wt->wm->stopping, memory_order_acquire)) break;
@@ -371,9 +496,9 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
             pump_finish(wt, &r, err);
             continue;
         }
-        /* Lost with its child: the task it had begun fails; the others were
+        /* Lost with its child: the tasks it had begun fail; the others were
          * never begun and are posted again, to the replacement. */
-        if (r.lost) pump_finish(wt, &r, err);
+        for (uint32_t k = 0; r.lost && k < (r.begun ? r.begun : 1) && wt->staged_posted; k++) pump_finish(wt, &r, err);
         wt->staged_posted = 0;
         wt->staged_alone = false;
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);

@@ -135,6 +135,21 @@ typedef int (*pto_leaf_load_fn)(void *ctx, uint64_t callable, const void *blob, 
  * (e.g. close a Worker the child hosts, so its own children go first). */
 typedef void (*pto_leaf_stop_fn)(void *ctx);
 
+/* Optional, for a leaf that can run several tasks at once (a Worker child
+ * runs each as a submitted run, so the tasks a level above stages for it
+ * overlap). begin starts one and returns without waiting for it: 0 with
+ * *token set, or non-zero with err (the task then failed and has no token);
+ * once the task has finished, wake(wake_arg) is called, from any thread.
+ * ready(token) says, without waiting, whether end would return at once;
+ * end(token) waits for the task and returns as run does. Tasks are ended in
+ * the order they began. */
+typedef void (*pto_wake_fn)(void *arg);
+typedef int (*pto_leaf_begin_fn)(void *ctx, uint64_t callable, const pto_args_view *args,
+                                 const pto_call_config *cfg, pto_wake_fn wake, void *wake_arg, void **token,
+                                 char *err, size_t errlen);
+typedef int (*pto_leaf_ready_fn)(void *ctx, void *token);
+typedef int (*pto_leaf_end_fn)(void *ctx, void *token, char *err, size_t errlen);
+
 typedef struct pto_leaf {
     pto_leaf_fn run;
     void *ctx;
@@ -142,6 +157,9 @@ typedef struct pto_leaf {
     pto_leaf_start_fn start;   /* may be NULL */
     pto_leaf_load_fn load;     /* may be NULL: shipped callables then fail */
     pto_leaf_stop_fn stop;     /* may be NULL */
+    pto_leaf_begin_fn begin;   /* may be NULL (then also ready and end): one task at a time */
+    pto_leaf_ready_fn ready;
+    pto_leaf_end_fn end;
 } pto_leaf;
 
 typedef struct pto_worker_config {
@@ -309,6 +327,9 @@ void pto_run_info_get(pto_run *run, pto_run_info *out);
 int pto_run_failure(pto_run *run, char *buf, size_t len);
 /* Dispatch no further task of run: what is not running fails as cancelled. */
 void pto_run_cancel(pto_worker *w, pto_run *run);
+/* Call wake(arg) once run's tasks have all finished, from the thread that sees it (at once if they
+ * have); replaces an earlier wish. */
+void pto_run_on_done(pto_run *run, pto_wake_fn wake, void *arg);
 /* The handle lets go of run (it is freed once its tasks no longer point to it). */
 void pto_run_free(pto_run *run);
 /* Submitted runs whose tasks have not all finished. */

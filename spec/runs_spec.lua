@@ -665,7 +665,8 @@ end)
 -- mailbox ring); the child begins each as a submitted run of its own and
 -- ends them in order, so they overlap. flag_set / flag_wait is a handshake
 -- that passes only if two tasks run at the same time: run one after the
--- other, the waiter times out.
+-- other, the waiter times out. The L3 tasks are pinned to chips: staged
+-- behind a waiter on its chip, a setter would wait for it too.
 describe("an L4's tasks on one L3 child", function()
   local w4, WAITER, SETTER, FAILS, RAISES
   setup(function()
@@ -674,19 +675,22 @@ describe("an L4's tasks on one L3 child", function()
     local set = l3:register(pto.chip_kernel("flag_set"), "flag_set")
     local fail = l3:register(pto.chip_kernel("fail"), "fail")
     w4 = pto.Worker{level = 4}
-    -- marks tensor 2 (it began), then waits up to scalar 1 ms for tensor 1
+    -- on chip scalar 2: marks tensor 2 (it began), then waits up to scalar 1 ms for tensor 1
     WAITER = w4:register(function(orch, a)
-      orch:submit_next_level(set, pto.args{{a:tensor(2), "no_dep"}, scalars = {1}})
-      orch:submit_next_level(wait, pto.args{{a:tensor(1), "no_dep"}, scalars = {1, a:scalar(1)}})
+      local on = {worker = a:scalar(2)}
+      orch:submit_next_level(set, pto.args{{a:tensor(2), "no_dep"}, scalars = {1}}, nil, on)
+      orch:submit_next_level(wait, pto.args{{a:tensor(1), "no_dep"}, scalars = {1, a:scalar(1)}}, nil, on)
       return "waited"
     end, "waiter")
     SETTER = w4:register(function(orch, a)
-      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}})
+      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}}, nil, {worker = 2})
       return "set"
     end, "setter")
-    FAILS = w4:register(function(orch) orch:submit_next_level(fail, pto.args{scalars = {7}}) end, "fails")
+    FAILS = w4:register(function(orch)
+      orch:submit_next_level(fail, pto.args{scalars = {7}}, nil, {worker = 2})
+    end, "fails")
     RAISES = w4:register(function(orch, a)
-      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}})
+      orch:submit_next_level(set, pto.args{{a:tensor(1), "no_dep"}, scalars = {1}}, nil, {worker = 2})
       error("raised on purpose")
     end, "raises")
     w4:add_worker(l3)
@@ -695,7 +699,9 @@ describe("an L4's tasks on one L3 child", function()
   teardown(function() if w4 then w4:close() end end)
 
   local function flag() return pto.tensor({1}, "i32") end
-  local function waiter(f, mark, ms) return pto.args{{f, "no_dep"}, {mark or flag(), "no_dep"}, scalars = {ms or 10000}} end
+  local function waiter(f, mark, ms, chip)
+    return pto.args{{f, "no_dep"}, {mark or flag(), "no_dep"}, scalars = {ms or 10000, chip or 1}}
+  end
 
   it("begins a task while the one before it on the same child still runs, in a run and across runs", function()
     local ids = {}
@@ -746,8 +752,8 @@ describe("an L4's tasks on one L3 child", function()
     "a thread-mode child cannot be killed alone", function()
     local fa, fb, ma, mb = flag(), flag(), flag(), flag()
     local h = w4:submit(function(orch)
-      orch:submit_next_level(WAITER, waiter(fa, ma, 30000))
-      orch:submit_next_level(WAITER, waiter(fb, mb, 30000))
+      orch:submit_next_level(WAITER, waiter(fa, ma, 30000, 1))
+      orch:submit_next_level(WAITER, waiter(fb, mb, 30000, 2))
     end)
     assert.is_true(H.eventually(function() return ma[1] == 1 and mb[1] == 1 end, 20), "both tasks began")
     os.execute("kill -9 " .. w4:child_pids().workers[1])

@@ -20,6 +20,7 @@
  *   lpto_run.c      and run handles (Worker:submit, wait_all, pto.wait_any),
  *   lpto_result.c   and what a Worker child's orchestration function returns
  *   lpto_mpi.c      (lpto_level.c's) Worker children on other MPI ranks
+ *   lpto_travel.c   what Worker children send up: statistics, profiles, traces
  *   lpto_diag.c     pto.load_dump and orch:task's PMU counts (CallConfig diagnostics)
  *   lpto.c          luaopen_pto: each file's lpto_open_* (in any order), then
  *                   the Lua parts (lua/pto, compiled in: lpto_embed.h)

@@ -105,28 +105,39 @@ static int traced_call(lua_State *L)
     return lua_gettop(L) - 1;   /* its results, for the level above (lpto_result.c) */
 }
 
-static int run_protected(lua_State *L)
+/* The stack a task's call needs, from the leaf's arguments (C, args, cfg,
+ * callable at 1..4): the storage its tensors borrow (1), then how
+ * (Worker:run or Worker:submit, on the child) and its arguments: the
+ * child, fn wrapped by traced_call, the task's args and cfg (2..6). */
+static lpto_storage *push_call(lua_State *L, lua_CFunction how, void **box)
 {
     wchild *C = lua_touserdata(L, 1);
     pto_args_view view;
-    void *box = lpto_result_unwrap(lua_touserdata(L, 2), &view);   /* the function does not see its result box */
-    const pto_args_view *args = &view;
+    *box = lpto_result_unwrap(lua_touserdata(L, 2), &view);   /* the function does not see its result box */
     const pto_call_config *cfg = lua_touserdata(L, 3);
     lua_Integer callable = lua_tointeger(L, 4);
     lua_settop(L, 0);
     lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
     st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
-    lua_pushcfunction(L, lpto_worker_run_child);                        /* 2 */
+    lua_pushcfunction(L, how);                                          /* 2 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
     lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
     lua_rawgeti(L, -1, callable);
     lua_remove(L, -2);
     if (!lua_isfunction(L, -1))
-        return luaL_error(L, "callable %d is not an orchestration function registered on this Worker", (int)callable);
+        luaL_error(L, "callable %d is not an orchestration function registered on this Worker", (int)callable);
     lua_pushlightuserdata(L, C->child);
     lua_pushcclosure(L, traced_call, 2);                                /* 4 */
-    lpto_push_args_view(L, args, 1);                                    /* 5 */
+    lpto_push_args_view(L, &view, 1);                                   /* 5 */
     lpto_push_config(L, cfg);                                           /* 6 */
+    return st;
+}
+
+static int run_protected(lua_State *L)
+{
+    wchild *C = lua_touserdata(L, 1);
+    void *box;
+    lpto_storage *st = push_call(L, lpto_worker_run_child, &box);
     C->child->driven = true;
     int status = lua_pcall(L, 4, LUA_MULTRET, 0);
     C->child->driven = false;
@@ -187,31 +198,15 @@ static const char *message(lua_State *L, int idx)
  * in order, so its runs overlap as a script's submitted runs do, ordered
  * across runs by their tags in the child's session. */
 
-/* Begin cell: fn(orch, args, cfg) submitted on the child, its handle and
+/* Begin a task: fn(orch, args, cfg) submitted on the child, its handle and
  * arguments' storage kept until the end (the task's tensors are valid until
  * then). Stack: C, args, cfg, callable, task. */
 static int begin_protected(lua_State *L)
 {
     wchild *C = lua_touserdata(L, 1);
-    pto_args_view view;
-    void *box = lpto_result_unwrap(lua_touserdata(L, 2), &view);
-    const pto_call_config *cfg = lua_touserdata(L, 3);
-    lua_Integer callable = lua_tointeger(L, 4);
     level_task *task = lua_touserdata(L, 5);
-    lua_settop(L, 0);
-    lpto_storage *st = lpto_push_storage(L, 0, 0, LPTO_ST_BORROWED);   /* 1 */
-    st->why_invalid = "tensors in an orchestration function's arguments are valid only while its task runs";
-    lua_pushcfunction(L, lpto_run_submit_child);                        /* 2 */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, C->child_ref);                    /* 3 */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, C->s.W->fns_ref);
-    lua_rawgeti(L, -1, callable);
-    lua_remove(L, -2);
-    if (!lua_isfunction(L, -1))
-        return luaL_error(L, "callable %d is not an orchestration function registered on this Worker", (int)callable);
-    lua_pushlightuserdata(L, C->child);
-    lua_pushcclosure(L, traced_call, 2);                                /* 4 */
-    lpto_push_args_view(L, &view, 1);                                   /* 5 */
-    lpto_push_config(L, cfg);                                           /* 6 */
+    void *box;
+    lpto_storage *st = push_call(L, lpto_run_submit_child, &box);
     C->child->driven = true;
     int status = lua_pcall(L, 4, 1, 0);
     C->child->driven = false;

@@ -312,6 +312,7 @@ int lpto_level_add_worker(lua_State *L);      /* Worker:add_worker */
 /* At init of a level >= 4 Worker (at idx): add one next-level leaf per Worker child. */
 void lpto_level_init(lua_State *L, int idx, lworker *W, const char *who);
 void lpto_level_free(lua_State *L, lworker *W);
+/* lpto_travel.c: what the Worker children send up. */
 /* Push W's statistics table (Worker:stats), its Worker children's inside. */
 void lpto_level_push_stats(lua_State *L, lworker *W);
 /* Append each Worker child's report to the buffer (the stack is left alone). */
@@ -321,9 +322,10 @@ void lpto_level_report(lworker *W, luaL_Buffer *b);
 void lpto_level_trace(lworker *W, bool on);
 void lpto_level_trace_collect(lworker *W);
 
-/* lpto_level.c, for lpto_mpi.c: a rank other than 0 hosts W's child i in
- * its own process (as a THREAD-mode parent does), runs tasks on it and
- * reports its tree's statistics; rank 0 publishes those for C. */
+/* lpto_level.c (and lpto_travel.c: the statistics), for lpto_mpi.c: a
+ * rank other than 0 hosts W's child i in its own process (as a THREAD-mode
+ * parent does), runs tasks on it and reports its tree's statistics; rank 0
+ * publishes those for C. */
 int lpto_level_host_init(lua_State *L, int idx, lworker *W, int i, char *err, size_t errlen);
 int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_view *args,
                         const pto_call_config *cfg, char *err, size_t errlen);
@@ -331,7 +333,7 @@ int lpto_level_host_run(lworker *W, int i, uint64_t callable, const pto_args_vie
 size_t lpto_level_host_stats(lworker *W, int i, void *buf, size_t cap);
 void lpto_level_host_close(lua_State *L, lworker *W, int i);
 void lpto_level_remote_stats(wchild *C, const void *buf, size_t len);
-/* The last runs W's PROCESS-mode child i published after its own last run (lpto_profile.c draws them as
+/* lpto_travel.c: the last runs W's PROCESS-mode child i published after its own last run (lpto_profile.c draws them as
  * the levels below): the child's, then those of the Workers of this rank below it, in pre-order. Pushes
  * a userdata holding them and returns their count with *out at the first (their recs and edges point into
  * it); 0, pushing nothing, if there are none (not a PROCESS-mode child, or it published nothing yet). A

@@ -7,7 +7,7 @@
  * task, and adds what only the binding knows: worker names, callable names,
  * and the levels below: THREAD-mode Worker children run in this process,
  * PROCESS-mode ones publish their last run and those of their own tree
- * (lpto_level.c), so the profile covers every level. Methods written in Lua join the Worker's
+ * (lpto_travel.c), so the profile covers every level. Methods written in Lua join the Worker's
  * method table through pto._extend_worker. */
 #include <stdlib.h>
 #include <string.h>

@@ -703,6 +703,16 @@ describe("an L4's tasks on one L3 child", function()
     return pto.args{{f, "no_dep"}, {mark or flag(), "no_dep"}, scalars = {ms or 10000, chip or 1}}
   end
 
+  -- A waiter and a setter on the child in one run: passes only if they overlap.
+  local function handshake()
+    local f = flag()
+    w4:run(function(orch)
+      orch:submit_next_level(WAITER, waiter(f))
+      orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}})
+    end)
+    assert.are.equal(1, f[1])
+  end
+
   it("begins a task while the one before it on the same child still runs, in a run and across runs", function()
     local ids = {}
     local f = flag()
@@ -741,11 +751,7 @@ describe("an L4's tasks on one L3 child", function()
     end, "Worker:run: ", "raised on purpose")
     assert.truthy(msg:find("L3 orchestration function failed", 1, true), msg)
     assert.are.equal(1, f[1])
-    local g = flag()
-    w4:run(function(orch)
-      orch:submit_next_level(WAITER, waiter(g))
-      orch:submit_next_level(SETTER, pto.args{{g, "no_dep"}})
-    end)
+    handshake()
   end)
 
   H.process_only("fails every task a dying child had begun, and runs none of them again",
@@ -763,10 +769,6 @@ describe("an L4's tasks on one L3 child", function()
     local state, counts = h:status()
     assert.are.equal("failed", state)
     assert.are.equal(2, counts.failed)
-    local f = flag()
-    w4:run(function(orch)
-      orch:submit_next_level(WAITER, waiter(f))
-      orch:submit_next_level(SETTER, pto.args{{f, "no_dep"}})
-    end)
+    handshake()   -- the replacement serves
   end)
 end)

@@ -148,6 +148,24 @@ static int run_protected(lua_State *L)
     return lua_error(L);   /* "L3 task 2 ...": the level above names its own task and this child */
 }
 
+static const char *message(lua_State *L, int idx)
+{
+    const char *m = lua_tostring(L, idx);
+    return m ? m : "(error object is not a string)";
+}
+
+/* Onto C's thread: fn and the leaf's arguments, as push_call reads them (1..4). */
+static void push_leaf_call(lua_State *T, lua_CFunction fn, wchild *C, uint64_t callable, const pto_args_view *args,
+                           const pto_call_config *cfg)
+{
+    lua_settop(T, 0);
+    lua_pushcfunction(T, fn);
+    lua_pushlightuserdata(T, C);
+    lua_pushlightuserdata(T, (void *)args);
+    lua_pushlightuserdata(T, (void *)cfg);
+    lua_pushinteger(T, (lua_Integer)callable);
+}
+
 /* The leaf's run: in the child process (PROCESS), or on the parent's worker
  * thread holding the interpreter lock (THREAD). */
 static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg, char *err,
@@ -155,19 +173,13 @@ static int level_run(void *ctx, uint64_t callable, const pto_args_view *args, co
 {
     wchild *C = ctx;
     lua_State *T = C->s.T;
-    lua_settop(T, 0);
-    lua_pushcfunction(T, run_protected);
-    lua_pushlightuserdata(T, C);
-    lua_pushlightuserdata(T, (void *)args);
-    lua_pushlightuserdata(T, (void *)cfg);
-    lua_pushinteger(T, (lua_Integer)callable);
+    push_leaf_call(T, run_protected, C, callable, args, cfg);
     int rc = 0;
     if (C->tl) lpto_travel_trace_begin(C);
     int status = lua_pcall(T, 4, 0, 0);
     if (C->tl) lpto_travel_trace_end(C);
     if (status != LUA_OK) {
-        const char *m = lua_tostring(T, -1);
-        snprintf(err, errlen, "%s", m ? m : "(error object is not a string)");
+        snprintf(err, errlen, "%s", message(T, -1));
         rc = 1;
     }
     lua_settop(T, 0);
@@ -184,12 +196,6 @@ static int level_leaf_locked(void *ctx, uint64_t callable, const pto_args_view *
     int rc = level_run(ctx, callable, args, cfg, err, errlen);
     lpto_gil_release(g);
     return rc;
-}
-
-static const char *message(lua_State *L, int idx)
-{
-    const char *m = lua_tostring(L, idx);
-    return m ? m : "(error object is not a string)";
 }
 
 /* ---- the leaf, overlapping: each task a submitted run of the child ----
@@ -252,6 +258,14 @@ static void task_release(lua_State *T, level_task *task)
     task->used = false;
 }
 
+/* Whether any task of C is begun and not yet ended. */
+static bool begun(const wchild *C)
+{
+    for (int i = 0; i < LEVEL_INFLIGHT; i++)
+        if (C->tasks[i].used) return true;
+    return false;
+}
+
 static int level_begin(void *ctx, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
                        pto_wake_fn wake, void *wake_arg, void **token, char *err, size_t errlen)
 {
@@ -264,24 +278,19 @@ static int level_begin(void *ctx, uint64_t callable, const pto_args_view *args, 
         return 1;
     }
     lua_State *T = C->s.T;
-    if (C->tl && !C->inflight) lpto_travel_trace_begin(C);
-    lua_settop(T, 0);
-    lua_pushcfunction(T, begin_protected);
-    lua_pushlightuserdata(T, C);
-    lua_pushlightuserdata(T, (void *)args);
-    lua_pushlightuserdata(T, (void *)cfg);
-    lua_pushinteger(T, (lua_Integer)callable);
+    bool first = !begun(C);
+    if (C->tl && first) lpto_travel_trace_begin(C);
+    push_leaf_call(T, begin_protected, C, callable, args, cfg);
     lua_pushlightuserdata(T, task);
     int rc = 0;
     if (lua_pcall(T, 5, 0, 0) != LUA_OK) {
         snprintf(err, errlen, "%s", message(T, -1));
         rc = 1;
-        if (C->tl && !C->inflight) lpto_travel_trace_end(C);
+        if (C->tl && first) lpto_travel_trace_end(C);
         lpto_travel_publish_stats(C);
         lpto_travel_publish_profile(C);
     } else {
         task->used = true;
-        C->inflight++;
         *token = task;
         pto_run_on_done(task->r, wake, wake_arg);
     }
@@ -314,8 +323,7 @@ static int level_end(void *ctx, void *token, char *err, size_t errlen)
     C->child->driven = false;
     lua_settop(T, 0);
     task_release(T, task);
-    C->inflight--;
-    if (C->tl && !C->inflight) lpto_travel_trace_end(C);
+    if (C->tl && !begun(C)) lpto_travel_trace_end(C);
     lpto_travel_publish_stats(C);
     lpto_travel_publish_profile(C);
     return rc;

@@ -96,7 +96,6 @@ struct wchild {
     bool remote;                 /* on another MPI rank (lpto_mpi.c): stats are published by its leaf */
     pto_leaf remote_leaf;
     level_task tasks[LEVEL_INFLIGHT];   /* begun and not yet ended (the overlapping leaf) */
-    int inflight;
 };
 
 /* lpto_travel.c, called by the leaf (lpto_level.c). In the child process,

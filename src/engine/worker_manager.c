@@ -260,6 +260,16 @@ static bool overlap_has_work(void *p)
 
 static void wake_thread(void *wt) { pto_event_notify(&((pto_worker_thread *)wt)->ev); }
 
+/* Task c ended (or never began): the oldest still begun is the one running
+ * now, and the scheduler hears of c. */
+static void overlap_done(wt_overlap *o, pto_completion c)
+{
+    pto_worker_thread *wt = o->wt;
+    if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
+    complete(wt, c);
+    pto_event_notify(wt->wm->sched_ev);
+}
+
 /* Begin s, or finish it at once if it must not run or its begin failed. */
 static void overlap_begin(wt_overlap *o, pto_slot *s, int32_t member, pto_worker_thread *origin)
 {
@@ -268,8 +278,7 @@ static void overlap_begin(wt_overlap *o, pto_slot *s, int32_t member, pto_worker
     int32_t skip = skip_status(wt, s, NULL);
     if (skip >= 0) {
         c.status = skip;
-        complete(wt, c);
-        pto_event_notify(wt->wm->sched_ev);
+        overlap_done(o, c);
         return;
     }
     const pto_member *m = &s->members[member];
@@ -287,9 +296,7 @@ static void overlap_begin(wt_overlap *o, pto_slot *s, int32_t member, pto_worker
     leaf_tags = NULL;
     if (rc != 0) {
         ran(wt, &c, t0, pto_now_ns(), rc, err);
-        if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
-        complete(wt, c);
-        pto_event_notify(wt->wm->sched_ev);
+        overlap_done(o, c);
         return;
     }
     o->q[(o->head + o->len++) % PTO_MB_CELLS] = (wt_begun){s, member, origin, token, t0};
@@ -309,9 +316,7 @@ static void overlap_end(wt_overlap *o)
     int rc = wt->leaf.end(wt->leaf.ctx, b.token, err, sizeof err);
     pto_crash_current(wt, NULL);
     ran(wt, &c, b.t0, pto_now_ns(), rc, err);
-    if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
-    complete(wt, c);
-    pto_event_notify(wt->wm->sched_ev);
+    overlap_done(o, c);
 }
 
 static bool runs_alone_here(const pto_worker_thread *wt, const pto_slot *s, const pto_slot *after)

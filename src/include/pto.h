@@ -142,7 +142,8 @@ typedef void (*pto_leaf_stop_fn)(void *ctx);
  * once the task has finished, wake(wake_arg) is called, from any thread.
  * ready(token) says, without waiting, whether end would return at once;
  * end(token) waits for the task and returns as run does. Tasks are ended in
- * the order they began. */
+ * the order they began. args and cfg are the caller's only during begin;
+ * the tensor memory they point to stays the task's until end returns. */
 typedef void (*pto_wake_fn)(void *arg);
 typedef int (*pto_leaf_begin_fn)(void *ctx, uint64_t callable, const pto_args_view *args,
                                  const pto_call_config *cfg, pto_wake_fn wake, void *wake_arg, void **token,

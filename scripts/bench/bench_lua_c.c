@@ -11,8 +11,15 @@
  * The machine's GEMM peak the main job is measured against: the gemm_tile
  * kernel (tile x tile f32, default 64) called in a C loop on every core at
  * once (threads default: the online cores), for one second; prints
- * "peak <GFLOP/s total> <threads> <GFLOP/s per thread...>". A benchmark,
- * not a test. */
+ * "peak <GFLOP/s total> <threads> <GFLOP/s per thread...>".
+ *   pto_bench_lua_c jobloop [batch m n k tile] [threads]
+ * The main job's own kernels with no runtime at all: examples/bgemm.lua's
+ * gemm_tile and tile_add calls over its tiled A, B and C (default 4 8 8 8
+ * 64), in its loop order, the output tiles dealt round-robin to a thread
+ * per core, each with one P tile of its own (always hot), for one second;
+ * prints "jobloop <GFLOP/s total> <threads>". What the main job could reach
+ * if scheduling, dispatch and data placement cost nothing. A benchmark, not
+ * a test. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,11 +254,117 @@ static int peak(int argc, char **argv)
     return 0;
 }
 
+/* ---- jobloop ---- */
+
+typedef struct job_loop {
+    pto_kernel_fn gemm, add;
+    uint32_t batch, mt, nt, kt, n, index, threads;
+    const float *a, *b;
+    float *c;
+    double gflops;
+} job_loop;
+
+static pto_tensor tile_tensor(const float *base, uint32_t n)
+{
+    pto_tensor t;
+    memset(&t, 0, sizeof t);
+    t.base = (uint64_t)(uintptr_t)base;
+    t.dtype = PTO_F32;
+    t.ndims = 2;
+    t.shape[0] = t.shape[1] = n;
+    return t;
+}
+
+static void call(pto_kernel_fn fn, pto_tensor *t, uint32_t count, const char *name)
+{
+    pto_args_view v = {count, 0, t, NULL};
+    char err[256];
+    if (fn(&v, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "pto_bench_lua_c: %s: %s\n", name, err);
+        exit(2);
+    }
+}
+
+static void *job_body(void *arg)
+{
+    job_loop *g = arg;
+    size_t tt = (size_t)g->n * g->n;
+    float *p = aligned_alloc(64, (tt * sizeof(float) + 63) / 64 * 64);
+    if (!p) die("out of memory");
+    uint64_t tiles_done = 0;
+    double t0 = now_us(), dt;
+    do {
+        uint32_t out = 0;
+        for (uint32_t b = 0; b < g->batch; b++)
+            for (uint32_t i = 0; i < g->mt; i++)
+                for (uint32_t j = 0; j < g->nt; j++, out++) {
+                    if (out % g->threads != g->index) continue;
+                    pto_tensor c = tile_tensor(g->c + (((size_t)b * g->mt + i) * g->nt + j) * tt, g->n);
+                    for (uint32_t k = 0; k < g->kt; k++) {
+                        pto_tensor t[3] = {tile_tensor(g->a + (((size_t)b * g->mt + i) * g->kt + k) * tt, g->n),
+                                           tile_tensor(g->b + (((size_t)b * g->kt + k) * g->nt + j) * tt, g->n),
+                                           tile_tensor(p, g->n)};
+                        call(g->gemm, t, 3, "gemm_tile");
+                        pto_tensor acc[2] = {c, t[2]};
+                        call(g->add, acc, 2, "tile_add");
+                        tiles_done++;
+                    }
+                }
+    } while ((dt = now_us() - t0) < 1e6);
+    g->gflops = 2.0 * g->n * g->n * g->n * (double)tiles_done / dt / 1e3;
+    free(p);
+    return NULL;
+}
+
+static float *filled(size_t elems)
+{
+    float *m = aligned_alloc(64, (elems * sizeof(float) + 63) / 64 * 64);
+    if (!m) die("out of memory");
+    for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
+    return m;
+}
+
+static int jobloop(int argc, char **argv)
+{
+    uint32_t d[5] = {4, 8, 8, 8, 64};
+    for (int i = 0; i < 5 && i + 2 < argc; i++) d[i] = (uint32_t)atoi(argv[i + 2]);
+    long threads = argc > 7 ? atol(argv[7]) : sysconf(_SC_NPROCESSORS_ONLN);
+    for (int i = 0; i < 5; i++)
+        if (d[i] < 1 || d[i] > 1024) threads = 0;
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "usage: pto_bench_lua_c jobloop [batch m n k tile] [threads]\n");
+        return 2;
+    }
+    int64_t gid = pto_kernel_register(NULL, "gemm_tile"), aid = pto_kernel_register(NULL, "tile_add");
+    if (gid < 0 || aid < 0) die("pto_kernel_register gemm_tile / tile_add");
+    size_t tt = (size_t)d[4] * d[4];
+    float *a = filled(tt * d[0] * d[1] * d[3]), *b = filled(tt * d[0] * d[3] * d[2]);
+    float *c = filled(tt * d[0] * d[1] * d[2]);
+    job_loop g[256];
+    pthread_t th[256];
+    for (long i = 0; i < threads; i++) {
+        g[i] = (job_loop){pto_kernel_lookup((uint64_t)gid), pto_kernel_lookup((uint64_t)aid), d[0], d[1], d[2], d[3], d[4],
+                          (uint32_t)i, (uint32_t)threads, a, b, c, 0};
+        if (pthread_create(&th[i], NULL, job_body, &g[i]) != 0) die("pthread_create");
+    }
+    double total = 0;
+    for (long i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        total += g[i].gflops;
+    }
+    printf("jobloop %.2f %ld\n", total, threads);
+    free(a);
+    free(b);
+    free(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "peak") == 0) return peak(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "jobloop") == 0) return jobloop(argc, argv);
     if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
-        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads]\n");
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads] | jobloop [batch m n k tile] [threads]\n");
         return 2;
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;

@@ -353,6 +353,8 @@ static void test_malformed_mailbox(void)
  * for the parent between them, and each result stays in its cell until
  * the parent reads it. A chained cell (after_prev) is skipped, not run,
  * when the one before it failed, and runs when it succeeded. */
+_Static_assert(PTO_MB_CELLS % 4 == 0 && PTO_MB_CELLS >= 4, "test_ring and test_revoke fill the ring four cells at a time");
+
 static void test_ring(void)
 {
     for (int proc = 0; proc < 2; proc++) {
@@ -364,26 +366,37 @@ static void test_ring(void)
         pto_args_view slow = {0, 1, NULL, &ns}, none = {0, 0, NULL, NULL};
         int runs = 0;
         for (int round = 0; round < 50; round++) {
-            /* slow, fail, chained (skipped), chained to a skipped one (skipped) */
-            uint64_t ops[PTO_MB_CELLS] = {round ? OP_NOOP : OP_SLEEP, OP_FAIL, OP_NOOP, OP_NOOP};
-            bool after[PTO_MB_CELLS] = {false, false, true, true};
-            if (round % 2) { ops[1] = OP_NOOP; }   /* odd rounds: nothing fails, the chain runs */
+            /* Per four cells: (slow the very first), fail, chained (skipped),
+             * chained to a skipped one (skipped). */
+            uint64_t ops[PTO_MB_CELLS];
+            bool after[PTO_MB_CELLS];
+            for (uint32_t k = 0; k < PTO_MB_CELLS; k++) {
+                static const uint64_t group[4] = {OP_NOOP, OP_FAIL, OP_NOOP, OP_NOOP};
+                ops[k] = group[k % 4];
+                after[k] = k % 4 >= 2;
+            }
+            if (round == 0) ops[0] = OP_SLEEP;
+            if (round % 2)   /* odd rounds: nothing fails, the chains run */
+                for (uint32_t k = 1; k < PTO_MB_CELLS; k += 4) ops[k] = OP_NOOP;
             for (uint32_t k = 0; k < PTO_MB_CELLS; k++)
                 CHECK_EQ(pto_mb_post(p.mb, p.seq + k, ops[k], ops[k] == OP_SLEEP ? &slow : &none, NULL, NULL, 0,
                                      after[k]), 0);
-            if (round == 0) CHECK(atomic_load(&p.mb->done) == p.seq);   /* all four posted while the first sleeps */
+            if (round == 0) CHECK(atomic_load(&p.mb->done) == p.seq);   /* the whole ring posted while the first sleeps */
             for (uint32_t k = 0; k < PTO_MB_CELLS; k++) CHECK(pto_mb_wait_done(p.mb, p.seq + k, 20000, WAIT_MAX_NS));
             pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
             CHECK_EQ(c[0].rc, 0);
             CHECK(c[0].start_ns >= c[0].posted_ns && c[0].done_ns >= c[0].start_ns);
-            if (round % 2) {
-                for (int k = 1; k < 4; k++) CHECK(c[k].rc == 0 && !c[k].skipped);
-                runs += 4;
-            } else {
-                CHECK_EQ(c[1].rc, 5);
-                CHECK_CONTAINS(c[1].err, "failed on purpose");
-                CHECK(c[2].skipped && c[3].skipped);
-                runs += 2;
+            for (uint32_t g = 0; g < PTO_MB_CELLS; g += 4) {
+                CHECK(c[g].rc == 0 && !c[g].skipped);
+                if (round % 2) {
+                    for (int k = 1; k < 4; k++) CHECK(c[g + k].rc == 0 && !c[g + k].skipped);
+                    runs += 4;
+                } else {
+                    CHECK_EQ(c[g + 1].rc, 5);
+                    CHECK_CONTAINS(c[g + 1].err, "failed on purpose");
+                    CHECK(c[g + 2].skipped && c[g + 3].skipped);
+                    runs += 2;
+                }
             }
             p.seq += PTO_MB_CELLS;
         }
@@ -417,7 +430,8 @@ static void test_revoke(void)
         pto_mb_cell *c = pto_mb_cell_of(p.mb, p.seq);
         CHECK(!c[0].skipped && c[0].rc == 0);
         CHECK(c[1].skipped && !c[2].skipped && c[3].skipped);
-        CHECK_EQ(atomic_load(&SH->runs), 2);
+        for (uint32_t k = 4; k < PTO_MB_CELLS; k++) CHECK(!c[k].skipped && c[k].rc == 0);
+        CHECK_EQ(atomic_load(&SH->runs), (int)PTO_MB_CELLS - 2);
         p.seq += PTO_MB_CELLS;
         CHECK_EQ(round_trip(&p, OP_NOOP, &none, NULL, 20000, NULL, 0, NULL, 0), 0);   /* the cells serve again */
         peer_stop(&p);

@@ -72,7 +72,7 @@ typedef struct trace_link {
 } trace_link;
 
 /* A task of the overlapping leaf: its child's submitted run, from begin to end. */
-#define LEVEL_INFLIGHT 4         /* the most a level above stages on one worker (its mailbox ring) */
+#define LEVEL_INFLIGHT PTO_LEAF_MAX_BEGUN   /* the most the engine begins on one worker at once */
 typedef struct level_task {
     bool used;
     pto_run *r;                  /* the run's engine record, for ready */

@@ -321,7 +321,7 @@ static void finish(pto_mailbox *mb, uint32_t *seq)
 }
 
 /* ---- a leaf that overlaps its tasks (leaf->begin: a Worker child) ----
- * Every posted cell is begun at once, up to the whole ring, and they end
+ * Every posted cell is begun at once, up to PTO_LEAF_MAX_BEGUN, and they end
  * in order, so done stays a FIFO count and the parent's side (collection,
  * revocation, deadlines of the oldest) is the same as for any leaf. A
  * cell that needs the one before it to have ended (after_prev), or the
@@ -345,7 +345,7 @@ static bool runs_alone(const pto_mailbox *mb, const pto_mb_cell *c)
 static bool can_begin(overlap *o)
 {
     pto_mailbox *mb = o->mb;
-    if (atomic_load_explicit(&mb->posted, memory_order_acquire) == o->next || o->next - o->seq >= PTO_MB_CELLS)
+    if (atomic_load_explicit(&mb->posted, memory_order_acquire) == o->next || o->next - o->seq >= PTO_LEAF_MAX_BEGUN)
         return false;
     return o->next == o->seq || !runs_alone(mb, pto_mb_cell_of(mb, o->next));
 }

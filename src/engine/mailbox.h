@@ -62,10 +62,11 @@
 
 #define PTO_MB_BLOB_CAP (256u * 1024u)   /* bytes of args blob a task may carry */
 #define PTO_MB_ERR_CAP 4096u             /* error message incl. a Lua traceback */
-/* Tasks a child may have staged: enough to cover a parent that is off its
- * core for a few tasks' time, few enough that an idle sibling rarely waits
- * while tasks sit here unstealable. Power of two. */
-#define PTO_MB_CELLS 4u
+/* Tasks a child may have posted, a power of two. The scheduler keeps only
+ * as many posted as cover PTO_WM_STOCK_NS of work (worker_manager.h): a
+ * ring of short tasks lets it nap, few long ones keep an idle sibling from
+ * waiting while tasks sit here unstealable. */
+#define PTO_MB_CELLS 16u
 enum { PTO_CELL_POSTED = 0, PTO_CELL_TAKEN = 1, PTO_CELL_REVOKED = 2 };
 
 enum {

@@ -450,6 +450,12 @@ uint64_t pto_proc_head_started(const pto_child *c)
     return pto_mb_cell_of(mb, c->collected)->start_ns;
 }
 
+uint32_t pto_proc_unbegun(const pto_child *c)
+{
+    int32_t n = (int32_t)(c->posted - atomic_load_explicit(&c->mb->started, memory_order_relaxed));
+    return n > 0 ? (uint32_t)n : 0;
+}
+
 bool pto_proc_revoke(pto_child *c, uint32_t k)
 {
     assert(k < c->posted - c->collected);

@@ -138,6 +138,8 @@ enum { PTO_PROC_RUNNING = 0, PTO_PROC_DONE = 1, PTO_PROC_LOST = 2 };
 int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err, size_t errlen);
 /* When the child began the oldest uncollected cell, or 0 if it has not. */
 uint64_t pto_proc_head_started(const pto_child *c);
+/* Cells posted to c that its child has not begun (a hint: read racily). */
+uint32_t pto_proc_unbegun(const pto_child *c);
 /* Revoke the k-th uncollected posted cell of c before its child begins it;
  * true if it will come back skipped instead of running. */
 bool pto_proc_revoke(pto_child *c, uint32_t k);

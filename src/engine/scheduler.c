@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,10 @@
  * a worker idle before it looks again, and its spinning would take a core
  * from the workers (a third of one in a BGEMM of 64x64 tiles on 2 cores).
  * A nap is a timed sleep, not a futex wait, so neither a worker's
- * completion nor a submit pays a wake-up for it. */
+ * completion nor a submit pays a wake-up for it; its thread's timer slack
+ * is 1 us, so a nap is not stretched by the default 50. */
 #define SCHED_NAP_NS 30000
-#define SCHED_NAP_STOCK 8
+#define SCHED_NAP_STOCK 4
 
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 {
@@ -677,7 +679,7 @@ int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callabl
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
-    if (c->t1) s->task_ns[wt->kind] += ((int64_t)(c->t1 - c->t0) - s->task_ns[wt->kind]) / 8;
+    if (c->t1) s->wm->task_ns[wt->kind] += ((int64_t)(c->t1 - c->t0) - s->wm->task_ns[wt->kind]) / 8;
     if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
                              c->status == PTO_DONE_FAILED, x->scope_seq);
     if (c->status == PTO_DONE_CANCELLED) {   /* as cancel_ready or a run's cancel, for what was already staged */
@@ -750,21 +752,17 @@ static bool sched_has_work(void *arg)
     return pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 
-/* THREAD mode: every worker has enough tasks staged and not yet begun to
- * keep it busy through SCHED_NAP_STOCK naps, at its kind's recent mean run
- * time. (PROCESS mode's children hold PTO_MB_CELLS tasks at most, posted by
- * this thread: it may not nap.) */
+/* Every worker has enough tasks staged and not yet begun (a THREAD-mode
+ * worker's queue, the cells posted to a PROCESS-mode child) to keep it busy
+ * through SCHED_NAP_STOCK naps, at its kind's recent mean run time. */
 static bool stocked(const pto_scheduler *s)
 {
     const pto_worker_manager *wm = s->wm;
-    if (wm->mode != PTO_MODE_THREAD) return false;
     for (int32_t kind = 0; kind < PTO_KINDS; kind++)
-        for (int32_t i = 0; i < wm->count[kind]; i++) {
-            pto_worker_thread *wt = wm->threads[kind][i];
-            uint32_t queued = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed) -
-                              atomic_load_explicit(&wt->dq_head, memory_order_relaxed);
-            if ((int64_t)queued * s->task_ns[kind] < (int64_t)SCHED_NAP_STOCK * SCHED_NAP_NS) return false;
-        }
+        for (int32_t i = 0; i < wm->count[kind]; i++)
+            if ((int64_t)pto_wm_unbegun(wm->threads[kind][i]) * wm->task_ns[kind] <
+                (int64_t)SCHED_NAP_STOCK * SCHED_NAP_NS)
+                return false;
     return true;
 }
 
@@ -777,6 +775,7 @@ static void nap(void)
 static void *sched_main(void *arg)
 {
     pto_scheduler *s = arg;
+    prctl(PR_SET_TIMERSLACK, 1000UL);
     atomic_store_explicit(&s->up, 1, memory_order_release);
     while (atomic_load_explicit(&s->running, memory_order_acquire)) {
         /* A sync request seen here is answered after this whole turn, whose

@@ -72,7 +72,6 @@ typedef struct pto_scheduler {
     _Atomic uint32_t gate_gen;              /* bumped by every change above: the scheduler wakes to look */
     uint32_t gate_seen;                     /* scheduler-only */
     int64_t wait_ns;                        /* scheduler-only: its next sleep's timeout (PROCESS mode), or -1 */
-    int64_t task_ns[PTO_KINDS];             /* scheduler-only: recent tasks' mean run time per kind (stocked()) */
     /* Stop on failure (the REPL's :catch, :retry): a single task's failure
      * holds dispatch and waits in `caught` (scheduler-only), its consumers
      * not yet poisoned, until a retry or a release (or a drain) decides. */

@@ -230,7 +230,7 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
 
 /* ---- THREAD mode, a leaf that overlaps its tasks (leaf.begin: a Worker
  * child, whose tasks are submitted runs) ----
- * The thread begins every task it can claim, up to PTO_MB_CELLS at once as
+ * The thread begins every task it can claim, up to PTO_LEAF_MAX_BEGUN at once as
  * a child process would, and ends them in order. A task chained behind one
  * staged before it here (after), or one run under check mode or
  * diagnostics, waits until nothing is begun and runs as with any leaf. */
@@ -245,7 +245,7 @@ typedef struct wt_begun {
 
 typedef struct wt_overlap {
     pto_worker_thread *wt;
-    wt_begun q[PTO_MB_CELLS];
+    wt_begun q[PTO_LEAF_MAX_BEGUN];
     uint32_t head, len;
 } wt_overlap;
 
@@ -253,7 +253,7 @@ static bool overlap_has_work(void *p)
 {
     wt_overlap *o = p;
     const pto_leaf *leaf = &o->wt->leaf;
-    return (o->len < PTO_MB_CELLS && wt_has_work(o->wt)) ||
+    return (o->len < PTO_LEAF_MAX_BEGUN && wt_has_work(o->wt)) ||
            atomic_load_explicit(&o->wt->wm->stopping, memory_order_acquire) ||
            (o->len && leaf->ready(leaf->ctx, o->q[o->head].token));
 }
@@ -299,7 +299,7 @@ static void overlap_begin(wt_overlap *o, pto_slot *s, int32_t member, pto_worker
         overlap_done(o, c);
         return;
     }
-    o->q[(o->head + o->len++) % PTO_MB_CELLS] = (wt_begun){s, member, origin, token, t0};
+    o->q[(o->head + o->len++) % PTO_LEAF_MAX_BEGUN] = (wt_begun){s, member, origin, token, t0};
 }
 
 /* End the oldest begun task (waiting for it if need be). */
@@ -307,7 +307,7 @@ static void overlap_end(wt_overlap *o)
 {
     pto_worker_thread *wt = o->wt;
     wt_begun b = o->q[o->head];
-    o->head = (o->head + 1) % PTO_MB_CELLS;
+    o->head = (o->head + 1) % PTO_LEAF_MAX_BEGUN;
     o->len--;
     pto_completion c = {.slot = b.slot, .origin = b.origin, .member = b.member, .status = PTO_DONE_OK, .error = NULL};
     char err[PTO_MB_ERR_CAP];
@@ -336,7 +336,7 @@ static void wt_overlap_loop(pto_worker_thread *wt)
         pto_slot *slot, *after;
         int32_t member;
         pto_worker_thread *origin;
-        while (o.len < PTO_MB_CELLS) {
+        while (o.len < PTO_LEAF_MAX_BEGUN) {
             if (claim(wt, false, &slot, &member, &after)) origin = wt;
             else if (!(origin = steal(wt, false, &slot, &member, &after))) break;
             if (!runs_alone_here(wt, slot, after)) {
@@ -379,9 +379,28 @@ static void *wt_main(void *arg)
 
 /* ---- PROCESS mode: the scheduler drives the children ----
  * Each child has a FIFO of claimed tasks (wt->staged), mirrored by the
- * cells of its mailbox: the scheduler keeps up to PTO_MB_CELLS of them
+ * cells of its mailbox: the scheduler keeps up to post_cap() of them
  * posted, so the child goes from one task to the next without waiting for
  * the scheduler, which collects results whenever it runs. */
+
+uint32_t pto_wm_unbegun(const pto_worker_thread *wt)
+{
+    if (wt->wm->mode == PTO_MODE_THREAD)
+        return atomic_load_explicit(&wt->dq_tail, memory_order_relaxed) -
+               atomic_load_explicit(&wt->dq_head, memory_order_relaxed);
+    return wt->child ? pto_proc_unbegun(wt->child) : 0;
+}
+
+/* Cells to keep posted to wt's child: PTO_WM_STOCK_NS of work at its
+ * kind's recent mean task time, at least PTO_WM_MIN_POSTED (also while that
+ * time is unknown), at most the ring. */
+static uint32_t post_cap(const pto_worker_thread *wt)
+{
+    int64_t t = wt->wm->task_ns[wt->kind];
+    if (t <= 0 || t >= PTO_WM_STOCK_NS / PTO_WM_MIN_POSTED) return PTO_WM_MIN_POSTED;
+    int64_t n = PTO_WM_STOCK_NS / t;
+    return n >= PTO_MB_CELLS ? PTO_MB_CELLS : (uint32_t)n;
+}
 
 static pto_staged *staged_at(pto_worker_thread *wt, uint32_t i)
 {
@@ -517,7 +536,8 @@ static bool pump_post(pto_worker_thread *wt)
     pto_child *ch = wt->child;
     char err[PTO_MB_ERR_CAP];
     bool moved = false;
-    while (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone && !ch->timed_out_ms) {
+    uint32_t cap = post_cap(wt);
+    while (wt->staged_posted < cap && !wt->staged_alone && !ch->timed_out_ms) {
         uint32_t i = wt->staged_posted;
         if (i == wt->staged_len && !pump_claim(wt)) break;
         pto_staged *e = staged_at(wt, i);
@@ -613,7 +633,7 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
             }
             if (wt->staged_posted < wt->staged_len || ch->replacing) {
                 if (!wt->staged_alone && pto_proc_actionable(ch)) return true;
-            } else if (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone &&
+            } else if (wt->staged_posted < post_cap(wt) && !wt->staged_alone &&
                        (atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
                             atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
                         steal(wt, true, NULL, NULL, NULL))) {

@@ -32,6 +32,10 @@ typedef struct pto_ready_queue {
 } pto_ready_queue;
 
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
+/* PROCESS mode: the work the scheduler keeps posted to a child, in tasks
+ * of its kind's mean time (task_ns), and never fewer tasks than this. */
+#define PTO_WM_STOCK_NS 200000
+#define PTO_WM_MIN_POSTED 4u
 /* A thread's completions include tasks it stole; it steals only while fewer
  * than PTO_WT_QCAP of them are unpolled, and its own stay below PTO_WT_QCAP. */
 #define PTO_WT_CQCAP (2 * PTO_WT_QCAP)
@@ -122,6 +126,7 @@ typedef struct pto_worker_manager {
     const struct pto_heap_ring *check_rings;   /* the Worker's PTO_MAX_RING_DEPTH rings, for check.c */
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
     struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */
+    int64_t task_ns[PTO_KINDS];        /* scheduler-only: recent tasks' mean run time per kind (an EWMA) */
     int64_t diag_run;                  /* diag.c: the run its files are named after */
 } pto_worker_manager;
 
@@ -136,6 +141,9 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
  * collect results as completions, move replacements along. true if
  * anything moved. */
 bool pto_wm_pump(pto_worker_manager *wm);
+/* Tasks staged on wt that nothing has begun yet: in THREAD mode its queue,
+ * in PROCESS mode the cells posted to its child (scheduler thread; a hint). */
+uint32_t pto_wm_unbegun(const pto_worker_thread *wt);
 /* PROCESS mode: whether pto_wm_pump has something to do now; *timeout_ns
  * is lowered to when it must look again even if nothing rings (a running
  * or starting child: the forkserver and start deadlines). */

@@ -142,8 +142,10 @@ typedef void (*pto_leaf_stop_fn)(void *ctx);
  * once the task has finished, wake(wake_arg) is called, from any thread.
  * ready(token) says, without waiting, whether end would return at once;
  * end(token) waits for the task and returns as run does. Tasks are ended in
- * the order they began. args and cfg are the caller's only during begin;
- * the tensor memory they point to stays the task's until end returns. */
+ * the order they began, and at most PTO_LEAF_MAX_BEGUN are begun at once.
+ * args and cfg are the caller's only during begin; the tensor memory they
+ * point to stays the task's until end returns. */
+enum { PTO_LEAF_MAX_BEGUN = 4 };
 typedef void (*pto_wake_fn)(void *arg);
 typedef int (*pto_leaf_begin_fn)(void *ctx, uint64_t callable, const pto_args_view *args,
                                  const pto_call_config *cfg, pto_wake_fn wake, void *wake_arg, void **token,

@@ -1356,4 +1356,38 @@ describe("sub callables in each mode", function()
     for _, v in ipairs(seen) do counts[v] = (counts[v] or 0) + 1 end
     for i = 1, 8 do assert.are.equal(1000, counts[i]) end
   end)
+
+  -- In THREAD mode the script and the subs share one Lua state and its
+  -- lock; the lock is not handed over at every submit (that traded it per
+  -- task), so these two show that a sub still gets it when it must.
+  it("runs a Lua sub while the orchestrator goes on submitting, without waiting for the drain", function()
+    local seen_at
+    run(function(orch)
+      mark(orch, 1)
+      local t0 = now()
+      while now() - t0 < 5 do
+        sleep(orch, 0)
+        if START[1] >= 0 then
+          seen_at = now() - t0
+          break
+        end
+      end
+    end)
+    assert.truthy(seen_at, "sub 1 did not run while the orchestrator submitted for 5 s")
+  end)
+
+  it("lets the Lua subs run while a submit waits for heap-ring room they free", function()
+    local w <close> = pto.Worker{chips = 1, num_sub_workers = 1, heap_ring_size = 64 << 10, alloc_timeout_ms = 3000}
+    local used = pto.tensor({1}, "i64")   -- shared: the sub may run in a forked child
+    local consume = w:register(function(args) used[1] = used[1] + #args:tensor(1) end, "consume")
+    w:run(function(orch)
+      for _ = 1, 64 do   -- 16 KiB each: the ring holds four
+        orch:scope(function()
+          local p = orch:alloc({4096}, "f32")
+          orch:submit_sub(consume, pto.args{{p, "in"}})
+        end)
+      end
+    end)
+    assert.are.equal(64 * 4096, used[1])
+  end)
 end)

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lpto_aux.h"
 
@@ -82,21 +83,80 @@ void lpto_check_fields(lua_State *L, int t, const lpto_field *fields, const char
 
 /* ---- the interpreter lock ------------------------------------------------- */
 
+/* Under g->mu. */
+static void take(lpto_gil *g)
+{
+    g->held = true;
+    g->taken++;
+}
+
 void lpto_gil_acquire(lpto_gil *g)
 {
     atomic_fetch_add_explicit(&g->waiters, 1, memory_order_relaxed);
     pthread_mutex_lock(&g->mu);
-    uint64_t me = g->next++;
-    while (me != g->serving) pthread_cond_wait(&g->cv, &g->mu);
+    while (g->held || (g->firsts && !g->handoff)) {
+        g->sleepers++;
+        pthread_cond_wait(&g->cv, &g->mu);
+        g->sleepers--;
+    }
+    g->handoff = false;
+    take(g);
     pthread_mutex_unlock(&g->mu);
     atomic_fetch_sub_explicit(&g->waiters, 1, memory_order_relaxed);
+}
+
+void lpto_gil_acquire_first(lpto_gil *g)
+{
+    atomic_fetch_add_explicit(&g->waiters, 1, memory_order_relaxed);
+    pthread_mutex_lock(&g->mu);
+    g->firsts++;
+    while (g->held) pthread_cond_wait(&g->cv, &g->mu);
+    g->firsts--;
+    take(g);
+    pthread_mutex_unlock(&g->mu);
+    atomic_fetch_sub_explicit(&g->waiters, 1, memory_order_relaxed);
+}
+
+/* Under g->mu, the lock just let go: wake whoever may take it now. */
+static void wake(lpto_gil *g)
+{
+    if (g->firsts) pthread_cond_broadcast(&g->cv);
+    else if (g->sleepers) pthread_cond_signal(&g->cv);
 }
 
 void lpto_gil_release(lpto_gil *g)
 {
     pthread_mutex_lock(&g->mu);
-    g->serving++;
-    pthread_cond_broadcast(&g->cv);
+    g->held = false;
+    wake(g);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void lpto_gil_block(void *g) { lpto_gil_release(g); }
+
+void lpto_gil_unblock(void *g) { lpto_gil_acquire_first(g); }
+
+void lpto_gil_yield(lpto_gil *g)
+{
+    if (!atomic_load_explicit(&g->waiters, memory_order_relaxed)) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (now - g->yielded_ns < LPTO_GIL_SLICE_NS) return;   /* the holder's own field */
+    g->yielded_ns = now;
+    pthread_mutex_lock(&g->mu);
+    if (g->sleepers) {
+        uint64_t before = g->taken;
+        g->held = false;
+        g->handoff = true;
+        g->firsts++;
+        pthread_cond_broadcast(&g->cv);
+        /* Until a sleeper has had it (or none is left to take it). */
+        while (g->held || (g->taken == before && g->sleepers)) pthread_cond_wait(&g->cv, &g->mu);
+        g->firsts--;
+        g->handoff = false;
+        take(g);
+    }
     pthread_mutex_unlock(&g->mu);
 }
 

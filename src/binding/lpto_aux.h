@@ -42,18 +42,40 @@ bool lpto_get_field(lua_State *L, int t, const lpto_field *f, lua_Integer *out, 
 /* ---- the interpreter lock -------------------------------------------------
  * Sub callables in THREAD mode run on worker threads but share the one Lua
  * state, so Lua runs under a lock. The thread that loaded the module holds
- * it whenever it runs Lua and gives it up only inside pto calls that wait
- * (a run's drain) or that may wait (submits when Lua subs exist). Tickets
- * make hand-over fair: a waiting sub gets its turn at the next submit. */
+ * it whenever it runs Lua and gives it up inside pto calls that wait (a
+ * run's drain, a submit's wait for heap-ring room: pto_worker_on_block).
+ * A hand-over costs a futex wake-up and a context switch (tens of us on a
+ * busy 2-core machine), so the lock is not fair: a thread that releases it
+ * and takes it again at once keeps it, and a submit hands it to waiting
+ * threads at most once per LPTO_GIL_SLICE_NS (lpto_gil_yield). Lua runs
+ * one thread at a time whoever holds it, so this costs the subs latency,
+ * not throughput; a strict turn per submit had the orchestrator and two
+ * subs trade the lock every task, at 10 us a task. */
 typedef struct lpto_gil {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t next, serving;
-    _Atomic int waiters;
+    bool held;
+    bool handoff;             /* a yield waits for a waiting thread to take it once */
+    int sleepers;             /* threads waiting in lpto_gil_acquire */
+    int firsts;               /* threads waiting in lpto_gil_acquire_first (and yields): they go first */
+    uint64_t taken;           /* acquisitions so far */
+    uint64_t yielded_ns;      /* the last yield, CLOCK_MONOTONIC */
+    _Atomic int waiters;      /* threads that want the lock: a yield's test without the mutex */
 } lpto_gil;
 
+#define LPTO_GIL_SLICE_NS 100000
+
 void lpto_gil_acquire(lpto_gil *g);
+/* lpto_gil_acquire ahead of any thread waiting in lpto_gil_acquire (the
+ * orchestrator going on after a wait). */
+void lpto_gil_acquire_first(lpto_gil *g);
 void lpto_gil_release(lpto_gil *g);
+/* The holder lets one waiting thread have the lock and takes it back first,
+ * if some thread waits and the last yield is LPTO_GIL_SLICE_NS old. */
+void lpto_gil_yield(lpto_gil *g);
+/* pto_worker_on_block's hooks, arg the lock: release, and lpto_gil_acquire_first. */
+void lpto_gil_block(void *g);
+void lpto_gil_unblock(void *g);
 /* Create the lock of L's state (once), held by the calling thread. */
 void lpto_gil_open(lua_State *L);
 /* The module's lock for L's main state (NULL before lpto_gil_open). */

@@ -255,9 +255,9 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     if (timeout_ms >= 0 && pto_submit_timeout(O->o, timeout_ms) != 0) return lpto_engine_error(L, who);
     /* A Worker child's task brings its function's results back (lpto_result.c), each member of a group its own. */
     int box = W->level >= 4 && kind == PTO_NEXT_LEVEL ? lpto_result_attach(L, targs, n) : 0;
-    /* a submit blocked on ring space must let THREAD-mode Lua leaves run */
-    bool release = lpto_releases_gil(W);
-    if (release) lpto_gil_release(W->gil);
+    /* Threads waiting for the interpreter lock get it here now and then; a
+     * wait for ring space gives it up through pto_worker_on_block. */
+    if (lpto_releases_gil(W)) lpto_gil_yield(W->gil);
     int64_t id;
     if (kind == PTO_SUB)
         id = n == 1 && !pins ? pto_submit_sub(O->o, callable, &targs[0], pin)
@@ -265,7 +265,6 @@ static int do_submit(lua_State *L, lorch *O, int oidx, int kind, uint64_t callab
     else
         id = n == 1 && !pins ? pto_submit_next_level(O->o, callable, &targs[0], cfg, pin)
                              : pto_submit_next_level_group(O->o, callable, targs, n, cfg, pins);
-    if (release) lpto_gil_acquire(W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     for (int i = 0, off = 0; i < n; i++) {
         after_submit(L, oidx, O, aidx[i], as[i], descs + off, unset + off);
@@ -485,11 +484,9 @@ static int prep_call(lua_State *L)
     if (P->timeout_ms >= 0 && pto_submit_timeout(O->o, P->timeout_ms) != 0) return lpto_engine_error(L, who);
     /* A Worker child's task brings its function's results back (lpto_result.c). */
     int box = W->level >= 4 && P->kind == PTO_NEXT_LEVEL ? lpto_result_attach(L, &a, 1) : 0;
-    bool release = lpto_releases_gil(W);
-    if (release) lpto_gil_release(W->gil);
+    if (lpto_releases_gil(W)) lpto_gil_yield(W->gil);
     int64_t id = P->kind == PTO_SUB ? pto_submit_sub(O->o, P->callable, &a, P->pin)
                                     : pto_submit_next_level(O->o, P->callable, &a, P->cfg, P->pin);
-    if (release) lpto_gil_acquire(W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     int oidx = lua_upvalueindex(3);
     for (int i = 0; i < nt; i++) {
@@ -550,10 +547,8 @@ static int o_alloc(lua_State *L)
     pto_tensor d = {0};
     d.ndims = (uint8_t)lpto_parse_shape(L, 2, d.shape, who);
     d.dtype = (uint8_t)lpto_parse_dtype(L, 3, who);
-    bool release = lpto_releases_gil(O->W);
-    if (release) lpto_gil_release(O->W->gil);
+    if (lpto_releases_gil(O->W)) lpto_gil_yield(O->W->gil);
     int64_t id = pto_alloc(O->o, d.shape, d.ndims, d.dtype, &d);
-    if (release) lpto_gil_acquire(O->W->gil);
     if (id < 0) return lpto_engine_error(L, who);
     push_ring_storage(L, 1, O, &d);
     lpto_push_tensor_mt(L, &d, -1, lua_upvalueindex(LPTO_UP_TENSOR));

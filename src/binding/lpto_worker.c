@@ -318,6 +318,7 @@ static void worker_init_body(lua_State *L, int idx, lworker *W, const char *who)
     lua_pop(L, 1);
     if (W->level >= 4) lpto_level_init(L, idx, W, who);
     if (pto_worker_init(W->w) != 0) lpto_engine_error(L, init);
+    if (W->gil) pto_worker_on_block(W->w, lpto_gil_block, lpto_gil_unblock, W->gil);
     W->home = pthread_self();
     W->state = W_READY;
 }

@@ -5,6 +5,7 @@
 #include "task_args.h"
 #include "trace.h"
 #include "diag.h"
+#include "worker.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -258,6 +259,7 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     const uint64_t used0 = ring->used;
     const pto_scope_frame *f = pto_scope_innermost(&o->scope);   /* the scope whose allocations filled it */
     snprintf(ring->stall_scope, sizeof ring->stall_scope, "%s", f ? f->label : "");
+    bool blocked = false;   /* pto_worker_on_block's block was called */
     for (;;) {
         uint32_t before = ring->count;
         uint64_t head_before = ring->head_seq;
@@ -297,11 +299,16 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
                           (unsigned long long)ring->size, ring->count, (unsigned long long)ring->size);
             break;
         }
+        if (!blocked && o->w && o->w->block) {
+            o->w->block(o->w->block_arg);
+            blocked = true;
+        }
         atomic_store_explicit(&o->waiting_for, ORCH_WAIT_RETIRE, memory_order_seq_cst);
         pto_wm_hot(o->sched->wm, UINT64_MAX, false);
         pto_event_wait(&o->ev, orch_has_work, o, 0, (int64_t)(timeout - (now - last_progress)));
         atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
     }
+    if (blocked && o->w->unblock) o->w->unblock(o->w->block_arg);
     pto_wm_hot(o->sched->wm, pto_now_ns() + PTO_HOT_NS, false);
     uint64_t t1 = pto_now_ns();
     ring->stall_ns += (int64_t)(t1 - t0);

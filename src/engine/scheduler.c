@@ -17,13 +17,15 @@
 /* The scheduler spins this long for new work before it sleeps. */
 #define SCHED_SPIN_NS 20000
 /* While every worker has work staged to last SCHED_NAP_STOCK naps, the
- * scheduler naps SCHED_NAP_NS instead of spinning: no completion can make
- * a worker idle before it looks again, and its spinning would take a core
- * from the workers (a third of one in a BGEMM of 64x64 tiles on 2 cores).
- * A nap is a timed sleep, not a futex wait, so neither a worker's
- * completion nor a submit pays a wake-up for it; its thread's timer slack
- * is 1 us, so a nap is not stretched by the default 50. */
-#define SCHED_NAP_NS 30000
+ * scheduler naps instead of spinning: no completion can make a worker idle
+ * before it looks again, and its spinning would take a core from the
+ * workers (a third of one in a BGEMM of 64x64 tiles on 2 cores). A nap is
+ * the least stock over SCHED_NAP_STOCK, within [SCHED_NAP_MIN_NS,
+ * SCHED_NAP_MAX_NS]: a timed sleep, not a futex wait, so neither a
+ * worker's completion nor a submit pays a wake-up for it; its thread's
+ * timer slack is 1 us, so a nap is not stretched by the default 50. */
+#define SCHED_NAP_MIN_NS 30000
+#define SCHED_NAP_MAX_NS 500000
 #define SCHED_NAP_STOCK 4
 
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
@@ -752,23 +754,26 @@ static bool sched_has_work(void *arg)
     return pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 
-/* Every worker has enough tasks staged and not yet begun (a THREAD-mode
- * worker's queue, the cells posted to a PROCESS-mode child) to keep it busy
- * through SCHED_NAP_STOCK naps, at its kind's recent mean run time. */
-static bool stocked(const pto_scheduler *s)
+/* How long the scheduler may nap: the least work any worker has staged and
+ * not yet begun (a THREAD-mode worker's queue, the cells posted to a
+ * PROCESS-mode child), at its kind's recent mean run time, over
+ * SCHED_NAP_STOCK; 0 if that is below SCHED_NAP_MIN_NS. */
+static int64_t nap_ns(const pto_scheduler *s)
 {
     const pto_worker_manager *wm = s->wm;
+    int64_t least = (int64_t)SCHED_NAP_STOCK * SCHED_NAP_MAX_NS;
     for (int32_t kind = 0; kind < PTO_KINDS; kind++)
-        for (int32_t i = 0; i < wm->count[kind]; i++)
-            if ((int64_t)pto_wm_unbegun(wm->threads[kind][i]) * wm->task_ns[kind] <
-                (int64_t)SCHED_NAP_STOCK * SCHED_NAP_NS)
-                return false;
-    return true;
+        for (int32_t i = 0; i < wm->count[kind]; i++) {
+            int64_t stock = (int64_t)pto_wm_unbegun(wm->threads[kind][i]) * wm->task_ns[kind];
+            if (stock < least) least = stock;
+        }
+    least /= SCHED_NAP_STOCK;
+    return least < SCHED_NAP_MIN_NS ? 0 : least;
 }
 
-static void nap(void)
+static void nap(int64_t ns)
 {
-    struct timespec ts = {0, SCHED_NAP_NS};
+    struct timespec ts = {0, (long)ns};
     nanosleep(&ts, NULL);
 }
 
@@ -791,7 +796,8 @@ static void *sched_main(void *arg)
         answer_quiet(s);
         s->wait_ns = -1;
         if (sched_has_work(s)) continue;
-        if (stocked(s)) nap();
+        int64_t ns = nap_ns(s);
+        if (ns) nap(ns);
         else pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
     }
     return NULL;

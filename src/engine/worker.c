@@ -276,6 +276,13 @@ void pto_worker_interrupt(pto_worker *w)
     if (atomic_fetch_add(&w->interrupts, 1) >= 1 && p) pto_proc_kill_busy(p, PTO_KILL_INTERRUPT);
 }
 
+void pto_worker_on_block(pto_worker *w, pto_block_fn block, pto_block_fn unblock, void *arg)
+{
+    w->block = block;
+    w->unblock = unblock;
+    w->block_arg = arg;
+}
+
 void pto_worker_callable_name_set(pto_worker *w, int32_t kind, uint64_t callable, const char *name)
 {
     if (!w || !name || !(kind == PTO_SUB || kind == PTO_NEXT_LEVEL)) return;

@@ -26,6 +26,8 @@ struct pto_worker {
     int64_t runs;
     pto_runs runs_out;            /* submitted runs (run.h) */
     int32_t check;                /* the next runs' check mode (check.c): 0 off, PTO_CHECK_ON or PTO_CHECK_WARN */
+    pto_block_fn block, unblock;  /* pto_worker_on_block */
+    void *block_arg;
 };
 
 /* Open the engine run (pto_run_begin's work, which a session of submitted runs shares). */

@@ -348,6 +348,11 @@ void pto_worker_shutdown(pto_worker *w);
 /* Async-signal-safe: the current run stops dispatching, fails what has not started, and its end
  * reports "interrupted"; the next run is normal. */
 void pto_worker_interrupt(pto_worker *w);
+/* Around every wait inside a submit or alloc (heap-ring back-pressure), the orchestrator's thread
+ * calls block(arg) before it may sleep and unblock(arg) once it goes on: a binding that runs its
+ * callers under one lock gives it up there, so the tasks the wait is for can run. NULLs: none. */
+typedef void (*pto_block_fn)(void *arg);
+void pto_worker_on_block(pto_worker *w, pto_block_fn block, pto_block_fn unblock, void *arg);
 /* PROCESS mode: children forked before callable existed get blob (copied into shared memory)
  * through their leaf's load hook before its first task. 0 or -1. */
 int pto_worker_ship_callable(pto_worker *w, int32_t kind, uint64_t callable, const void *blob,

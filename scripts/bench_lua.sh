@@ -8,7 +8,9 @@
 # PROCESS mode. Then the main job (examples/bgemm.lua at its
 # default size) in both modes beside the machine's GEMM peak (gemm_tile in a
 # C loop on every core: pto_bench_lua_c peak), measured right before and
-# after it.
+# after it, and beside the job's own kernels with no runtime at all (its
+# gemm_tile and tile_add calls in a C loop on every core: pto_bench_lua_c
+# jobloop), the most any scheduler could reach with these kernels.
 #
 # The rows are interleaved: every round runs each system once per mode (and
 # the peak around the main job), so load from elsewhere on a shared machine
@@ -46,7 +48,8 @@ for ((r = 1; r <= rounds; r++)); do
       awk -v m="$mode" '/ first run / { f = $(NF - 1) } / best of / { b = $(NF - 1) } END { print m, f, b }' >>"$out/job.$r"
   done
   p2="$("$cbench" peak 64 | cut -d' ' -f2)"
-  awk -v p1="$p1" -v p2="$p2" '{ print $0, (p1 + p2) / 2 }' "$out/job.$r" >>"$out/job"
+  jl="$("$cbench" jobloop | cut -d' ' -f2)"
+  awk -v p1="$p1" -v p2="$p2" -v jl="$jl" '{ print $0, (p1 + p2) / 2, jl }' "$out/job.$r" >>"$out/job"
 done
 
 awk '
@@ -87,7 +90,9 @@ echo "main job: examples/bgemm.lua 4 8 8 8 64 2 (GFLOP/s; best of its 5 runs), a
 echo "(gemm_tile 64x64 f32 in a C loop on every core, the mean of one second before and one after)"
 awk '
   { n[$1]++; first[$1] = first[$1] " " sprintf("%.1f", $2); bestv[$1] = bestv[$1] " " sprintf("%.1f", $3)
-    r = $3 / $4; ratio[$1] = ratio[$1] " " sprintf("%.0f%%", 100 * r); if ($1 == "thread") peaks = peaks " " sprintf("%.0f", $4)
+    r = $3 / $4; ratio[$1] = ratio[$1] " " sprintf("%.0f%%", 100 * r)
+    if ($1 == "thread") { peaks = peaks " " sprintf("%.0f", $4); loops = loops " " sprintf("%.0f (%.0f%%)", $5, 100 * $5 / $4) }
+    ofloop[$1] = ofloop[$1] " " sprintf("%.0f%%", 100 * $3 / $5)
     if (r > top[$1]) top[$1] = r; rs[$1, n[$1]] = r }
   END {
     for (m in n) {
@@ -95,8 +100,10 @@ awk '
       for (i = 1; i <= k; i++) a[i] = rs[m, i]
       for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
       printf "%-7s first run:%s\n        best run:%s\n        of peak: %s  (median %.0f%%, goal 70%%)\n", m, first[m], bestv[m], ratio[m], 100 * a[int((k + 1) / 2)]
+      printf "        of jobloop:%s\n", ofloop[m]
     }
     print "peak per round (GFLOP/s):" peaks
+    print "jobloop per round (GFLOP/s, of peak): the job'"'"'s gemm_tile and tile_add in a C loop on every core, no runtime:" loops
   }' "$out/job"
 
 echo

@@ -87,10 +87,11 @@ void lpto_check_fields(lua_State *L, int t, const lpto_field *fields, const char
 static void take(lpto_gil *g)
 {
     g->held = true;
+    g->handoff = false;
     g->taken++;
 }
 
-void lpto_gil_acquire(lpto_gil *g)
+void lpto_gil_acquire_sub(lpto_gil *g)
 {
     atomic_fetch_add_explicit(&g->waiters, 1, memory_order_relaxed);
     pthread_mutex_lock(&g->mu);
@@ -99,13 +100,12 @@ void lpto_gil_acquire(lpto_gil *g)
         pthread_cond_wait(&g->cv, &g->mu);
         g->sleepers--;
     }
-    g->handoff = false;
     take(g);
     pthread_mutex_unlock(&g->mu);
     atomic_fetch_sub_explicit(&g->waiters, 1, memory_order_relaxed);
 }
 
-void lpto_gil_acquire_first(lpto_gil *g)
+void lpto_gil_acquire(lpto_gil *g)
 {
     atomic_fetch_add_explicit(&g->waiters, 1, memory_order_relaxed);
     pthread_mutex_lock(&g->mu);
@@ -134,7 +134,7 @@ void lpto_gil_release(lpto_gil *g)
 
 void lpto_gil_block(void *g) { lpto_gil_release(g); }
 
-void lpto_gil_unblock(void *g) { lpto_gil_acquire_first(g); }
+void lpto_gil_unblock(void *g) { lpto_gil_acquire(g); }
 
 void lpto_gil_yield(lpto_gil *g)
 {
@@ -145,16 +145,15 @@ void lpto_gil_yield(lpto_gil *g)
     if (now - g->yielded_ns < LPTO_GIL_SLICE_NS) return;   /* the holder's own field */
     g->yielded_ns = now;
     pthread_mutex_lock(&g->mu);
-    if (g->sleepers) {
+    if (g->sleepers || g->firsts) {
         uint64_t before = g->taken;
         g->held = false;
         g->handoff = true;
         g->firsts++;
         pthread_cond_broadcast(&g->cv);
-        /* Until a sleeper has had it (or none is left to take it). */
-        while (g->held || (g->taken == before && g->sleepers)) pthread_cond_wait(&g->cv, &g->mu);
+        /* Until another thread has had it (or none is left to take it). */
+        while (g->held || (g->taken == before && (g->sleepers || g->firsts > 1))) pthread_cond_wait(&g->cv, &g->mu);
         g->firsts--;
-        g->handoff = false;
         take(g);
     }
     pthread_mutex_unlock(&g->mu);

@@ -45,8 +45,10 @@ bool lpto_get_field(lua_State *L, int t, const lpto_field *f, lua_Integer *out, 
  * it whenever it runs Lua and gives it up inside pto calls that wait (a
  * run's drain, a submit's wait for heap-ring room: pto_worker_on_block).
  * A hand-over costs a futex wake-up and a context switch (tens of us on a
- * busy 2-core machine), so the lock is not fair: a thread that releases it
- * and takes it again at once keeps it, and a submit hands it to waiting
+ * busy 2-core machine), so subs do not get it in turns: a sub worker that
+ * releases it and takes it again at once keeps it, any other thread that
+ * wants it (the script's after a wait, an orchestration on a level's
+ * worker thread) goes before the subs, and a submit hands it to waiting
  * threads at most once per LPTO_GIL_SLICE_NS (lpto_gil_yield). Lua runs
  * one thread at a time whoever holds it, so this costs the subs latency,
  * not throughput; a strict turn per submit had the orchestrator and two
@@ -55,9 +57,9 @@ typedef struct lpto_gil {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool held;
-    bool handoff;             /* a yield waits for a waiting thread to take it once */
-    int sleepers;             /* threads waiting in lpto_gil_acquire */
-    int firsts;               /* threads waiting in lpto_gil_acquire_first (and yields): they go first */
+    bool handoff;             /* a yield lets a waiting sub take it although others go first */
+    int sleepers;             /* threads waiting in lpto_gil_acquire_sub */
+    int firsts;               /* threads waiting in lpto_gil_acquire (and yields): before the subs */
     uint64_t taken;           /* acquisitions so far */
     uint64_t yielded_ns;      /* the last yield, CLOCK_MONOTONIC */
     _Atomic int waiters;      /* threads that want the lock: a yield's test without the mutex */
@@ -65,15 +67,15 @@ typedef struct lpto_gil {
 
 #define LPTO_GIL_SLICE_NS 100000
 
+/* Take the lock ahead of the sub workers waiting for it. */
 void lpto_gil_acquire(lpto_gil *g);
-/* lpto_gil_acquire ahead of any thread waiting in lpto_gil_acquire (the
- * orchestrator going on after a wait). */
-void lpto_gil_acquire_first(lpto_gil *g);
+/* A sub worker's: after every other thread that waits. */
+void lpto_gil_acquire_sub(lpto_gil *g);
 void lpto_gil_release(lpto_gil *g);
 /* The holder lets one waiting thread have the lock and takes it back first,
  * if some thread waits and the last yield is LPTO_GIL_SLICE_NS old. */
 void lpto_gil_yield(lpto_gil *g);
-/* pto_worker_on_block's hooks, arg the lock: release, and lpto_gil_acquire_first. */
+/* pto_worker_on_block's hooks, arg the lock: release, and lpto_gil_acquire. */
 void lpto_gil_block(void *g);
 void lpto_gil_unblock(void *g);
 /* Create the lock of L's state (once), held by the calling thread. */

@@ -50,7 +50,7 @@ int lpto_sub_leaf(void *ctx, uint64_t callable, const pto_args_view *args, const
                   size_t errlen)
 {
     lpto_gil *g = ((sub_ctx *)ctx)->W->gil;
-    lpto_gil_acquire(g);
+    lpto_gil_acquire_sub(g);
     int rc = lpto_sub_run(ctx, callable, args, cfg, err, errlen);
     lpto_gil_release(g);
     return rc;

@@ -105,8 +105,8 @@ static void cfg_copy(pto_call_config *dst, const pto_call_config *src)
     dst->output_prefix[n] = 0;
 }
 
-int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
-                const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
+int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
+                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
 {
     uint32_t st = pto_mb_state(mb);
     if (st != PTO_MB_IDLE) return (int)st;
@@ -129,11 +129,26 @@ int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args
      * spin budget learns from it); one busy with earlier cells does not. */
     c->posted_ns = atomic_load_explicit(&mb->done, memory_order_relaxed) == seq ? pto_now_ns() : 0;
     cfg_copy(&c->cfg, cfg);
-    /* The release publishes every field above to the child; seq_cst orders
-     * it before the sleeper check in pto_event_notify (Dekker). */
-    atomic_store_explicit(&mb->posted, seq + 1, memory_order_seq_cst);
-    pto_event_notify(&mb->to_child);
     return 0;
+}
+
+void pto_mb_publish(pto_mailbox *mb, uint32_t posted)
+{
+    /* The release publishes every field of the cells written to the child;
+     * seq_cst orders it before the sleeper check in pto_event_notify
+     * (Dekker). */
+    atomic_store_explicit(&mb->posted, posted, memory_order_seq_cst);
+    pto_event_notify(&mb->to_child);
+}
+
+int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
+                const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev)
+{
+    uint32_t st = pto_mb_state(mb);   /* EMPTY is 0 too: tell it from success here */
+    if (st != PTO_MB_IDLE) return (int)st;
+    int r = pto_mb_write(mb, seq, callable, args, cfg, load, load_len, after_prev);
+    if (r == 0) pto_mb_publish(mb, seq + 1);
+    return r;
 }
 
 typedef struct wait_arg {

@@ -188,6 +188,13 @@ bool pto_mb_cas(pto_mailbox *mb, uint32_t from, uint32_t to, uint32_t *seen);
  * found instead of IDLE (PTO_MB_DEAD ...), nothing handed over. */
 int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev);
+/* pto_mb_post without the hand-over: the cell is written, and the child
+ * sees it (and every cell written before it) at pto_mb_publish. */
+int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
+                 const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev);
+/* Hand the cells below posted (the parent's count) to the child, waking it
+ * if it sleeps. */
+void pto_mb_publish(pto_mailbox *mb, uint32_t posted);
 
 /* Take back posted cell seq before the child begins it (an interrupt: what
  * was handed over but not begun must not run). true if it will not run: the

@@ -241,7 +241,7 @@ static bool request_spawn(pto_child *c)
     atomic_store(&mb->posted, 0);
     atomic_store(&mb->started, 0);
     atomic_store(&mb->done, 0);
-    c->posted = c->collected = 0;
+    c->posted = c->collected = c->published = 0;
     if (!pto_mb_cas(mb, st, PTO_MB_STARTING, NULL)) return false;
     return send_msg(c->proc, Z_SPAWN, c->slot, 0);
 }
@@ -358,6 +358,19 @@ static void kill_corrupt(pto_child *c)
     send_msg(c->proc, Z_KILL, c->slot, PTO_KILL_CORRUPT);
 }
 
+static void publish(pto_child *c)
+{
+    if (c->published == c->posted) return;
+    pto_mb_publish(c->mb, c->posted);
+    c->published = c->posted;
+}
+
+void pto_proc_batch(pto_child *c, bool on)
+{
+    c->batching = on;
+    if (!on) publish(c);
+}
+
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
                       bool after_prev, char *err, size_t errlen)
 {
@@ -419,10 +432,11 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
          * first; its result (the bell) says whether this one needs it. */
         for (uint32_t k = c->collected; sh && k != c->posted; k++)
             if (c->ship[k & (PTO_MB_CELLS - 1)] == e) return 1;
-        int r = pto_mb_post(mb, c->posted, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0, after_prev);
+        int r = pto_mb_write(mb, c->posted, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0, after_prev);
         if (r == 0) {
             c->ship[c->posted & (PTO_MB_CELLS - 1)] = sh ? e : -1;
             c->posted++;
+            if (!c->batching || atomic_load_explicit(&mb->started, memory_order_relaxed) == c->published) publish(c);
             return 0;
         }
         if (r < 0) {
@@ -498,7 +512,7 @@ static int lost(pto_child *c, uint32_t st, pto_proc_result *r, char *err, size_t
                  "child was overwritten); it was killed and is replaced", who, st);
         kill_corrupt(c);
     }
-    c->posted = c->collected;   /* request_spawn may have reset both to 0 */
+    c->posted = c->published = c->collected;   /* request_spawn may have reset both to 0 */
     return PTO_PROC_LOST;
 }
 
@@ -518,7 +532,7 @@ int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err
         c->timed_out_ms = 0;
         r->rc = 1;
         r->lost = true;
-        c->posted = c->collected;
+        c->posted = c->published = c->collected;
         return PTO_PROC_LOST;
     }
     int32_t fin = pto_mb_done_beyond(mb, c->collected);
@@ -554,7 +568,7 @@ int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err
         zygote_gone_msg(err, errlen, c);
         r->rc = 1;
         r->lost = true;
-        c->posted = c->collected;
+        c->posted = c->published = c->collected;
         return PTO_PROC_LOST;
     }
     return lost(c, st, r, err, errlen);

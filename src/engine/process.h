@@ -68,6 +68,8 @@ typedef struct pto_child {
     int32_t slot, kind;
     const char *name;                        /* the worker's label ("chip 1") */
     uint32_t posted, collected;              /* the parent's own counts of cells posted and collected */
+    uint32_t published;                      /* cells below it the child may see (pto_proc_batch) */
+    bool batching;                           /* pto_proc_batch: posts wait for its end to be published */
     int32_t ship[PTO_MB_CELLS];              /* ship entry sent with each posted cell, or -1 */
     bool replacing;                          /* asked for a replacement after a death */
     bool awaiting;                           /* asked for a child for a task that waits for it */
@@ -140,6 +142,11 @@ int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err
 uint64_t pto_proc_head_started(const pto_child *c);
 /* Cells posted to c that its child has not begun (a hint: read racily). */
 uint32_t pto_proc_unbegun(const pto_child *c);
+/* Between pto_proc_batch(c, true) and (c, false), pto_proc_try_post hands
+ * cells over only while the child has begun every cell it was handed (it
+ * may be waiting); the rest go over together at the end, with one release
+ * and one wake-up check instead of one per cell. */
+void pto_proc_batch(pto_child *c, bool on);
 /* Revoke the k-th uncollected posted cell of c before its child begins it;
  * true if it will come back skipped instead of running. */
 bool pto_proc_revoke(pto_child *c, uint32_t k);

@@ -537,6 +537,7 @@ static bool pump_post(pto_worker_thread *wt)
     char err[PTO_MB_ERR_CAP];
     bool moved = false;
     uint32_t cap = post_cap(wt);
+    pto_proc_batch(ch, true);
     while (wt->staged_posted < cap && !wt->staged_alone && !ch->timed_out_ms) {
         uint32_t i = wt->staged_posted;
         if (i == wt->staged_len && !pump_claim(wt)) break;
@@ -587,6 +588,7 @@ static bool pump_post(pto_worker_thread *wt)
         wt->staged_posted++;
         wt->staged_alone = alone;
     }
+    pto_proc_batch(ch, false);
     return moved;
 }
 

@@ -91,17 +91,20 @@ bool pto_mb_revoke(pto_mailbox *mb, uint32_t seq)
  * defaults). The prefix buffer is 1 KiB and nearly always empty: copied
  * whole, every post dirtied 17 cache lines of the cell that the child had
  * just read, and every serve read them back. */
+_Static_assert((offsetof(pto_mb_cell, cfg) + offsetof(pto_call_config, output_prefix)) % 64 == 0,
+               "cfg_copy: a cell's CallConfig prefix starts a cache line");
+
 static void cfg_copy(pto_call_config *dst, const pto_call_config *src)
 {
     enum { HEAD = offsetof(pto_call_config, output_prefix) };
-    if (!src) {
-        memset(dst, 0, HEAD);
-        dst->output_prefix[0] = 0;
-        return;
-    }
-    memcpy(dst, src, HEAD);
-    size_t n = strnlen(src->output_prefix, sizeof src->output_prefix - 1);
-    memcpy(dst->output_prefix, src->output_prefix, n);
+    size_t n = src ? strnlen(src->output_prefix, sizeof src->output_prefix - 1) : 0;
+    if (src) memcpy(dst, src, HEAD);
+    else memset(dst, 0, HEAD);
+    /* An empty prefix over an empty one is not written: the prefix starts a
+     * cache line of its own, which then stays shared with the child instead
+     * of crossing between the two cores at every post. */
+    if (n == 0 && dst->output_prefix[0] == 0) return;
+    if (n) memcpy(dst->output_prefix, src->output_prefix, n);
     dst->output_prefix[n] = 0;
 }
 

@@ -263,8 +263,9 @@ function M.shm_entries()
 end
 
 -- Process pid is blocked in nanosleep: for a chip child, inside the
--- sleep_us kernel (the engine's own waits use futexes and sched_yield,
--- never nanosleep). How a spec knows a chip task has really started,
+-- sleep_us kernel (a chip child's own waits use futexes and sched_yield,
+-- never nanosleep; only a scheduler thread naps, and a chip child has
+-- none). How a spec knows a chip task has really started,
 -- where its state "running" only says it was handed to the worker.
 function M.in_nanosleep(pid)
   local function read(what)

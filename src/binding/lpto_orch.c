@@ -574,11 +574,13 @@ static void invalidate_depth(lua_State *L, int oidx, lorch *O, int depth)
     O->scope_serial[depth] = lpto_next_serial();
 }
 
-uint64_t lpto_next_serial(void)
+uint64_t lpto_next_serials(uint64_t n)
 {
     static _Atomic uint64_t next;
-    return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) + 1;
+    return atomic_fetch_add_explicit(&next, n, memory_order_relaxed) + 1;
 }
+
+uint64_t lpto_next_serial(void) { return lpto_next_serials(1); }
 
 lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
 {
@@ -589,8 +591,10 @@ lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
     O->o = o;
     O->valid = true;
     O->thread = pthread_self();
-    O->serial = lpto_next_serial();
-    for (int d = 0; d < PTO_MAX_SCOPE_DEPTH + 2; d++) O->scope_serial[d] = lpto_next_serial();
+    /* One atomic add for all of them: a run's orchestrator needs 67. */
+    uint64_t first = lpto_next_serials(PTO_MAX_SCOPE_DEPTH + 3);
+    O->serial = first;
+    for (int d = 0; d < PTO_MAX_SCOPE_DEPTH + 2; d++) O->scope_serial[d] = first + 1 + (uint64_t)d;
     luaL_setmetatable(L, LPTO_ORCH);
     lua_pushvalue(L, widx);
     lua_setiuservalue(L, -2, OUV_WORKER);

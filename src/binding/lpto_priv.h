@@ -215,6 +215,8 @@ typedef struct lorch {
 
 /* A new serial (never 0) for runs and scopes; unique in the process. */
 uint64_t lpto_next_serial(void);
+/* The first of n consecutive new serials. */
+uint64_t lpto_next_serials(uint64_t n);
 
 typedef struct lhandle {
     int kind;

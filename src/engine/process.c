@@ -436,7 +436,10 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
         if (r == 0) {
             c->ship[c->posted & (PTO_MB_CELLS - 1)] = sh ? e : -1;
             c->posted++;
-            if (!c->batching || atomic_load_explicit(&mb->started, memory_order_relaxed) == c->published) publish(c);
+            /* Every cell handed over came back: the child may be waiting. (The
+             * parent's own count, fresh from this turn's collection: reading
+             * the child's started would cost a cache line per post.) */
+            if (!c->batching || c->collected == c->published) publish(c);
             return 0;
         }
         if (r < 0) {

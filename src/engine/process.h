@@ -143,9 +143,9 @@ uint64_t pto_proc_head_started(const pto_child *c);
 /* Cells posted to c that its child has not begun (a hint: read racily). */
 uint32_t pto_proc_unbegun(const pto_child *c);
 /* Between pto_proc_batch(c, true) and (c, false), pto_proc_try_post hands
- * cells over only while the child has begun every cell it was handed (it
- * may be waiting); the rest go over together at the end, with one release
- * and one wake-up check instead of one per cell. */
+ * a cell over at once only if every cell handed over before it has been
+ * collected (the child may be waiting); the rest go over together at the
+ * end, with one release and one wake-up check instead of one per cell. */
 void pto_proc_batch(pto_child *c, bool on);
 /* Revoke the k-th uncollected posted cell of c before its child begins it;
  * true if it will come back skipped instead of running. */

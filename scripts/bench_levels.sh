@@ -10,12 +10,11 @@
 #   scripts/bench_levels.sh [rounds] [tasks] [us]     (default 5 100 200)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 rounds="${1:-5}"
 n="${2:-100}"
 us="${3:-200}"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target ptolua pto_chipsim -j "$(nproc)" >/dev/null
+bench_build ptolua pto_chipsim
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 for mode in thread process; do

@@ -23,11 +23,10 @@
 #   scripts/bench_lua.sh [rounds]        (default 5)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 rounds="${1:-5}"
 "$root/scripts/setup.sh" >/dev/null
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target pto_bench_lua_c ptolua pto_chipsim pto_shared pto_ffi_header -j "$(nproc)" >/dev/null
+bench_build pto_bench_lua_c ptolua pto_chipsim pto_shared pto_ffi_header
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 cbench="$build/scripts/bench/pto_bench_lua_c"

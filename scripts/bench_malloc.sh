@@ -10,14 +10,13 @@
 #   scripts/bench_malloc.sh [thread|process|both] [shapes...]   (default: thread, all shapes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 modes="${1:-thread}"
 [[ "$modes" == both ]] && modes="thread process"
 shift || true
 shapes="${*:-W1 W2 W3 W4s W4l}"
 "$root/scripts/setup.sh" >/dev/null
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target ptolua pto_chipsim pto_malloc_count -j "$(nproc)" >/dev/null
+bench_build ptolua pto_chipsim pto_malloc_count
 shim="$build/scripts/bench/libpto_malloc_count.so"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -5,8 +5,7 @@
 #   scripts/bench_micro.sh [gemm|mailbox]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 "$root/scripts/setup.sh"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target pto_microbench pto_chipsim -j "$(nproc)" >/dev/null
+bench_build pto_microbench pto_chipsim
 exec "$build/scripts/bench/pto_microbench" "$@"

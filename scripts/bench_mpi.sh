@@ -8,11 +8,10 @@
 #   scripts/bench_mpi.sh [min_ms per figure]   (default 1000)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 ms="${1:-1000}"
 command -v mpirun >/dev/null || { echo "bench_mpi: needs mpirun (Debian: openmpi-bin libopenmpi-dev)" >&2; exit 1; }
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPTO_MPI=ON >/dev/null
-cmake --build "$build" --target ptolua pto_chipsim -j "$(nproc)" >/dev/null
+BENCH_CMAKE_ARGS=-DPTO_MPI=ON bench_build ptolua pto_chipsim
 mpicc -O2 -o "$build/bench_mpi_pingpong" "$root/scripts/bench_mpi.c"
 run=(mpirun -np 2)
 [[ $(id -u) -eq 0 ]] && run=(mpirun --allow-run-as-root -np 2)

@@ -7,7 +7,7 @@
 #   scripts/bench_process.sh [scale] [--reps=N]   (scale 1 = default sizes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 scale=1 reps=3
 for a in "$@"; do
   case "$a" in
@@ -16,8 +16,7 @@ for a in "$@"; do
   esac
 done
 "$root/scripts/setup.sh" --bench || echo "bench: could not install libstarpu-dev; StarPU columns will be skipped" >&2
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target ptolua pto_pingpong pto_chipsim pto_bench -j "$(nproc)" >/dev/null
+bench_build ptolua pto_pingpong pto_chipsim pto_bench
 export STARPU_SILENT="${STARPU_SILENT:-1}"
 "$build/scripts/bench/pto_pingpong"
 echo

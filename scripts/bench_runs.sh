@@ -13,11 +13,10 @@
 #   scripts/bench_runs.sh [rounds] [runs]        (default 5 200)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD_DIR:-$root/build-bench}"
+. "$root/scripts/bench/common.sh"
 rounds="${1:-5}"
 runs="${2:-200}"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target ptolua pto_chipsim -j "$(nproc)" >/dev/null
+bench_build ptolua pto_chipsim
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 for what in "noop stream" "gemm stream" "noop chain" "gemm chain"; do

@@ -185,84 +185,15 @@ static long run_shape(int s)
     }
 }
 
-/* ---- peak ---- */
+/* ---- peak and jobloop: kernels in a C loop on every core ---- */
 
-typedef struct gemm_loop {
-    pto_kernel_fn fn;
-    uint32_t n;
-    double gflops;
-} gemm_loop;
-
-static void *gemm_body(void *arg)
+static float *filled(size_t elems)
 {
-    gemm_loop *g = arg;
-    size_t bytes = ((size_t)g->n * g->n * sizeof(float) + 63) / 64 * 64;
-    float *m[3];
-    for (int i = 0; i < 3; i++) {
-        m[i] = aligned_alloc(64, bytes);
-        if (!m[i]) die("out of memory");
-        for (size_t e = 0; e < (size_t)g->n * g->n; e++) m[i][e] = (float)(e % 17) / 16.0f - 0.5f;
-    }
-    pto_tensor t[3];
-    for (int i = 0; i < 3; i++) {
-        memset(&t[i], 0, sizeof t[i]);
-        t[i].base = (uint64_t)(uintptr_t)m[i];
-        t[i].dtype = PTO_F32;
-        t[i].ndims = 2;
-        t[i].shape[0] = t[i].shape[1] = g->n;
-    }
-    pto_args_view v = {3, 0, t, NULL};
-    char err[256];
-    uint64_t calls = 0;
-    double t0 = now_us(), dt;
-    do {
-        if (g->fn(&v, NULL, err, sizeof err) != 0) {
-            fprintf(stderr, "pto_bench_lua_c: gemm_tile: %s\n", err);
-            exit(2);
-        }
-        calls++;
-    } while ((dt = now_us() - t0) < 1e6);
-    g->gflops = 2.0 * g->n * g->n * g->n * (double)calls / dt / 1e3;
-    for (int i = 0; i < 3; i++) free(m[i]);
-    return NULL;
+    float *m = aligned_alloc(64, (elems * sizeof(float) + 63) / 64 * 64);
+    if (!m) die("out of memory");
+    for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
+    return m;
 }
-
-static int peak(int argc, char **argv)
-{
-    uint32_t n = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
-    long threads = argc > 3 ? atol(argv[3]) : sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1 || n > 1024 || threads < 1 || threads > 256) {
-        fprintf(stderr, "usage: pto_bench_lua_c peak [tile] [threads]\n");
-        return 2;
-    }
-    int64_t id = pto_kernel_register(NULL, "gemm_tile");
-    if (id < 0) die("pto_kernel_register gemm_tile");
-    gemm_loop g[256];
-    pthread_t th[256];
-    for (long i = 0; i < threads; i++) {
-        g[i] = (gemm_loop){pto_kernel_lookup((uint64_t)id), n, 0};
-        if (pthread_create(&th[i], NULL, gemm_body, &g[i]) != 0) die("pthread_create");
-    }
-    double total = 0;
-    for (long i = 0; i < threads; i++) {
-        pthread_join(th[i], NULL);
-        total += g[i].gflops;
-    }
-    printf("peak %.2f %ld", total, threads);
-    for (long i = 0; i < threads; i++) printf(" %.2f", g[i].gflops);
-    printf("\n");
-    return 0;
-}
-
-/* ---- jobloop ---- */
-
-typedef struct job_loop {
-    pto_kernel_fn gemm, add;
-    uint32_t batch, mt, nt, kt, n, index, threads;
-    const float *a, *b;
-    float *c;
-    double gflops;
-} job_loop;
 
 static pto_tensor tile_tensor(const float *base, uint32_t n)
 {
@@ -284,6 +215,75 @@ static void call(pto_kernel_fn fn, pto_tensor *t, uint32_t count, const char *na
         exit(2);
     }
 }
+
+/* Run body(items[i]) on a thread each, items being n structs of size bytes,
+ * and wait for them all. */
+static void on_threads(void *(*body)(void *), void *items, size_t size, long n)
+{
+    pthread_t th[256];
+    for (long i = 0; i < n; i++)
+        if (pthread_create(&th[i], NULL, body, (char *)items + (size_t)i * size) != 0) die("pthread_create");
+    for (long i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+/* ---- peak ---- */
+
+typedef struct gemm_loop {
+    pto_kernel_fn fn;
+    uint32_t n;
+    double gflops;
+} gemm_loop;
+
+static void *gemm_body(void *arg)
+{
+    gemm_loop *g = arg;
+    float *m[3];
+    pto_tensor t[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = filled((size_t)g->n * g->n);
+        t[i] = tile_tensor(m[i], g->n);
+    }
+    uint64_t calls = 0;
+    double t0 = now_us(), dt;
+    do {
+        call(g->fn, t, 3, "gemm_tile");
+        calls++;
+    } while ((dt = now_us() - t0) < 1e6);
+    g->gflops = 2.0 * g->n * g->n * g->n * (double)calls / dt / 1e3;
+    for (int i = 0; i < 3; i++) free(m[i]);
+    return NULL;
+}
+
+static int peak(int argc, char **argv)
+{
+    uint32_t n = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
+    long threads = argc > 3 ? atol(argv[3]) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || n > 1024 || threads < 1 || threads > 256) {
+        fprintf(stderr, "usage: pto_bench_lua_c peak [tile] [threads]\n");
+        return 2;
+    }
+    int64_t id = pto_kernel_register(NULL, "gemm_tile");
+    if (id < 0) die("pto_kernel_register gemm_tile");
+    gemm_loop g[256];
+    for (long i = 0; i < threads; i++) g[i] = (gemm_loop){pto_kernel_lookup((uint64_t)id), n, 0};
+    on_threads(gemm_body, g, sizeof *g, threads);
+    double total = 0;
+    for (long i = 0; i < threads; i++) total += g[i].gflops;
+    printf("peak %.2f %ld", total, threads);
+    for (long i = 0; i < threads; i++) printf(" %.2f", g[i].gflops);
+    printf("\n");
+    return 0;
+}
+
+/* ---- jobloop ---- */
+
+typedef struct job_loop {
+    pto_kernel_fn gemm, add;
+    uint32_t batch, mt, nt, kt, n, index, threads;
+    const float *a, *b;
+    float *c;
+    double gflops;
+} job_loop;
 
 static void *job_body(void *arg)
 {
@@ -316,14 +316,6 @@ static void *job_body(void *arg)
     return NULL;
 }
 
-static float *filled(size_t elems)
-{
-    float *m = aligned_alloc(64, (elems * sizeof(float) + 63) / 64 * 64);
-    if (!m) die("out of memory");
-    for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
-    return m;
-}
-
 static int jobloop(int argc, char **argv)
 {
     uint32_t d[5] = {4, 8, 8, 8, 64};
@@ -341,17 +333,12 @@ static int jobloop(int argc, char **argv)
     float *a = filled(tt * d[0] * d[1] * d[3]), *b = filled(tt * d[0] * d[3] * d[2]);
     float *c = filled(tt * d[0] * d[1] * d[2]);
     job_loop g[256];
-    pthread_t th[256];
-    for (long i = 0; i < threads; i++) {
+    for (long i = 0; i < threads; i++)
         g[i] = (job_loop){pto_kernel_lookup((uint64_t)gid), pto_kernel_lookup((uint64_t)aid), d[0], d[1], d[2], d[3], d[4],
                           (uint32_t)i, (uint32_t)threads, a, b, c, 0};
-        if (pthread_create(&th[i], NULL, job_body, &g[i]) != 0) die("pthread_create");
-    }
+    on_threads(job_body, g, sizeof *g, threads);
     double total = 0;
-    for (long i = 0; i < threads; i++) {
-        pthread_join(th[i], NULL);
-        total += g[i].gflops;
-    }
+    for (long i = 0; i < threads; i++) total += g[i].gflops;
     printf("jobloop %.2f %ld\n", total, threads);
     free(a);
     free(b);

@@ -15,8 +15,11 @@ static void run_done(pto_run *r)
 {
     /* The session's reference keeps r alive past this (run.h), so the
      * scheduler may still touch it after a waiter saw it done. */
-    if (atomic_exchange_explicit(&r->done, true, memory_order_seq_cst)) return;
+    if (atomic_exchange_explicit(&r->ending, true, memory_order_seq_cst)) return;
+    /* Live drops before done shows: whoever saw its run done also sees it
+     * no longer counted live (pto_runs_live, pto_runs_end). */
     atomic_fetch_sub_explicit(r->live, 1, memory_order_seq_cst);
+    atomic_store_explicit(&r->done, true, memory_order_seq_cst);
     pto_event_notify(r->ev);
     /* Dekker with pto_run_on_done: one of the two sees the other. */
     pto_wake_fn wake = atomic_load_explicit(&r->on_done, memory_order_seq_cst);
@@ -200,12 +203,16 @@ void pto_run_info_get(pto_run *r, pto_run_info *out)
 {
     memset(out, 0, sizeof *out);
     if (!r) return;
+    /* Ended, its counts are final: read them after. Ending (not done) so
+     * that a wait for no live run, which run_done satisfies before done
+     * shows, finds every run ended. */
+    bool ended = atomic_load_explicit(&r->ending, memory_order_acquire);
     int64_t sub = atomic_load_explicit(&r->submitted, memory_order_acquire);
     out->id = r->id;
     out->submitted = sub == INT64_MAX ? r->o->submitted - r->base : sub;
     out->failed = atomic_load_explicit(&r->failed, memory_order_relaxed);
     out->completed = atomic_load_explicit(&r->completed, memory_order_relaxed);
-    if (!atomic_load_explicit(&r->done, memory_order_acquire)) out->state = PTO_RUN_RUNNING;
+    if (!ended) out->state = PTO_RUN_RUNNING;
     else if (atomic_load(&r->cancelled) && out->failed) out->state = PTO_RUN_CANCELLED;
     else out->state = out->failed ? PTO_RUN_FAILED : PTO_RUN_OK;
 }
@@ -222,7 +229,7 @@ int pto_run_failure(pto_run *r, char *buf, size_t len)
 
 void pto_run_cancel(pto_worker *w, pto_run *r)
 {
-    if (!w || !r || atomic_load(&r->done)) return;
+    if (!w || !r || atomic_load(&r->ending)) return;
     atomic_store(&r->cancelled, true);
     atomic_fetch_add_explicit(&w->sched.run_cancels, 1, memory_order_release);
     pto_event_notify(w->sched.ev);

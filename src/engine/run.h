@@ -41,7 +41,8 @@ struct pto_run {
     struct pto_orch *o;               /* the session's orchestrator */
     _Atomic int64_t submitted;        /* INT64_MAX until its function returned */
     _Atomic int64_t finished, completed, failed;
-    _Atomic bool done;                /* set once, by whoever sees the last task finish */
+    _Atomic bool ending;              /* taken once, by whoever sees the last task finish (run_done) */
+    _Atomic bool done;                /* then set, after the session's live count has dropped */
     _Atomic bool cancelled;
     pthread_mutex_t mu;               /* failure */
     char *failure;                    /* its first failed task's message */

@@ -52,6 +52,14 @@ void *pto_xcalloc(size_t n, size_t size)
     return p;
 }
 
+void *pto_xcalloc_line(size_t size)
+{
+    size_t n = (size + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (!p) oom(n);
+    return memset(p, 0, n ? n : 64);
+}
+
 void *pto_xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);

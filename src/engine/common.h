@@ -18,6 +18,8 @@ void pto_set_error_code(int code, const char *fmt, ...) __attribute__((format(pr
 
 void *pto_xmalloc(size_t n);
 void *pto_xcalloc(size_t n, size_t size);
+/* Zeroed memory aligned to a cache line, for structs with _Alignas(64) members; free() it. */
+void *pto_xcalloc_line(size_t size);
 void *pto_xrealloc(void *p, size_t n);
 char *pto_xstrdup(const char *s);
 /* malloc'ed printf. */

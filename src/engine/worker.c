@@ -107,7 +107,7 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
         return NULL;
     }
     pthread_once(&hygiene_once, fork_hygiene);
-    pto_worker *w = pto_xcalloc(1, sizeof *w);
+    pto_worker *w = pto_xcalloc_line(sizeof *w);
     w->cfg = c;
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         if (!pto_ring_map(&w->rings[r], c.heap_ring_size)) {

@@ -32,7 +32,7 @@ void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t s
 int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf)
 {
     assert(pto_kind_valid(kind));
-    pto_worker_thread *wt = pto_xcalloc(1, sizeof *wt);
+    pto_worker_thread *wt = pto_xcalloc_line(sizeof *wt);
     wt->kind = kind;
     wt->index = wm->count[kind];
     wt->leaf = *leaf;

@@ -814,14 +814,33 @@ static bool all_finished(void *arg)
            atomic_load_explicit(&o->sched->finished, memory_order_seq_cst) == o->submitted;
 }
 
+/* The orchestrator waits by running the scheduler's turns itself
+ * (pto_sched_help) until it has found nothing to do for DRAIN_SPIN_NS: on
+ * a machine with as many cores as workers the scheduler thread would
+ * otherwise be one more spinner beside the workers and this thread, and
+ * each hand-off between them a context switch (most of a one-task run's
+ * fixed cost). Then it sleeps, and the scheduler thread takes over. */
+struct until {
+    pto_orch *o;
+    bool (*done)(pto_orch *);
+};
+
+static bool until_done(void *arg)
+{
+    struct until *u = arg;
+    return u->done(u->o);
+}
+
 /* A drain runs everything submitted, held dispatch included: the gate stays
  * open while it waits, so no hold or breakpoint can hang it. */
 static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
 {
-    bool ok = true;
     pto_sched_draining(o->sched, true);
     pto_wm_hot(o->sched->wm, UINT64_MAX, false);
     atomic_store_explicit(&o->waiting_for, why, memory_order_seq_cst);
+    struct until u = {o, done};
+    bool ok = true;
+    pto_sched_help(o->sched, until_done, &u, DRAIN_SPIN_NS, o->shutdown);
     while (!done(o)) {
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
             ok = false;

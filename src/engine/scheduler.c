@@ -27,6 +27,17 @@
 #define SCHED_NAP_MIN_NS 30000
 #define SCHED_NAP_MAX_NS 500000
 #define SCHED_NAP_STOCK 4
+/* While a draining thread runs the turns (pto_sched_help), the scheduler
+ * thread sleeps in `park`, at first SCHED_PARK_MIN_NS at a time, each sleep
+ * twice the last up to SCHED_PARK_MAX_NS: every look costs a wake-up that
+ * preempts a worker (a fixed 50 us made 2.5 times the workers' preemptions
+ * in a BGEMM drain), while a helper that stops before its wait is over, or
+ * after a long help, wakes it at once. A short help (a small run) ends
+ * without a wake-up: it would cost a syscall per run, and the next run's
+ * drain helps again. */
+#define SCHED_PARK_MIN_NS 50000
+#define SCHED_PARK_MAX_NS 800000
+#define SCHED_HELP_LONG_NS 200000
 
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 {
@@ -732,12 +743,10 @@ static bool complete_all(pto_scheduler *s)
     return any;
 }
 
-static bool sched_has_work(void *arg)
+/* Whether a turn would find work; by the turn flag's holder. */
+static bool pending(pto_scheduler *s)
 {
-    pto_scheduler *s = arg;
-    if (atomic_load_explicit(&s->wire_head, memory_order_relaxed) ||
-        !atomic_load_explicit(&s->running, memory_order_relaxed))
-        return true;
+    if (atomic_load_explicit(&s->wire_head, memory_order_relaxed)) return true;
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && s->ready_len) return true;
     if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != s->quiet_seen ||
         atomic_load_explicit(&s->sync_req, memory_order_relaxed) !=
@@ -752,6 +761,14 @@ static bool sched_has_work(void *arg)
                 return true;
         }
     return pto_wm_pump_ready(s->wm, &s->wait_ns);
+}
+
+static bool sched_has_work(void *arg)
+{
+    pto_scheduler *s = arg;
+    return !atomic_load_explicit(&s->running, memory_order_relaxed) ||
+           atomic_load_explicit(&s->helpers, memory_order_relaxed) ||   /* to give the turn up */
+           pending(s);
 }
 
 /* How long the scheduler may nap: the least work any worker has staged and
@@ -771,10 +788,44 @@ static int64_t nap_ns(const pto_scheduler *s)
     return least < SCHED_NAP_MIN_NS ? 0 : least;
 }
 
-static void nap(int64_t ns)
+void pto_sched_nap(int64_t ns)
 {
     struct timespec ts = {0, (long)ns};
     nanosleep(&ts, NULL);
+}
+
+static bool turn_take(pto_scheduler *s)
+{
+    return !atomic_load_explicit(&s->turn_held, memory_order_relaxed) &&
+           !atomic_exchange_explicit(&s->turn_held, true, memory_order_acquire);
+}
+
+static void turn_give(pto_scheduler *s) { atomic_store_explicit(&s->turn_held, false, memory_order_release); }
+
+/* One turn, by the turn flag's holder. True if it wired, dispatched,
+ * pumped or collected anything. */
+static bool turn(pto_scheduler *s)
+{
+    /* A sync request seen here is answered after this whole turn, whose
+     * wiring then includes every task submitted before the request. */
+    uint64_t sync = atomic_load(&s->sync_req);
+    bool wired = wire_all(s);
+    if (PTO_UNLIKELY(s->ncaught || atomic_load_explicit(&s->retry_req, memory_order_relaxed) >= 0)) serve_caught(s);
+    dispatch_ready(s);
+    bool pumped = pto_wm_pump(s->wm);   /* PROCESS mode: into the children and back */
+    bool done = complete_all(s);
+    if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
+    if (wired || done || pumped) return true;
+    answer_quiet(s);
+    s->wait_ns = -1;
+    return false;
+}
+
+static bool unhelped(void *arg)
+{
+    pto_scheduler *s = arg;
+    return !atomic_load_explicit(&s->helpers, memory_order_relaxed) ||
+           !atomic_load_explicit(&s->running, memory_order_relaxed);
 }
 
 static void *sched_main(void *arg)
@@ -782,25 +833,67 @@ static void *sched_main(void *arg)
     pto_scheduler *s = arg;
     prctl(PR_SET_TIMERSLACK, 1000UL);
     atomic_store_explicit(&s->up, 1, memory_order_release);
+    bool held = false;   /* the turn flag, kept from turn to turn while nobody helps */
+    int64_t park_ns = SCHED_PARK_MIN_NS;
     while (atomic_load_explicit(&s->running, memory_order_acquire)) {
-        /* A sync request seen here is answered after this whole turn, whose
-         * wiring then includes every task submitted before the request. */
-        uint64_t sync = atomic_load(&s->sync_req);
-        bool wired = wire_all(s);
-        if (PTO_UNLIKELY(s->ncaught || atomic_load_explicit(&s->retry_req, memory_order_relaxed) >= 0)) serve_caught(s);
-        dispatch_ready(s);
-        bool pumped = pto_wm_pump(s->wm);   /* PROCESS mode: into the children and back */
-        bool done = complete_all(s);
-        if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
-        if (wired || done || pumped) continue;
-        answer_quiet(s);
-        s->wait_ns = -1;
-        if (sched_has_work(s)) continue;
-        int64_t ns = nap_ns(s);
-        if (ns) nap(ns);
-        else pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
+        if (atomic_load_explicit(&s->helpers, memory_order_relaxed) || (!held && !turn_take(s))) {
+            if (held) turn_give(s);
+            held = false;
+            pto_event_wait(&s->park, unhelped, s, 0, park_ns);
+            if (park_ns < SCHED_PARK_MAX_NS) park_ns *= 2;
+            continue;
+        }
+        held = true;
+        park_ns = SCHED_PARK_MIN_NS;
+        int64_t ns = 0;
+        if (!turn(s) && !sched_has_work(s) && !(ns = nap_ns(s)))
+            pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
+        if (ns) {   /* a helper may come meanwhile */
+            turn_give(s);
+            held = false;
+            pto_sched_nap(ns);
+        }
     }
+    if (held) turn_give(s);
     return NULL;
+}
+
+bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop)
+{
+    bool finished = false;
+    atomic_fetch_add_explicit(&s->helpers, 1, memory_order_seq_cst);
+    pto_event_notify(s->ev);   /* a scheduler asleep in its wait holds the turn */
+    for (int i = 1; !turn_take(s); i++) {   /* the scheduler thread lets it go at its next look */
+        if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) goto out;
+        pto_cpu_relax();
+        if ((i & 3) == 0) sched_yield();   /* it may be waiting for this core */
+    }
+    uint64_t since = pto_now_ns(), idle_since = since;
+    for (int i = 1;; i++) {
+        if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
+        int64_t ns;
+        if (pending(s) && turn(s)) {
+            i = 0;
+        } else if ((ns = nap_ns(s)) > 0) {
+            pto_sched_nap(ns);
+            i = 0;
+        } else {
+            /* As pto_event_wait spins: with more runnable threads than
+             * cores, a worker may need this core to finish what we wait for. */
+            pto_cpu_relax();
+            if ((i & 3) == 3) sched_yield();
+        }
+        if (i == 0) idle_since = pto_now_ns();
+        else if ((i & 15) == 0 && (int64_t)(pto_now_ns() - idle_since) >= idle_ns) break;
+    }
+    turn_give(s);
+    bool wake = !finished || (int64_t)(pto_now_ns() - since) >= SCHED_HELP_LONG_NS;
+    atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
+    if (wake) pto_event_notify(&s->park);
+    return finished;
+out:   /* the scheduler thread kept the turn: it is awake */
+    atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
+    return finished;
 }
 
 bool pto_sched_start(pto_scheduler *s)
@@ -822,6 +915,7 @@ void pto_sched_stop(pto_scheduler *s)
     if (!s->started) return;
     atomic_store_explicit(&s->running, false, memory_order_release);
     pto_event_notify(s->ev);
+    pto_event_notify(&s->park);
     pthread_join(s->thread, NULL);
     s->started = false;
 }

@@ -99,6 +99,16 @@ typedef struct pto_scheduler {
     int32_t nnames, names_cap;
 
     pto_profile prof;                       /* written by this thread only (profile.h) */
+
+    /* A turn (wire, dispatch, pump, collect) runs by whoever holds the
+     * turn flag: the scheduler thread, which keeps it from turn to turn, or
+     * a thread that waits for the run to drain (pto_sched_help), so
+     * "scheduler-only" above means the flag's holder. While helpers is
+     * non-zero the scheduler thread lets the flag go and sleeps instead of
+     * spinning, so a drain on a small machine has one spinner less. */
+    _Atomic bool turn_held;
+    _Atomic int32_t helpers;
+    pto_event park;                         /* the scheduler thread sleeps here while helped */
 } pto_scheduler;
 
 typedef struct pto_callable_name {
@@ -140,5 +150,12 @@ bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms);
 void pto_sched_sync(pto_scheduler *s);
 /* True when dispatch is held with nothing running: no task can finish until a step or release. */
 bool pto_sched_stalled_by_hold(pto_scheduler *s);
+
+/* A thread that waits for the scheduler's work to end (a drain) runs the
+ * scheduler's turns itself until done(arg), stop, or idle_ns with nothing
+ * to do; the scheduler thread naps meanwhile. True when done(arg). */
+bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop);
+/* Sleep ns nanoseconds with the scheduler's timer slack (a nap, not a wait). */
+void pto_sched_nap(int64_t ns);
 
 #endif

@@ -34,10 +34,12 @@
  * in a BGEMM drain), while a helper that stops before its wait is over, or
  * after a long help, wakes it at once. A short help (a small run) ends
  * without a wake-up: it would cost a syscall per run, and the next run's
- * drain helps again. */
+ * drain helps again; a run that submits SCHED_UNPARK_SUBMITS tasks before
+ * it drains wakes it then. */
 #define SCHED_PARK_MIN_NS 50000
 #define SCHED_PARK_MAX_NS 800000
 #define SCHED_HELP_LONG_NS 200000
+#define SCHED_UNPARK_SUBMITS 16
 
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 {
@@ -75,6 +77,9 @@ void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
 {
     pto_slot_stack_push(&s->wire_head, slot, &slot->next_wire, memory_order_release);
     pto_event_notify(s->ev);
+    /* A run that goes on submitting after a short help gets the parked
+     * scheduler thread back now rather than at its next timeout. */
+    if (++s->unhelped_submits == SCHED_UNPARK_SUBMITS) pto_event_notify(&s->park);
 }
 
 char *pto_sched_take_failure(pto_scheduler *s)
@@ -889,10 +894,12 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
     turn_give(s);
     bool wake = !finished || (int64_t)(pto_now_ns() - since) >= SCHED_HELP_LONG_NS;
     atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
+    s->unhelped_submits = 0;
     if (wake) pto_event_notify(&s->park);
     return finished;
 out:   /* the scheduler thread kept the turn: it is awake */
     atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
+    s->unhelped_submits = 0;
     return finished;
 }
 

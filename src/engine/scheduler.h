@@ -35,6 +35,8 @@ typedef struct pto_scheduler {
      * the ready queues, which the scheduler writes at every turn, made that
      * CAS a miss per task (a fifth of the C API's W1 submit in perf). */
     _Alignas(64) struct pto_slot *_Atomic wire_head;
+    uint32_t unhelped_submits;              /* orchestrator-only: submits since its last help (pto_sched_help) */
+    pto_event park;                         /* the scheduler thread sleeps here while helped */
     _Alignas(64) pto_ready_queue ready[PTO_KINDS];   /* per worker kind, unpinned */
     int64_t ready_len;
     _Atomic int64_t ready_hwm;
@@ -108,7 +110,6 @@ typedef struct pto_scheduler {
      * spinning, so a drain on a small machine has one spinner less. */
     _Atomic bool turn_held;
     _Atomic int32_t helpers;
-    pto_event park;                         /* the scheduler thread sleeps here while helped */
 } pto_scheduler;
 
 typedef struct pto_callable_name {

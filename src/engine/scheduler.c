@@ -886,7 +886,7 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
             /* As pto_event_wait spins: with more runnable threads than
              * cores, a worker may need this core to finish what we wait for. */
             pto_cpu_relax();
-            if ((i & 3) == 3) sched_yield();
+            if ((i & 15) == 15) sched_yield();
         }
         if (i == 0) idle_since = pto_now_ns();
         else if ((i & 15) == 0 && (int64_t)(pto_now_ns() - idle_since) >= idle_ns) break;

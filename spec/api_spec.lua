@@ -1111,6 +1111,35 @@ describe("orchestrator", function()
     assert_error(function() kept:fill(0) end, "Tensor:fill: ", "lives only until its scope ends")
   end)
 
+  it("makes heap-ring tensors stale at every scope depth a run reached, depths first reached late included", function()
+    local w <close> = pto.Worker{chips = 1}
+    w:init()
+    local got = {}
+    for run = 1, 2 do
+      local outer, mid, deep = nil, nil, {}
+      w:run(function(orch)
+        orch:scope(function() mid = orch:alloc({4}, "f32") end)   -- depth 2 reached and left first
+        outer = orch:alloc({4}, "f32")
+        orch:scope(function()
+          orch:scope(function() orch:scope(function() deep[1] = orch:alloc({4}, "f32") end) end)
+          assert_error(function() return deep[1][1] end, "Tensor: ", "lives only until its scope ends")
+          orch:scope(function() orch:scope(function()
+            deep[2] = orch:alloc({4}, "f32")
+            deep[2][1] = run
+            got[run] = deep[2][1]
+          end) end)
+        end)
+        assert_error(function() return mid[1] end, "Tensor: ", "lives only until its scope ends")
+        outer[1] = 7
+        assert.are.equal(7, outer[1])
+      end)
+      for _, t in ipairs{outer, deep[2]} do
+        assert_error(function() return t[1] end, "Tensor: ", "lives only until its scope ends")
+      end
+    end
+    assert.are.same({1, 2}, got)
+  end)
+
   it("keeps an alloc'd tensor alive while a task writes it, whatever its tag, after its scope ended", function()
     local w = pto.Worker{chips = 1, heap_ring_size = 4096}
     local sl = w:register(pto.chip_kernel("sleep_us"))

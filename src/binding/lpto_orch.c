@@ -147,9 +147,20 @@ static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_ar
 /* List the storage at st_idx under the current scope, whose end makes it
  * stale (invalidate_depth). A pto.temp rebound in the same scope is listed
  * once. The per-depth lists are reused: no table per scope. */
+/* Make depth's entries valid (lorch.depths). The serials of depths first
+ * reached are the run's block (lpto_push_orch): first + 1 + depth. */
+static void reach_depth(lorch *O, int depth)
+{
+    for (; O->depths <= depth; O->depths++) {
+        O->scope_serial[O->depths] = O->serial + 1 + (uint64_t)O->depths;
+        O->nlisted[O->depths] = 0;
+    }
+}
+
 static void list_in_scope(lua_State *L, int oidx, lorch *O, int st_idx, lpto_storage *st)
 {
     int depth = pto_scope_depth(O->o);
+    reach_depth(O, depth);
     if (st->listed == O->scope_serial[depth]) return;
     st->listed = O->scope_serial[depth];
     st_idx = lua_absindex(L, st_idx);
@@ -558,6 +569,7 @@ static int o_alloc(lua_State *L)
 /* Heap-ring tensors bound at depth become invalid when its scope ends. */
 static void invalidate_depth(lua_State *L, int oidx, lorch *O, int depth)
 {
+    if (depth >= O->depths) return;   /* never reached: nothing listed, and its serial is still unused */
     if (O->nlisted[depth] > 0) {
         lua_getiuservalue(L, oidx, OUV_SCOPES);
         lua_rawgeti(L, -1, depth + 1);
@@ -586,15 +598,13 @@ lorch *lpto_push_orch(lua_State *L, int widx, lworker *W, pto_orch *o)
 {
     widx = lua_absindex(L, widx);
     lorch *O = lua_newuserdatauv(L, sizeof *O, OUV_COUNT);
-    memset(O, 0, sizeof *O);
+    memset(O, 0, offsetof(lorch, scope_serial));   /* the per-depth arrays are set as depths are reached */
     O->W = W;
     O->o = o;
     O->valid = true;
     O->thread = pthread_self();
-    /* One atomic add for all of them: a run's orchestrator needs 67. */
-    uint64_t first = lpto_next_serials(PTO_MAX_SCOPE_DEPTH + 3);
-    O->serial = first;
-    for (int d = 0; d < PTO_MAX_SCOPE_DEPTH + 2; d++) O->scope_serial[d] = first + 1 + (uint64_t)d;
+    /* One atomic add for the run and every depth's first scope (reach_depth). */
+    O->serial = lpto_next_serials(PTO_MAX_SCOPE_DEPTH + 3);
     luaL_setmetatable(L, LPTO_ORCH);
     lua_pushvalue(L, widx);
     lua_setiuservalue(L, -2, OUV_WORKER);
@@ -611,7 +621,7 @@ void lpto_orch_end(lua_State *L, int oidx)
     lorch *O = lua_touserdata(L, oidx);
     O->valid = false;
     O->W->pins_hint = O->npins < (1 << 20) ? O->npins : 1 << 20;
-    for (int depth = 0; depth <= PTO_MAX_SCOPE_DEPTH; depth++) invalidate_depth(L, oidx, O, depth);
+    for (int depth = 0; depth < O->depths; depth++) invalidate_depth(L, oidx, O, depth);
     lua_pushnil(L);   /* the run's tensors need no pinning any more */
     lua_setiuservalue(L, oidx, OUV_PINS);
 }
@@ -637,6 +647,7 @@ static int scope_begin(lua_State *L, lorch *O, const char *who)
     if (pto_scope_begin(O->o) != 0) return lpto_engine_error(L, who);
     label_scope(L, O);
     int depth = pto_scope_depth(O->o);
+    reach_depth(O, depth);
     O->scope_serial[depth] = lpto_next_serial();
     return depth;
 }

@@ -202,15 +202,18 @@ typedef struct lorch {
     pthread_t thread;          /* the thread running the run's function: the engine's orchestrator is single-threaded */
     uint64_t serial;           /* this run's, for lpto_storage.pinned */
     int32_t npins;             /* storages in the OUV_PINS list */
-    /* Per scope depth: the serial of the scope open there and how many
-     * ring storages its OUV_SCOPES list holds (the lists are reused). */
-    uint64_t scope_serial[PTO_MAX_SCOPE_DEPTH + 2];
-    int32_t nlisted[PTO_MAX_SCOPE_DEPTH + 2];
     /* w:orch() while submitted runs are outstanding: it inspects their session
      * (orch:task, orch:tasks, ...) and submits nothing; valid while that
      * session (W->session) is open. */
     bool inspect_only;
     uint64_t session;
+    /* Per scope depth below depths (the depths this run has reached; the
+     * rest is set when first reached, so a run of one flat loop does not
+     * pay for 66): the serial of the scope open there and how many ring
+     * storages its OUV_SCOPES list holds (the lists are reused). */
+    int32_t depths;
+    uint64_t scope_serial[PTO_MAX_SCOPE_DEPTH + 2];
+    int32_t nlisted[PTO_MAX_SCOPE_DEPTH + 2];
 } lorch;
 
 /* A new serial (never 0) for runs and scopes; unique in the process. */

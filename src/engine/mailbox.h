@@ -1,5 +1,5 @@
-/* The shared-memory mailbox between the parent (its scheduler thread
- * drives every mailbox, process.h) and the child process that runs one
+/* The shared-memory mailbox between the parent (its scheduler's turn
+ * drives every mailbox, process.h, scheduler.h) and the child process that runs one
  * worker's leaf in PROCESS mode.
  *
  * One mailbox per worker, each its own MAP_SHARED|MAP_ANONYMOUS

@@ -60,8 +60,8 @@ int pto_ship_add(pto_ship_table *t, int32_t kind, uint64_t callable, const void 
 
 typedef struct pto_proc pto_proc;
 
-/* The parent-side state of one child, owned by the scheduler thread once
- * the Worker runs. */
+/* The parent-side state of one child, owned by the scheduler's turn (its
+ * thread, or a draining orchestrator: scheduler.h) once the Worker runs. */
 typedef struct pto_child {
     pto_proc *proc;
     pto_mailbox *mb;

@@ -2,7 +2,8 @@
  * of a Worker's last run, always on, for w:profile(), the run report and
  * ptolua --dot.
  *
- * One writer, the scheduler thread, appends a record per completion it
+ * One writer, the scheduler's turn (its thread, or a draining orchestrator
+ * holding the turn flag), appends a record per completion it
  * handles (the worker measured the times; PROCESS mode: the mailbox's
  * posted_ns / done_ns), so recording takes no atomics and no lock. The
  * orchestrator's thread opens and closes runs; between them it swaps the

@@ -100,7 +100,7 @@ typedef struct pto_scheduler {
     struct pto_callable_name *names;
     int32_t nnames, names_cap;
 
-    pto_profile prof;                       /* written by this thread only (profile.h) */
+    pto_profile prof;                       /* written by the turn's holder only (profile.h) */
 
     /* A turn (wire, dispatch, pump, collect) runs by whoever holds the
      * turn flag: the scheduler thread, which keeps it from turn to turn, or
@@ -154,7 +154,7 @@ bool pto_sched_stalled_by_hold(pto_scheduler *s);
 
 /* A thread that waits for the scheduler's work to end (a drain) runs the
  * scheduler's turns itself until done(arg), stop, or idle_ns with nothing
- * to do; the scheduler thread naps meanwhile. True when done(arg). */
+ * to do; the scheduler thread parks meanwhile. True when done(arg). */
 bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop);
 /* Sleep ns nanoseconds with the scheduler's timer slack (a nap, not a wait). */
 void pto_sched_nap(int64_t ns);

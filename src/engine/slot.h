@@ -3,8 +3,10 @@
  *
  * Ownership (who may write what) keeps the hot path lock-free:
  *   orchestrator thread: everything set at submit, refs[], scope_held, retire
- *   scheduler thread:    consumers[], fanin_*, group counters, state
+ *   scheduler's turn:    consumers[], fanin_*, group counters, state
  *                        transitions PENDING..COMPLETED/FAILED, error
+ *                        (the holder of the turn flag, scheduler.h: the
+ *                        scheduler thread, or a draining orchestrator)
  *   any thread:          `fanout` (one packed atomic, see below)
  * A slot is recycled only by the orchestrator, after it reached CONSUMED and
  * no thread will touch it again (every toucher holds a reference). */

@@ -137,12 +137,12 @@ int32_t pto_wm_add(pto_worker_manager *wm, int32_t kind, const pto_leaf *leaf);
  * (sched_ev, in shared memory, is rung by them); THREAD mode: start every
  * worker thread. false with pto_errmsg set. */
 bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
-/* PROCESS mode, scheduler thread: post claimed tasks to idle children,
+/* PROCESS mode, scheduler's turn: post claimed tasks to idle children,
  * collect results as completions, move replacements along. true if
  * anything moved. */
 bool pto_wm_pump(pto_worker_manager *wm);
 /* Tasks staged on wt that nothing has begun yet: in THREAD mode its queue,
- * in PROCESS mode the cells posted to its child (scheduler thread; a hint). */
+ * in PROCESS mode the cells posted to its child (scheduler's turn; a hint). */
 uint32_t pto_wm_unbegun(const pto_worker_thread *wt);
 /* PROCESS mode: whether pto_wm_pump has something to do now; *timeout_ns
  * is lowered to when it must look again even if nothing rings (a running

@@ -793,7 +793,7 @@ static int64_t nap_ns(const pto_scheduler *s)
     return least < SCHED_NAP_MIN_NS ? 0 : least;
 }
 
-void pto_sched_nap(int64_t ns)
+static void nap(int64_t ns)
 {
     struct timespec ts = {0, (long)ns};
     nanosleep(&ts, NULL);
@@ -856,7 +856,7 @@ static void *sched_main(void *arg)
         if (ns) {   /* a helper may come meanwhile */
             turn_give(s);
             held = false;
-            pto_sched_nap(ns);
+            nap(ns);
         }
     }
     if (held) turn_give(s);
@@ -874,13 +874,20 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
         if ((i & 3) == 0) sched_yield();   /* it may be waiting for this core */
     }
     uint64_t since = pto_now_ns(), idle_since = since;
+    long slack = -1;   /* this thread's timer slack, once a nap changed it */
     for (int i = 1;; i++) {
         if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
         int64_t ns;
         if (pending(s) && turn(s)) {
             i = 0;
         } else if ((ns = nap_ns(s)) > 0) {
-            pto_sched_nap(ns);
+            /* Naps as short as the scheduler thread's (1 us timer slack,
+             * not this thread's default 50), for as long as it helps. */
+            if (slack < 0) {
+                slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+                if (slack > 1000) prctl(PR_SET_TIMERSLACK, 1000UL);
+            }
+            nap(ns);
             i = 0;
         } else {
             /* As pto_event_wait spins: with more runnable threads than
@@ -892,6 +899,7 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
         else if ((i & 15) == 0 && (int64_t)(pto_now_ns() - idle_since) >= idle_ns) break;
     }
     turn_give(s);
+    if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack);
     bool wake = !finished || (int64_t)(pto_now_ns() - since) >= SCHED_HELP_LONG_NS;
     atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
     s->unhelped_submits = 0;

@@ -156,7 +156,5 @@ bool pto_sched_stalled_by_hold(pto_scheduler *s);
  * scheduler's turns itself until done(arg), stop, or idle_ns with nothing
  * to do; the scheduler thread parks meanwhile. True when done(arg). */
 bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop);
-/* Sleep ns nanoseconds with the scheduler's timer slack (a nap, not a wait). */
-void pto_sched_nap(int64_t ns);
 
 #endif

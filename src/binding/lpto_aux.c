@@ -81,6 +81,13 @@ void lpto_check_fields(lua_State *L, int t, const lpto_field *fields, const char
     }
 }
 
+uint64_t lpto_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* ---- the interpreter lock ------------------------------------------------- */
 
 /* Under g->mu. */
@@ -139,9 +146,7 @@ void lpto_gil_unblock(void *g) { lpto_gil_acquire(g); }
 void lpto_gil_yield(lpto_gil *g)
 {
     if (!atomic_load_explicit(&g->waiters, memory_order_relaxed)) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t now = lpto_now_ns();
     if (now - g->yielded_ns < LPTO_GIL_SLICE_NS) return;   /* the holder's own field */
     g->yielded_ns = now;
     pthread_mutex_lock(&g->mu);

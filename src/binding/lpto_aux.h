@@ -39,6 +39,9 @@ bool lpto_get_int_field(lua_State *L, int t, const char *k, lua_Integer *out, lu
 /* lpto_get_int_field for a field of a table checked with lpto_check_fields. */
 bool lpto_get_field(lua_State *L, int t, const lpto_field *f, lua_Integer *out, const char *who);
 
+/* The monotonic clock in nanoseconds. */
+uint64_t lpto_now_ns(void);
+
 /* ---- the interpreter lock -------------------------------------------------
  * Sub callables in THREAD mode run on worker threads but share the one Lua
  * state, so Lua runs under a lock. The thread that loaded the module holds

@@ -201,8 +201,7 @@ static int w_set_check(lua_State *L)
 static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *who)
 {
     unsigned gen = atomic_load(&interrupt_gen);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = lpto_now_ns();
     for (;;) {
         lpto_gil_release(W->gil);
         int r = pto_dispatch_wait(W->w, 20);
@@ -212,9 +211,7 @@ static int wait_quiet(lua_State *L, lworker *W, double timeout_s, const char *wh
         if (atomic_load(&interrupt_gen) != gen)
             return lpto_error(L, who, "interrupted while tasks were still running (they go on; dispatch stays as "
                                       "it was)");
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9 >= timeout_s) return 0;
+        if ((double)(lpto_now_ns() - t0) * 1e-9 >= timeout_s) return 0;
     }
 }
 

@@ -124,13 +124,6 @@ static struct {
     bool *live;                  /* rank 0: ranks that said hello and were not stopped */
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void sleep_ns(long ns)
 {
     struct timespec ts = {0, ns};
@@ -142,7 +135,7 @@ static void sleep_ns(long ns)
  * deadline (now_ns; 0: none) passes. */
 static bool wait_msg(int src, int tag, MPI_Status *st, uint64_t deadline, bool locked)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = lpto_now_ns();
     long nap = 0;
     for (;;) {
         int flag = 0;
@@ -150,7 +143,7 @@ static bool wait_msg(int src, int tag, MPI_Status *st, uint64_t deadline, bool l
         MPI_Iprobe(src, tag, MPI_COMM_WORLD, &flag, st);
         if (flag) return true;
         if (locked) pthread_mutex_unlock(&G.mu);
-        uint64_t now = now_ns();
+        uint64_t now = lpto_now_ns();
         if (deadline && now >= deadline) return false;
         /* Spin through a short task's turnaround, then nap, longer once idle. */
         if (now - t0 < 50000) continue;
@@ -227,7 +220,7 @@ static bool stop_rank(int r)
     MPI_Send(&h, (int)sizeof h, MPI_BYTE, r, TAG_REQ, MPI_COMM_WORLD);
     pthread_mutex_unlock(&G.mu);
     MPI_Status st;
-    if (!wait_msg(r, TAG_REP, &st, now_ns() + (uint64_t)STOP_MS * 1000000u, true)) return false;
+    if (!wait_msg(r, TAG_REP, &st, lpto_now_ns() + (uint64_t)STOP_MS * 1000000u, true)) return false;
     rep_head rep;
     MPI_Recv(&rep, (int)sizeof rep, MPI_BYTE, r, TAG_REP, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     pthread_mutex_unlock(&G.mu);
@@ -466,7 +459,7 @@ void lpto_mpi_serve(lua_State *L, int idx, lworker *W)
     for (int k = 0; k < SYNC_ROUNDS; k++) {   /* rank 0 estimates our clock's offset */
         uint64_t t;
         MPI_Recv(&t, (int)sizeof t, MPI_BYTE, 0, TAG_SYNC, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        t = now_ns();
+        t = lpto_now_ns();
         MPI_Send(&t, (int)sizeof t, MPI_BYTE, 0, TAG_SYNC, MPI_COMM_WORLD);
     }
     for (;;) {
@@ -691,7 +684,7 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
     if (!mpi_up(MPI_THREAD_SERIALIZED, err, sizeof err)) lpto_error(L, who, "%s", err);
     G.used = true;
     /* Every rank runs the script to this init: hear from each within one deadline. */
-    uint64_t deadline = now_ns() + (uint64_t)START_MS * 1000000u;
+    uint64_t deadline = lpto_now_ns() + (uint64_t)START_MS * 1000000u;
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     int failed = 0;
@@ -716,10 +709,10 @@ void lpto_mpi_start(lua_State *L, lworker *W, pto_leaf *leaves, const char *who)
         /* Its clock against ours, from the fastest of a few round trips (traces share one time line). */
         uint64_t best = UINT64_MAX;
         for (int k = 0; k < SYNC_ROUNDS; k++) {
-            uint64_t t0 = now_ns(), tr;
+            uint64_t t0 = lpto_now_ns(), tr;
             MPI_Send(&t0, (int)sizeof t0, MPI_BYTE, r, TAG_SYNC, MPI_COMM_WORLD);
             MPI_Recv(&tr, (int)sizeof tr, MPI_BYTE, r, TAG_SYNC, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            uint64_t t1 = now_ns();
+            uint64_t t1 = lpto_now_ns();
             if (t1 - t0 < best) {
                 best = t1 - t0;
                 offs[r] = (int64_t)(tr - t0 - (t1 - t0) / 2);

@@ -144,9 +144,6 @@ static void fill_args(lua_State *L, lpto_args *a, pto_tensor *descs, pto_task_ar
     *out = (pto_task_args){a->nt, a->ns, descs, a->tags, a->scalars};
 }
 
-/* List the storage at st_idx under the current scope, whose end makes it
- * stale (invalidate_depth). A pto.temp rebound in the same scope is listed
- * once. The per-depth lists are reused: no table per scope. */
 /* Make depth's entries valid (lorch.depths). The serials of depths first
  * reached are the run's block (lpto_push_orch): first + 1 + depth. */
 static void reach_depth(lorch *O, int depth)
@@ -157,6 +154,9 @@ static void reach_depth(lorch *O, int depth)
     }
 }
 
+/* List the storage at st_idx under the current scope, whose end makes it
+ * stale (invalidate_depth). A pto.temp rebound in the same scope is listed
+ * once. The per-depth lists are reused: no table per scope. */
 static void list_in_scope(lua_State *L, int oidx, lorch *O, int st_idx, lpto_storage *st)
 {
     int depth = pto_scope_depth(O->o);

@@ -515,9 +515,7 @@ static int l_wait_any(lua_State *L)
             lua_pop(L, 1);
             if (!pending) pending = R;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        double now = (double)lpto_now_ns() * 1e-9;
         if (t0 < 0) t0 = now;
         if (limit >= 0 && now - t0 >= limit) return 0;
         lpto_active_add(pending->W->w);

@@ -473,12 +473,7 @@ typedef struct progress {
 
 static progress *progress_now;   /* the run showing progress (one at a time), or NULL */
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static double mono_now(void) { return (double)lpto_now_ns() * 1e-9; }
 
 static void progress_tick(progress *p)
 {
@@ -773,9 +768,7 @@ static int w_tostring(lua_State *L)
 /* Seconds on the monotonic clock, for timing runs (os.clock is CPU time). */
 static int l_now(lua_State *L)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    lua_pushnumber(L, mono_now());
     return 1;
 }
 

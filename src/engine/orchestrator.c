@@ -820,33 +820,23 @@ static bool all_finished(void *arg)
  * otherwise be one more spinner beside the workers and this thread, and
  * each hand-off between them a context switch (most of a one-task run's
  * fixed cost). Then it sleeps, and the scheduler thread takes over. */
-struct until {
-    pto_orch *o;
-    bool (*done)(pto_orch *);
-};
-
-static bool until_done(void *arg)
-{
-    struct until *u = arg;
-    return u->done(u->o);
-}
-
 /* A drain runs everything submitted, held dispatch included: the gate stays
  * open while it waits, so no hold or breakpoint can hang it. */
-static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
+static bool wait_until(pto_orch *o, bool (*done)(void *), int32_t why)
 {
     pto_sched_draining(o->sched, true);
     pto_wm_hot(o->sched->wm, UINT64_MAX, false);
     atomic_store_explicit(&o->waiting_for, why, memory_order_seq_cst);
-    struct until u = {o, done};
     bool ok = true;
-    pto_sched_help(o->sched, until_done, &u, DRAIN_SPIN_NS, o->shutdown);
-    while (!done(o)) {
+    pto_sched_help(o->sched, done, o, DRAIN_SPIN_NS, o->shutdown);
+    /* Here the help found nothing to do for DRAIN_SPIN_NS: sleep at once,
+     * and spin again only after a wake-up. */
+    for (int64_t spin = 0; !done(o); spin = DRAIN_SPIN_NS) {
         if (atomic_load_explicit(o->shutdown, memory_order_relaxed)) {
             ok = false;
             break;
         }
-        pto_event_wait(&o->ev, all_finished, o, DRAIN_SPIN_NS, 100000000);
+        pto_event_wait(&o->ev, all_finished, o, spin, 100000000);
         drain_retired(o);
     }
     atomic_store_explicit(&o->waiting_for, ORCH_WAIT_NONE, memory_order_relaxed);
@@ -855,13 +845,15 @@ static bool wait_until(pto_orch *o, bool (*done)(pto_orch *), int32_t why)
     return ok;
 }
 
-static bool finished_all(pto_orch *o)
+static bool finished_all(void *arg)
 {
+    pto_orch *o = arg;
     return atomic_load_explicit(&o->sched->finished, memory_order_acquire) == o->submitted;
 }
 
-static bool reclaimed_all(pto_orch *o)
+static bool reclaimed_all(void *arg)
 {
+    pto_orch *o = arg;
     drain_retired(o);
     return o->pool.live == 0;
 }

@@ -697,9 +697,11 @@ int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callabl
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
-    if (c->t1) s->wm->task_ns[wt->kind] += ((int64_t)(c->t1 - c->t0) - s->wm->task_ns[wt->kind]) / 8;
-    if (c->t1) pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
-                             c->status == PTO_DONE_FAILED, x->scope_seq);
+    if (c->t1) {
+        s->wm->task_ns[wt->kind] += ((int64_t)(c->t1 - c->t0) - s->wm->task_ns[wt->kind]) / 8;
+        pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
+                      c->status == PTO_DONE_FAILED, x->scope_seq);
+    }
     if (c->status == PTO_DONE_CANCELLED) {   /* as cancel_ready or a run's cancel, for what was already staged */
         if (x->run && pto_run_cancelled(x->run)) run_cancel_task(x);
         else pto_slot_poison(x, -1);
@@ -863,20 +865,17 @@ static void *sched_main(void *arg)
     return NULL;
 }
 
-bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop)
+/* pto_sched_help's turns, the turn flag held: until done(arg), stop, or
+ * idle_ns with nothing to do. Returns whether the scheduler thread should
+ * be woken: the help stopped short of done, or lasted long enough that
+ * the scheduler thread's park has grown long. */
+static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop,
+                       bool *finished)
 {
-    bool finished = false;
-    atomic_fetch_add_explicit(&s->helpers, 1, memory_order_seq_cst);
-    pto_event_notify(s->ev);   /* a scheduler asleep in its wait holds the turn */
-    for (int i = 1; !turn_take(s); i++) {   /* the scheduler thread lets it go at its next look */
-        if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) goto out;
-        pto_cpu_relax();
-        if ((i & 3) == 0) sched_yield();   /* it may be waiting for this core */
-    }
     uint64_t since = pto_now_ns(), idle_since = since;
     long slack = -1;   /* this thread's timer slack, once a nap changed it */
     for (int i = 1;; i++) {
-        if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
+        if ((*finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
         int64_t ns;
         if (pending(s) && turn(s)) {
             i = 0;
@@ -898,16 +897,31 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
         if (i == 0) idle_since = pto_now_ns();
         else if ((i & 15) == 0 && (int64_t)(pto_now_ns() - idle_since) >= idle_ns) break;
     }
-    turn_give(s);
     if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack);
-    bool wake = !finished || (int64_t)(pto_now_ns() - since) >= SCHED_HELP_LONG_NS;
+    return !*finished || (int64_t)(pto_now_ns() - since) >= SCHED_HELP_LONG_NS;
+}
+
+bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop)
+{
+    bool finished = false, wake = false;
+    atomic_fetch_add_explicit(&s->helpers, 1, memory_order_seq_cst);
+    pto_event_notify(s->ev);   /* a scheduler asleep in its wait holds the turn */
+    bool took = true;
+    for (int i = 1; !turn_take(s); i++) {   /* the scheduler thread lets it go at its next look */
+        if ((finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) {
+            took = false;   /* the scheduler thread kept the turn: it is awake */
+            break;
+        }
+        pto_cpu_relax();
+        if ((i & 3) == 0) sched_yield();   /* it may be waiting for this core */
+    }
+    if (took) {
+        wake = help_turns(s, done, arg, idle_ns, stop, &finished);
+        turn_give(s);
+    }
     atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
     s->unhelped_submits = 0;
     if (wake) pto_event_notify(&s->park);
-    return finished;
-out:   /* the scheduler thread kept the turn: it is awake */
-    atomic_fetch_sub_explicit(&s->helpers, 1, memory_order_seq_cst);
-    s->unhelped_submits = 0;
     return finished;
 }
 

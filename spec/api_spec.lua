@@ -1420,3 +1420,30 @@ describe("sub callables in each mode", function()
     assert.are.equal(64 * 4096, used[1])
   end)
 end)
+
+describe("dispatch order", function()
+  -- One chip, so no other worker can take anything; eight tasks ready at
+  -- once, then a consumer of the first. When the first ends, its consumer
+  -- goes ahead of the seven still waiting (with what the first wrote still
+  -- in that worker's caches), instead of behind them all. A PROCESS-mode
+  -- child has a few tasks posted in its mailbox already, which go first;
+  -- so the test asks only that the consumer start before the last of them.
+  it("runs a consumer made ready by a finished task ahead of the tasks that were ready before it", function()
+    local w <close> = pto.Worker{chips = 1}
+    local k = H.kernels(w)
+    w:init()
+    local n, us = 8, 30000
+    local outs = {}
+    for i = 1, n do outs[i] = pto.tensor({1}, "f32") end
+    local b = pto.tensor({1}, "f32")
+    w:run(function(orch)
+      for i = 1, n do orch:submit_next_level(k.sleep_us, targs(us, {outs[i], "out"})) end
+      orch:submit_next_level(k.sleep_us, targs(0, {outs[1], "in"}, {b, "out"}))
+    end)
+    local start = {}
+    for _, t in ipairs(w:profile().timeline) do start[t.id] = t.start_ms end
+    assert.is_true(start[n] < start[n - 1],
+                   ("the consumer (task %d) started at %.1f ms, after the last of the tasks ready before it (task %d, " ..
+                    "%.1f ms): it waited behind all of them"):format(n, start[n], n - 1, start[n - 1]))
+  end)
+end)

@@ -151,11 +151,57 @@ static void release_ref(pto_scheduler *s, pto_slot *slot)
     if (pto_slot_release(slot)) s->retire(s->retire_ctx, slot);
 }
 
+/* Only the scheduler thread writes `running`; others read it. */
+static void running_add(pto_scheduler *s, int64_t d)
+{
+    atomic_store_explicit(&s->nrunning, atomic_load_explicit(&s->nrunning, memory_order_relaxed) + d,
+                          memory_order_release);
+}
+
+static bool dispatch_gated(const pto_scheduler *s)
+{
+    return atomic_load_explicit(&s->gated, memory_order_relaxed) &&
+           !atomic_load_explicit(&s->draining, memory_order_relaxed);
+}
+
+/* Stage c, made ready by the task that just ended on wt, on wt ahead of its
+ * queue. A consumer queued behind every task ready before it reads its
+ * inputs back from memory: in a BGEMM of 64x64 tiles, whose orchestrator
+ * runs far ahead, each tile_add ran a millisecond or more after its
+ * gemm_tile, at twice the time of one that ran within 100 us. False for
+ * what goes through the ready queue: a group, another kind, a pinned task
+ * (or ready tasks pinned to wt, which go first), held or stepped dispatch,
+ * caught failures. */
+static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p);
+
+static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
+{
+    if (c->group_size != 1 || c->kind != wt->kind || c->member0.pin >= 0 || wt->pinned.head ||
+        !pto_wt_next_free(wt) || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
+        atomic_load_explicit(&s->cancel, memory_order_relaxed))
+        return false;
+    /* Its chain follows it, as send_single stages one. */
+    pto_slot *after = NULL, *next = chain_next(wt, c);
+    for (;;) {
+        atomic_store_explicit(&c->state, PTO_TASK_RUNNING, memory_order_relaxed);
+        running_add(s, 1);
+        pto_wt_send_next(wt, c, !after && !next, after);
+        if (!next || !pto_wt_next_free(wt)) return true;
+        after = c;
+        c = next;
+        c->chained = true;
+        c->ready_by = after->id;
+        next = chain_next(wt, c);
+    }
+}
+
 /* Terminal transition of every slot on the worklist, cascading to consumers
  * that become terminal through poisoning. A slot is never touched after its
  * own self-release: that may hand it to reclamation. */
 static void finish_all(pto_scheduler *s)
 {
+    pto_worker_thread *cont = s->cont_wt;
+    s->cont_wt = NULL;
     while (s->nwork) {
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
@@ -177,6 +223,7 @@ static void finish_all(pto_scheduler *s)
             if (++c->fanin_released == c->fanin_count && !c->chained) {   /* a chained one is staged already */
                 c->ready_by = x->id;
                 if (c->poisoned) work_push(s, c);
+                else if (cont && send_next(s, cont, c)) cont = NULL;
                 else make_ready(s, c);
             }
         }
@@ -248,13 +295,6 @@ static bool wire_all(pto_scheduler *s)
         rev = next;
     }
     return true;
-}
-
-/* Only the scheduler thread writes `running`; others read it. */
-static void running_add(pto_scheduler *s, int64_t d)
-{
-    atomic_store_explicit(&s->nrunning, atomic_load_explicit(&s->nrunning, memory_order_relaxed) + d,
-                          memory_order_release);
 }
 
 /* A consumer of p that may wait on wt right behind p: p is its only
@@ -725,6 +765,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     if (x->group_size > 1 && ++x->members_done < x->group_size) return;
     running_add(s, -1);
     work_push(s, x);
+    s->cont_wt = wt;
     finish_all(s);
 }
 

@@ -32,6 +32,10 @@ typedef struct pto_ready_queue {
 } pto_ready_queue;
 
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
+/* Tasks staged ahead of a worker's queue (pto_wt_send_next); a power of two.
+ * A scheduler's turn collects a batch of completions, each of which may
+ * stage one: a single entry would send most of a batch to the back. */
+#define PTO_WT_PQCAP 64
 /* PROCESS mode: the work the scheduler keeps posted to a child, in tasks
  * of its kind's mean time (task_ns), and never fewer tasks than this. */
 #define PTO_WM_STOCK_NS 200000
@@ -86,6 +90,12 @@ typedef struct pto_worker_thread {
     _Alignas(64) _Atomic uint32_t dq_tail;
     _Alignas(64) _Atomic uint32_t dq_head;
     pto_dispatch dq[PTO_WT_QCAP];
+    /* scheduler -> worker, taken before dq: consumers made ready by tasks
+     * that just ended on this thread (pto_wt_send_next). Claimed as dq is;
+     * thieves take them only when dq has nothing they may take. */
+    _Alignas(64) _Atomic uint32_t pq_tail;
+    _Alignas(64) _Atomic uint32_t pq_head;
+    pto_dispatch pq[PTO_WT_PQCAP];
     /* worker -> scheduler */
     _Alignas(64) _Atomic uint32_t cq_tail;
     _Alignas(64) _Atomic uint32_t cq_head;
@@ -170,6 +180,18 @@ void pto_wm_destroy(pto_worker_manager *wm);
  * `after` ran to success, and otherwise completes as PTO_DONE_UNRUN. */
 void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member, bool stealable,
                  struct pto_slot *after);
+/* Scheduler side: whether pto_wt_send_next may stage on wt now. */
+static inline bool pto_wt_next_free(const pto_worker_thread *wt)
+{
+    return wt->inflight < PTO_WT_QCAP && atomic_load_explicit(&wt->pq_tail, memory_order_relaxed) -
+                                                 atomic_load_explicit(&wt->pq_head, memory_order_acquire) <
+                                             PTO_WT_PQCAP;
+}
+/* Scheduler side, when pto_wt_next_free(wt): stage slot (member 0 of a
+ * single task) on wt ahead of its queue, so that it runs next and finds in
+ * wt's caches what its producer, which just ran there, wrote; stealable and
+ * `after` as for pto_wt_send. */
+void pto_wt_send_next(pto_worker_thread *wt, struct pto_slot *slot, bool stealable, struct pto_slot *after);
 /* Scheduler side: take one completion; false if none. */
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out);
 

@@ -180,8 +180,10 @@ static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
         !pto_wt_next_free(wt) || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
         atomic_load_explicit(&s->cancel, memory_order_relaxed))
         return false;
-    /* Its chain follows it, as send_single stages one. */
-    pto_slot *after = NULL, *next = chain_next(wt, c);
+    /* Its chain follows it, as send_single stages one, and on the same
+     * condition: a chain's head cannot be stolen, so it starts only where
+     * it runs at once. */
+    pto_slot *after = NULL, *next = wt->inflight == 0 ? chain_next(wt, c) : NULL;
     for (;;) {
         atomic_store_explicit(&c->state, PTO_TASK_RUNNING, memory_order_relaxed);
         running_add(s, 1);

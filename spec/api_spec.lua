@@ -1446,4 +1446,24 @@ describe("dispatch order", function()
                    ("the consumer (task %d) started at %.1f ms, after the last of the tasks ready before it (task %d, " ..
                     "%.1f ms): it waited behind all of them"):format(n, start[n], n - 1, start[n - 1]))
   end)
+
+  -- The consumer goes to the worker its producer ran on, which by then has
+  -- begun a long task: the idle chip must take it rather than let it wait.
+  it("does not leave a consumer waiting behind a long task while another worker idles", function()
+    local w <close> = pto.Worker{chips = 2}
+    local k = H.kernels(w)
+    w:init()
+    local x, y, z = pto.tensor({1}, "f32"), pto.tensor({1}, "f32"), pto.tensor({1}, "f32")
+    local long = 400000
+    w:run(function(orch)
+      orch:submit_next_level(k.sleep_us, targs(20000, {x, "out"}), nil, {worker = 1})
+      orch:submit_next_level(k.sleep_us, targs(long, {z, "out"}), nil, {worker = 1})
+      orch:submit_next_level(k.sleep_us, targs(0, {x, "in"}, {y, "out"}))
+    end)
+    local t = {}
+    for _, e in ipairs(w:profile().timeline) do t[e.id] = e end
+    assert.is_true(t[2].start_ms < t[1].finish_ms - long / 2000,
+                   ("the consumer started at %.1f ms, behind the long task on %s (%.1f to %.1f ms), while the " ..
+                    "other chip idled"):format(t[2].start_ms, t[1].lane, t[1].start_ms, t[1].finish_ms))
+  end)
 end)

@@ -171,14 +171,27 @@ static bool dispatch_gated(const pto_scheduler *s)
  * gemm_tile, at twice the time of one that ran within 100 us. False for
  * what goes through the ready queue: a group, another kind, a pinned task
  * (or ready tasks pinned to wt, which go first), held or stepped dispatch,
- * caught failures. */
+ * caught failures, and any task while a sibling of wt idles and wt has
+ * work staged: dispatch gives it to the idle one, where behind a long task
+ * on wt it could wait (a PROCESS-mode child's posted cells are not
+ * stealable). */
 static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p);
+
+/* A worker of wt's kind other than wt with nothing staged, while wt has. */
+static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
+{
+    if (wt->inflight == 0) return false;
+    const pto_worker_manager *wm = s->wm;
+    for (int32_t k = 0; k < wm->count[wt->kind]; k++)
+        if (wm->threads[wt->kind][k]->inflight == 0) return true;
+    return false;
+}
 
 static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
 {
     if (c->group_size != 1 || c->kind != wt->kind || c->member0.pin >= 0 || wt->pinned.head ||
         !pto_wt_next_free(wt) || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
-        atomic_load_explicit(&s->cancel, memory_order_relaxed))
+        atomic_load_explicit(&s->cancel, memory_order_relaxed) || sibling_idle(s, wt))
         return false;
     /* Its chain follows it, as send_single stages one, and on the same
      * condition: a chain's head cannot be stolen, so it starts only where

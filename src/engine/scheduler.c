@@ -164,17 +164,6 @@ static bool dispatch_gated(const pto_scheduler *s)
            !atomic_load_explicit(&s->draining, memory_order_relaxed);
 }
 
-/* Stage c, made ready by the task that just ended on wt, on wt ahead of its
- * queue. A consumer queued behind every task ready before it reads its
- * inputs back from memory: in a BGEMM of 64x64 tiles, whose orchestrator
- * runs far ahead, each tile_add ran a millisecond or more after its
- * gemm_tile, at twice the time of one that ran within 100 us. False for
- * what goes through the ready queue: a group, another kind, a pinned task
- * (or ready tasks pinned to wt, which go first), held or stepped dispatch,
- * caught failures, and any task while a sibling of wt idles and wt has
- * work staged: dispatch gives it to the idle one, where behind a long task
- * on wt it could wait (a PROCESS-mode child's posted cells are not
- * stealable). */
 static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p);
 
 /* A worker of wt's kind other than wt with nothing staged, while wt has. */
@@ -187,6 +176,17 @@ static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
     return false;
 }
 
+/* Stage c, made ready by the task that just ended on wt, on wt ahead of its
+ * queue. A consumer queued behind every task ready before it reads its
+ * inputs back from memory: in a BGEMM of 64x64 tiles, whose orchestrator
+ * runs far ahead, each tile_add ran a millisecond or more after its
+ * gemm_tile, at twice the time of one that ran within 100 us. False for
+ * what goes through the ready queue: a group, another kind, a pinned task
+ * (or ready tasks pinned to wt, which go first), held or stepped dispatch,
+ * caught failures, and any task while a sibling of wt idles and wt has
+ * work staged: dispatch gives it to the idle one, where behind a long task
+ * on wt it could wait (a PROCESS-mode child's posted cells are not
+ * stealable). */
 static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
 {
     if (c->group_size != 1 || c->kind != wt->kind || c->member0.pin >= 0 || wt->pinned.head ||
@@ -590,8 +590,7 @@ static void dispatch_ready(pto_scheduler *s)
         return;
     }
     if (atomic_load_explicit(&s->run_cancels, memory_order_relaxed) != s->run_cancels_seen) sweep_cancelled_runs(s);
-    bool gated = atomic_load_explicit(&s->gated, memory_order_relaxed) &&
-                 !atomic_load_explicit(&s->draining, memory_order_relaxed);
+    bool gated = dispatch_gated(s);
     for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];

@@ -485,6 +485,19 @@ static bool gate_pass(pto_scheduler *s, const pto_slot *slot)
     return true;
 }
 
+/* Whether slot may dispatch in a turn that found the gate shut (*gated)
+ * when it began; *gated then says whether it is shut still. It may have
+ * opened since: a passing slot then dispatches as in an open turn, with
+ * its chain staged behind it (a chain never starts while the gate is shut,
+ * which counts :step's tasks one by one). */
+static bool gate_admits(pto_scheduler *s, const pto_slot *slot, bool *gated)
+{
+    if (!*gated) return true;
+    if (!gate_pass(s, slot)) return false;
+    *gated = dispatch_gated(s);
+    return true;
+}
+
 static void gate_changed(pto_scheduler *s)
 {
     atomic_fetch_add(&s->gate_gen, 1);
@@ -502,6 +515,10 @@ void pto_sched_hold(pto_scheduler *s, bool hold)
     if (!hold) atomic_store(&s->release_req, true);   /* releasing accepts the caught failures */
     pthread_mutex_lock(&s->gate_mu);
     atomic_store(&s->step_left, 0);
+    /* A release opens the gate before it clears held: a turn that began
+     * with the gate shut and then finds held clear finds the gate open
+     * too (gate_admits). */
+    if (!hold) atomic_store(&s->gated, s->nbreaks > 0);
     atomic_store(&s->held, hold);
     gate_update(s);
     pthread_mutex_unlock(&s->gate_mu);
@@ -595,7 +612,7 @@ static void dispatch_ready(pto_scheduler *s)
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];
             while (wt->pinned.head && wt->inflight < wm->depth) {
-                if (gated && !gate_pass(s, wt->pinned.head)) break;
+                if (!gate_admits(s, wt->pinned.head, &gated)) break;
                 pto_slot *slot = queue_pop(&wt->pinned);
                 s->ready_len--;
                 send_single(s, wt, slot, gated);
@@ -607,14 +624,14 @@ static void dispatch_ready(pto_scheduler *s)
             if (slot->group_size == 1) {
                 pto_worker_thread *wt = pick(s, kind);
                 if (!wt) break;           /* head-of-line: this kind is saturated */
-                if (gated && !gate_pass(s, slot)) break;
+                if (!gate_admits(s, slot, &gated)) break;
                 queue_pop(q);
                 s->ready_len--;
                 send_single(s, wt, slot, gated);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;
-                if (gated && !gate_pass(s, slot)) break;
+                if (!gate_admits(s, slot, &gated)) break;
                 queue_pop(q);
                 s->ready_len--;
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);

@@ -601,7 +601,15 @@ static bool pump_post(pto_worker_thread *wt)
          * precise clock only where a span or a deadline needs it (~20 ns). */
         bool exact = s->timeout_ms || pto_trace_on(&wt->wm->trace) || PTO_UNLIKELY(alone);
         uint64_t now = exact ? pto_now_ns() : pto_now_coarse_ns();
+        /* The head is the running task before the post, which an idle
+         * child takes at once: whoever sees the child running it (a
+         * child-info query) sees it as the worker's current task. */
+        if (i == 0) {
+            started(wt, s, e->member, now);
+            wt->head_exact = exact;
+        }
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, err, sizeof err);
+        if (r != 0 && i == 0) atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
         if (r > 0) break;   /* its child is starting: the bell rings when it is up */
         moved = true;
         if (r < 0) {
@@ -611,11 +619,7 @@ static bool pump_post(pto_worker_thread *wt)
             staged_drop(wt, i);
             continue;
         }
-        if (i == 0) {
-            started(wt, s, e->member, now);
-            wt->head_exact = exact;
-        }
-        else if (e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
+        if (i > 0 && e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
         wt->staged_posted++;
         wt->staged_alone = alone;
     }

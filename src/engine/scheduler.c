@@ -164,7 +164,7 @@ static bool dispatch_gated(const pto_scheduler *s)
            !atomic_load_explicit(&s->draining, memory_order_relaxed);
 }
 
-static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p);
+static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated, bool ahead);
 
 /* A worker of wt's kind other than wt with nothing staged, while wt has. */
 static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
@@ -190,33 +190,18 @@ static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
 static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
 {
     if (c->group_size != 1 || c->kind != wt->kind || c->member0.pin >= 0 || wt->pinned.head ||
-        !pto_wt_next_free(wt) || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
+        wt->inflight == PTO_WT_QCAP || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
         atomic_load_explicit(&s->cancel, memory_order_relaxed) || sibling_idle(s, wt))
         return false;
-    /* Its chain follows it, as send_single stages one, and on the same
-     * condition: a chain's head cannot be stolen, so it starts only where
-     * it runs at once. */
-    pto_slot *after = NULL, *next = wt->inflight == 0 ? chain_next(wt, c) : NULL;
-    for (;;) {
-        atomic_store_explicit(&c->state, PTO_TASK_RUNNING, memory_order_relaxed);
-        running_add(s, 1);
-        pto_wt_send_next(wt, c, !after && !next, after);
-        if (!next || !pto_wt_next_free(wt)) return true;
-        after = c;
-        c = next;
-        c->chained = true;
-        c->ready_by = after->id;
-        next = chain_next(wt, c);
-    }
+    send_single(s, wt, c, false, true);   /* its chain, if any, behind it */
+    return true;
 }
 
 /* Terminal transition of every slot on the worklist, cascading to consumers
  * that become terminal through poisoning. A slot is never touched after its
  * own self-release: that may hand it to reclamation. */
-static void finish_all(pto_scheduler *s)
+static void finish_all(pto_scheduler *s, pto_worker_thread *cont)
 {
-    pto_worker_thread *cont = s->cont_wt;
-    s->cont_wt = NULL;
     while (s->nwork) {
         pto_slot *x = s->work[--s->nwork];
         bool failed = x->poisoned || atomic_load_explicit(&x->failed, memory_order_relaxed);
@@ -286,7 +271,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
     if (live == 0) {
         if (c->poisoned) {
             work_push(s, c);
-            finish_all(s);
+            finish_all(s, NULL);
         } else {
             make_ready(s, c);
         }
@@ -327,7 +312,8 @@ static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p)
     return NULL;
 }
 
-/* Stage the single task slot on wt, and its chain behind it. Every link is
+/* Stage the single task slot on wt (ahead: before what is staged there
+ * already, send_next), and its chain behind it. Every link is
  * unstealable, so the worker runs them in order and knows each producer's
  * outcome first (pto_wt_send's `after`). That costs the head its
  * stealability, so a chain starts only at a head that runs at once or is
@@ -335,7 +321,7 @@ static pto_slot *chain_next(const pto_worker_thread *wt, const pto_slot *p)
  * :step counts tasks one by one. The scheduler finishes a chained task
  * from its completion, as any other: its producer's completion, queued
  * before it on the same thread, only counts the fan-in. */
-static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated)
+static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated, bool ahead)
 {
     bool pinned = slot->member0.pin >= 0;
     /* Nor while older ready tasks wait for wt alone: they go first. */
@@ -348,7 +334,7 @@ static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot,
     for (;;) {
         atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
         running_add(s, 1);
-        pto_wt_send(wt, slot, 0, !after && !next && !pinned, after);
+        pto_wt_send(wt, slot, 0, !after && !next && !pinned, after, ahead);
         if (!next || wt->inflight == PTO_WT_QCAP) return;
         after = slot;
         slot = next;
@@ -423,7 +409,7 @@ static void cancel_ready(pto_scheduler *s)
         cancel_queue(s, &s->ready[kind]);
         for (int32_t i = 0; i < s->wm->count[kind]; i++) cancel_queue(s, &s->wm->threads[kind][i]->pinned);
     }
-    finish_all(s);
+    finish_all(s, NULL);
 }
 
 /* Submitted runs were cancelled (pto_run_cancel): their ready tasks fail
@@ -453,7 +439,7 @@ static void sweep_cancelled_runs(pto_scheduler *s)
         sweep_queue(s, &s->ready[kind]);
         for (int32_t i = 0; i < s->wm->count[kind]; i++) sweep_queue(s, &s->wm->threads[kind][i]->pinned);
     }
-    finish_all(s);
+    finish_all(s, NULL);
 }
 
 /* ---- dispatch control ---- */
@@ -615,7 +601,7 @@ static void dispatch_ready(pto_scheduler *s)
                 if (!gate_admits(s, wt->pinned.head, &gated)) break;
                 pto_slot *slot = queue_pop(&wt->pinned);
                 s->ready_len--;
-                send_single(s, wt, slot, gated);
+                send_single(s, wt, slot, gated, false);
             }
         }
         pto_ready_queue *q = &s->ready[kind];
@@ -627,7 +613,7 @@ static void dispatch_ready(pto_scheduler *s)
                 if (!gate_admits(s, slot, &gated)) break;
                 queue_pop(q);
                 s->ready_len--;
-                send_single(s, wt, slot, gated);
+                send_single(s, wt, slot, gated, false);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;
@@ -636,7 +622,7 @@ static void dispatch_ready(pto_scheduler *s)
                 s->ready_len--;
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
                 running_add(s, 1);
-                for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m, false, NULL);
+                for (int32_t m = 0; m < slot->group_size; m++) pto_wt_send(wts[m], slot, m, false, NULL, false);
             }
         }
     }
@@ -741,7 +727,7 @@ static void serve_caught(pto_scheduler *s)
         }
     }
     s->ncaught = k;
-    finish_all(s);
+    finish_all(s, NULL);
     atomic_store(&s->caught_task, k ? s->caught[k - 1]->id : -1);
     if (want >= 0) {
         if (found == 1) pto_sched_hold(s, false);   /* the run goes on as if it had not failed */
@@ -796,8 +782,7 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     if (x->group_size > 1 && ++x->members_done < x->group_size) return;
     running_add(s, -1);
     work_push(s, x);
-    s->cont_wt = wt;
-    finish_all(s);
+    finish_all(s, wt);
 }
 
 static bool complete_all(pto_scheduler *s)

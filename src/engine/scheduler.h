@@ -42,9 +42,6 @@ typedef struct pto_scheduler {
     _Atomic int64_t ready_hwm;
 
     struct pto_slot **work;                 /* finish worklist (poison cascades) */
-    /* The worker whose completion finish_all handles, for the first
-     * consumer that completion makes ready (send_next); NULL otherwise. */
-    struct pto_worker_thread *cont_wt;
     int32_t nwork, work_cap;
 
     /* Reclamation hand-off: called with each slot this thread consumed. */

@@ -55,26 +55,26 @@ static bool owner_busy(const pto_worker_thread *q)
     return atomic_load_explicit(&q->current_task, memory_order_relaxed) != -1;
 }
 
-/* Claim the head entry of one of q's queues (dq or pq) for the calling
- * worker thread: q's own thread takes any entry, a thief (another thread of
- * q's kind) only a stealable one. */
-static bool claim_from(pto_worker_thread *q, _Atomic uint32_t *head, _Atomic uint32_t *tail, pto_dispatch *ring,
-                       uint32_t mask, bool thief, pto_slot **slot, int32_t *member, pto_slot **after)
+/* Claim the head entry of qu, one of q's queues, for the calling worker
+ * thread: q's own thread takes any entry, a thief (another thread of q's
+ * kind) only a stealable one. */
+static bool claim_from(pto_worker_thread *q, pto_wt_queue *qu, bool thief, pto_slot **slot, int32_t *member,
+                       pto_slot **after)
 {
-    uint32_t h = atomic_load_explicit(head, memory_order_acquire);
+    uint32_t h = atomic_load_explicit(&qu->head, memory_order_acquire);
     for (;;) {
-        if (h == atomic_load_explicit(tail, memory_order_acquire)) return false;
-        pto_dispatch *e = &ring[h & mask];
+        if (h == atomic_load_explicit(&qu->tail, memory_order_acquire)) return false;
+        pto_dispatch *e = &qu->e[h & (PTO_WT_QCAP - 1)];
         if (thief && (!atomic_load_explicit(&e->stealable, memory_order_relaxed) || !owner_busy(q))) return false;
         pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
         pto_slot *af = atomic_load_explicit(&e->after, memory_order_relaxed);
         int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
         /* Success proves h was unclaimed all along, so the entry was not
          * reused under the reads above (the scheduler never overwrites an
-         * unclaimed entry: for dq tail - head <= inflight, and it sends
-         * only while inflight < PTO_WT_QCAP; for pq it sends only while
-         * tail - head < PTO_WT_PQCAP). */
-        if (atomic_compare_exchange_weak_explicit(head, &h, h + 1, memory_order_acq_rel, memory_order_acquire)) {
+         * unclaimed entry: tail - head <= inflight, and it sends only
+         * while inflight < PTO_WT_QCAP). */
+        if (atomic_compare_exchange_weak_explicit(&qu->head, &h, h + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
             *slot = sl;
             *member = m;
             *after = af;
@@ -83,37 +83,34 @@ static bool claim_from(pto_worker_thread *q, _Atomic uint32_t *head, _Atomic uin
     }
 }
 
-static bool claim_dq(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member, pto_slot **after)
-{
-    return claim_from(q, &q->dq_head, &q->dq_tail, q->dq, PTO_WT_QCAP - 1, thief, slot, member, after);
-}
-
-static bool claim_pq(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member, pto_slot **after)
-{
-    return claim_from(q, &q->pq_head, &q->pq_tail, q->pq, PTO_WT_PQCAP - 1, thief, slot, member, after);
-}
-
 /* The owner takes its pq first: those tasks read what its last tasks
  * wrote. A thief takes from dq first: a pq task is better run late here
  * than never while the owner is busy, but a dq task loses nothing. */
 static bool claim(pto_worker_thread *q, bool thief, pto_slot **slot, int32_t *member, pto_slot **after)
 {
-    if (thief) return claim_dq(q, true, slot, member, after) || claim_pq(q, true, slot, member, after);
-    return claim_pq(q, false, slot, member, after) || claim_dq(q, false, slot, member, after);
+    pto_wt_queue *first = thief ? &q->dq : &q->pq, *second = thief ? &q->pq : &q->dq;
+    return claim_from(q, first, thief, slot, member, after) || claim_from(q, second, thief, slot, member, after);
 }
 
-static bool stealable_head(const pto_worker_thread *q, const _Atomic uint32_t *head, const _Atomic uint32_t *tail,
-                           const pto_dispatch *ring, uint32_t mask)
+static bool stealable_head(const pto_worker_thread *q, const pto_wt_queue *qu)
 {
-    uint32_t h = atomic_load_explicit(head, memory_order_acquire);
-    return h != atomic_load_explicit(tail, memory_order_acquire) &&
-           atomic_load_explicit(&ring[h & mask].stealable, memory_order_relaxed) && owner_busy(q);
+    uint32_t h = atomic_load_explicit(&qu->head, memory_order_acquire);
+    return h != atomic_load_explicit(&qu->tail, memory_order_acquire) &&
+           atomic_load_explicit(&qu->e[h & (PTO_WT_QCAP - 1)].stealable, memory_order_relaxed) && owner_busy(q);
 }
 
 static bool can_steal_from(const pto_worker_thread *q)
 {
-    return stealable_head(q, &q->dq_head, &q->dq_tail, q->dq, PTO_WT_QCAP - 1) ||
-           stealable_head(q, &q->pq_head, &q->pq_tail, q->pq, PTO_WT_PQCAP - 1);
+    return stealable_head(q, &q->dq) || stealable_head(q, &q->pq);
+}
+
+/* Tasks staged on wt and not yet claimed, in both its queues. */
+static uint32_t unclaimed(const pto_worker_thread *wt)
+{
+    return atomic_load_explicit(&wt->dq.tail, memory_order_acquire) -
+           atomic_load_explicit(&wt->dq.head, memory_order_relaxed) +
+           atomic_load_explicit(&wt->pq.tail, memory_order_acquire) -
+           atomic_load_explicit(&wt->pq.head, memory_order_relaxed);
 }
 
 /* An idle worker thread takes a task staged on a busy one of its kind, so a
@@ -136,11 +133,8 @@ static pto_worker_thread *steal(pto_worker_thread *wt, bool probe, pto_slot **sl
 static bool wt_has_work(void *arg)
 {
     pto_worker_thread *wt = arg;
-    return atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
-               atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
-           atomic_load_explicit(&wt->pq_head, memory_order_relaxed) !=
-               atomic_load_explicit(&wt->pq_tail, memory_order_acquire) ||
-           atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) || steal(wt, true, NULL, NULL, NULL);
+    return unclaimed(wt) || atomic_load_explicit(&wt->wm->stopping, memory_order_acquire) ||
+           steal(wt, true, NULL, NULL, NULL);
 }
 
 /* s, staged or handed to a child, must not run: staged before an interrupt
@@ -415,10 +409,7 @@ static void *wt_main(void *arg)
 uint32_t pto_wm_unbegun(const pto_worker_thread *wt)
 {
     if (wt->wm->mode == PTO_MODE_THREAD)
-        return atomic_load_explicit(&wt->dq_tail, memory_order_relaxed) -
-               atomic_load_explicit(&wt->dq_head, memory_order_relaxed) +
-               atomic_load_explicit(&wt->pq_tail, memory_order_relaxed) -
-               atomic_load_explicit(&wt->pq_head, memory_order_relaxed);
+        return unclaimed(wt);
     return wt->child ? pto_proc_unbegun(wt->child) : 0;
 }
 
@@ -671,11 +662,7 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
             if (wt->staged_posted < wt->staged_len || ch->replacing) {
                 if (!wt->staged_alone && pto_proc_actionable(ch)) return true;
             } else if (wt->staged_posted < post_cap(wt) && !wt->staged_alone &&
-                       (atomic_load_explicit(&wt->dq_head, memory_order_relaxed) !=
-                            atomic_load_explicit(&wt->dq_tail, memory_order_acquire) ||
-                        atomic_load_explicit(&wt->pq_head, memory_order_relaxed) !=
-                            atomic_load_explicit(&wt->pq_tail, memory_order_acquire) ||
-                        steal(wt, true, NULL, NULL, NULL))) {
+                       (unclaimed(wt) || steal(wt, true, NULL, NULL, NULL))) {
                 return true;
             }
         }
@@ -792,16 +779,17 @@ void pto_wm_destroy(pto_worker_manager *wm)
     memset(wm, 0, sizeof *wm);
 }
 
-void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool stealable, pto_slot *after)
+void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool stealable, pto_slot *after, bool ahead)
 {
     assert(wt->inflight < PTO_WT_QCAP);   /* claim() relies on it: no unclaimed entry is overwritten */
-    uint32_t t = atomic_load_explicit(&wt->dq_tail, memory_order_relaxed);
-    pto_dispatch *e = &wt->dq[t & (PTO_WT_QCAP - 1)];
+    pto_wt_queue *qu = ahead ? &wt->pq : &wt->dq;
+    uint32_t t = atomic_load_explicit(&qu->tail, memory_order_relaxed);
+    pto_dispatch *e = &qu->e[t & (PTO_WT_QCAP - 1)];
     atomic_store_explicit(&e->slot, slot, memory_order_relaxed);
     atomic_store_explicit(&e->after, after, memory_order_relaxed);
     atomic_store_explicit(&e->member, member, memory_order_relaxed);
     atomic_store_explicit(&e->stealable, stealable, memory_order_relaxed);
-    atomic_store_explicit(&wt->dq_tail, t + 1, memory_order_release);
+    atomic_store_explicit(&qu->tail, t + 1, memory_order_release);
     wt->inflight++;
     pto_event_notify(&wt->ev);
     /* Staged behind a running task: an idle thread of the kind may have gone
@@ -813,20 +801,6 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
         for (int32_t k = 0; k < wm->count[wt->kind]; k++)
             if (wm->threads[wt->kind][k] != wt) pto_event_notify(&wm->threads[wt->kind][k]->ev);
     }
-}
-
-void pto_wt_send_next(pto_worker_thread *wt, pto_slot *slot, bool stealable, pto_slot *after)
-{
-    assert(pto_wt_next_free(wt));
-    uint32_t t = atomic_load_explicit(&wt->pq_tail, memory_order_relaxed);
-    pto_dispatch *e = &wt->pq[t & (PTO_WT_PQCAP - 1)];
-    atomic_store_explicit(&e->slot, slot, memory_order_relaxed);
-    atomic_store_explicit(&e->after, after, memory_order_relaxed);
-    atomic_store_explicit(&e->member, 0, memory_order_relaxed);
-    atomic_store_explicit(&e->stealable, stealable, memory_order_relaxed);
-    atomic_store_explicit(&wt->pq_tail, t + 1, memory_order_release);
-    wt->inflight++;
-    pto_event_notify(&wt->ev);
 }
 
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out)

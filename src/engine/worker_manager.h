@@ -32,10 +32,6 @@ typedef struct pto_ready_queue {
 } pto_ready_queue;
 
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
-/* Tasks staged ahead of a worker's queue (pto_wt_send_next); a power of two.
- * A scheduler's turn collects a batch of completions, each of which may
- * stage one: a single entry would send most of a batch to the back. */
-#define PTO_WT_PQCAP 64
 /* PROCESS mode: the work the scheduler keeps posted to a child, in tasks
  * of its kind's mean time (task_ns), and never fewer tasks than this. */
 #define PTO_WM_STOCK_NS 200000
@@ -50,7 +46,7 @@ enum { PTO_DONE_OK = 0, PTO_DONE_FAILED = 1, PTO_DONE_SKIPPED = 2, PTO_DONE_CANC
 
 /* A staged task. Idle workers of the same kind may steal unpinned single
  * tasks from the head of another worker's queue, so the fields are atomics
- * read before the claiming CAS on dq_head (a thief's read may be stale; the
+ * read before the claiming CAS on the queue's head (a thief's read may be stale; the
  * CAS then fails and the read is discarded). */
 typedef struct pto_dispatch {
     struct pto_slot *_Atomic slot;
@@ -58,6 +54,15 @@ typedef struct pto_dispatch {
     _Atomic int32_t member;
     _Atomic bool stealable;
 } pto_dispatch;
+
+/* Tasks staged on a worker thread: the scheduler writes entries and tail,
+ * the owner and thieves claim the head by CAS. At most PTO_WT_QCAP are
+ * unclaimed, as the owner's inflight bounds both of its queues together. */
+typedef struct pto_wt_queue {
+    _Alignas(64) _Atomic uint32_t tail;
+    _Alignas(64) _Atomic uint32_t head;
+    pto_dispatch e[PTO_WT_QCAP];
+} pto_wt_queue;
 
 typedef struct pto_completion {
     struct pto_slot *slot;
@@ -86,16 +91,11 @@ typedef struct pto_worker_thread {
     pthread_t thread;
     bool started;
     pto_event ev;
-    /* scheduler -> worker; dq_head is claimed by CAS (owner and thieves) */
-    _Alignas(64) _Atomic uint32_t dq_tail;
-    _Alignas(64) _Atomic uint32_t dq_head;
-    pto_dispatch dq[PTO_WT_QCAP];
-    /* scheduler -> worker, taken before dq: consumers made ready by tasks
-     * that just ended on this thread (pto_wt_send_next). Claimed as dq is;
-     * thieves take them only when dq has nothing they may take. */
-    _Alignas(64) _Atomic uint32_t pq_tail;
-    _Alignas(64) _Atomic uint32_t pq_head;
-    pto_dispatch pq[PTO_WT_PQCAP];
+    /* scheduler -> worker: dispatched tasks (dq), and, taken before them,
+     * consumers made ready by tasks that just ended here (pq,
+     * pto_wt_send's `ahead`); thieves take from pq only when dq has nothing
+     * they may take */
+    pto_wt_queue dq, pq;
     /* worker -> scheduler */
     _Alignas(64) _Atomic uint32_t cq_tail;
     _Alignas(64) _Atomic uint32_t cq_head;
@@ -177,21 +177,11 @@ void pto_wm_destroy(pto_worker_manager *wm);
 /* Scheduler side: stage one member of slot on wt (wt->inflight < PTO_WT_QCAP);
  * an idle worker of the same kind may take it only if stealable. With
  * `after`, a non-stealable task staged on wt before slot, slot runs only if
- * `after` ran to success, and otherwise completes as PTO_DONE_UNRUN. */
+ * `after` ran to success, and otherwise completes as PTO_DONE_UNRUN. With
+ * `ahead`, slot goes before the tasks already staged on wt (its pq): it
+ * reads what wt's last task wrote, while that is still in wt's caches. */
 void pto_wt_send(pto_worker_thread *wt, struct pto_slot *slot, int32_t member, bool stealable,
-                 struct pto_slot *after);
-/* Scheduler side: whether pto_wt_send_next may stage on wt now. */
-static inline bool pto_wt_next_free(const pto_worker_thread *wt)
-{
-    return wt->inflight < PTO_WT_QCAP && atomic_load_explicit(&wt->pq_tail, memory_order_relaxed) -
-                                                 atomic_load_explicit(&wt->pq_head, memory_order_acquire) <
-                                             PTO_WT_PQCAP;
-}
-/* Scheduler side, when pto_wt_next_free(wt): stage slot (member 0 of a
- * single task) on wt ahead of its queue, so that it runs next and finds in
- * wt's caches what its producer, which just ran there, wrote; stealable and
- * `after` as for pto_wt_send. */
-void pto_wt_send_next(pto_worker_thread *wt, struct pto_slot *slot, bool stealable, struct pto_slot *after);
+                 struct pto_slot *after, bool ahead);
 /* Scheduler side: take one completion; false if none. */
 bool pto_wt_poll(pto_worker_thread *wt, pto_completion *out);
 

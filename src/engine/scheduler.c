@@ -1,4 +1,5 @@
 #include "scheduler.h"
+#include "dispatch_control.h"
 #include "diag.h"
 #include "run.h"
 #include "common.h"
@@ -158,12 +159,6 @@ static void running_add(pto_scheduler *s, int64_t d)
                           memory_order_release);
 }
 
-static bool dispatch_gated(const pto_scheduler *s)
-{
-    return atomic_load_explicit(&s->gated, memory_order_relaxed) &&
-           !atomic_load_explicit(&s->draining, memory_order_relaxed);
-}
-
 static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated, bool ahead);
 
 /* A worker of wt's kind other than wt with nothing staged, while wt has. */
@@ -190,7 +185,7 @@ static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
 static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
 {
     if (c->group_size != 1 || c->kind != wt->kind || c->member0.pin >= 0 || wt->pinned.head ||
-        wt->inflight == PTO_WT_QCAP || dispatch_gated(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
+        wt->inflight == PTO_WT_QCAP || pto_gate_shut(s) || atomic_load_explicit(&s->catch_on, memory_order_relaxed) ||
         atomic_load_explicit(&s->cancel, memory_order_relaxed) || sibling_idle(s, wt))
         return false;
     send_single(s, wt, c, false, true);   /* its chain, if any, behind it */
@@ -442,148 +437,6 @@ static void sweep_cancelled_runs(pto_scheduler *s)
     finish_all(s, NULL);
 }
 
-/* ---- dispatch control ---- */
-
-static bool is_break(pto_scheduler *s, const pto_slot *slot)
-{
-    bool hit = false;
-    pthread_mutex_lock(&s->gate_mu);
-    for (int32_t i = 0; i < s->nbreaks && !hit; i++)
-        hit = s->breaks[i].kind == slot->kind && s->breaks[i].callable == slot->callable;
-    pthread_mutex_unlock(&s->gate_mu);
-    return hit;
-}
-
-/* Whether slot, about to be dispatched, may go. A breakpoint stops a task
- * once: after a :step or :release it passes. A step is spent only here, on
- * a task that has its worker. */
-static bool gate_pass(pto_scheduler *s, const pto_slot *slot)
-{
-    if (!atomic_load(&s->held)) {
-        if (atomic_load(&s->break_task) == slot->id || !is_break(s, slot)) return true;
-        atomic_store(&s->break_task, slot->id);
-        atomic_store(&s->step_left, 0);
-        atomic_store(&s->held, true);
-        return false;
-    }
-    if (atomic_load(&s->step_left) <= 0) return false;
-    atomic_fetch_sub(&s->step_left, 1);
-    return true;
-}
-
-/* Whether slot may dispatch in a turn that found the gate shut (*gated)
- * when it began; *gated then says whether it is shut still. It may have
- * opened since: a passing slot then dispatches as in an open turn, with
- * its chain staged behind it (a chain never starts while the gate is shut,
- * which counts :step's tasks one by one). */
-static bool gate_admits(pto_scheduler *s, const pto_slot *slot, bool *gated)
-{
-    if (!*gated) return true;
-    if (!gate_pass(s, slot)) return false;
-    *gated = dispatch_gated(s);
-    return true;
-}
-
-static void gate_changed(pto_scheduler *s)
-{
-    atomic_fetch_add(&s->gate_gen, 1);
-    pto_event_notify(s->ev);
-}
-
-static void gate_update(pto_scheduler *s)
-{
-    atomic_store(&s->gated, atomic_load(&s->held) || s->nbreaks > 0);
-    gate_changed(s);
-}
-
-void pto_sched_hold(pto_scheduler *s, bool hold)
-{
-    if (!hold) atomic_store(&s->release_req, true);   /* releasing accepts the caught failures */
-    pthread_mutex_lock(&s->gate_mu);
-    atomic_store(&s->step_left, 0);
-    /* A release opens the gate before it clears held: a turn that began
-     * with the gate shut and then finds held clear finds the gate open
-     * too (gate_admits). */
-    if (!hold) atomic_store(&s->gated, s->nbreaks > 0);
-    atomic_store(&s->held, hold);
-    gate_update(s);
-    pthread_mutex_unlock(&s->gate_mu);
-}
-
-void pto_sched_step(pto_scheduler *s, int64_t n)
-{
-    atomic_fetch_add(&s->step_left, n);
-    gate_changed(s);
-}
-
-int32_t pto_sched_break(pto_scheduler *s, int32_t kind, uint64_t callable, bool on)
-{
-    pthread_mutex_lock(&s->gate_mu);
-    int32_t i = 0;
-    while (i < s->nbreaks && !(s->breaks[i].kind == kind && s->breaks[i].callable == callable)) i++;
-    if (on && i == s->nbreaks) {
-        pto_grow((void **)&s->breaks, &s->breaks_cap, s->nbreaks + 1, sizeof *s->breaks);
-        s->breaks[s->nbreaks++] = (pto_break){kind, callable};
-    } else if (!on && callable == UINT64_MAX) {
-        s->nbreaks = 0;
-    } else if (!on && i < s->nbreaks) {
-        s->breaks[i] = s->breaks[--s->nbreaks];
-    }
-    int32_t n = s->nbreaks;
-    gate_update(s);
-    pthread_mutex_unlock(&s->gate_mu);
-    return n;
-}
-
-void pto_sched_draining(pto_scheduler *s, bool on)
-{
-    atomic_store(&s->draining, on);
-    gate_changed(s);
-}
-
-bool pto_sched_stalled_by_hold(pto_scheduler *s)
-{
-    return atomic_load(&s->gated) && atomic_load(&s->held) && !atomic_load(&s->draining) &&
-           atomic_load(&s->step_left) <= 0 && atomic_load(&s->nrunning) == 0;
-}
-
-/* At an idle point of the scheduler: answer a pending pto_sched_wait_quiet
- * if nothing runs and nothing more may dispatch. A step budget that finds
- * nothing left to run is dropped, so it cannot release tasks submitted later. */
-static void answer_quiet(pto_scheduler *s)
-{
-    uint64_t req = atomic_load(&s->quiet_req);
-    if (req == atomic_load_explicit(&s->quiet_ack, memory_order_relaxed)) return;
-    s->quiet_seen = req;
-    if (atomic_load_explicit(&s->nrunning, memory_order_relaxed) != 0 ||
-        atomic_load_explicit(&s->wire_head, memory_order_relaxed))
-        return;
-    bool held = atomic_load(&s->held) && !atomic_load(&s->draining);
-    if (s->ready_len != 0 && !(held && atomic_load(&s->step_left) <= 0)) return;
-    if (held) atomic_store(&s->step_left, 0);
-    atomic_store(&s->quiet_ack, req);
-}
-
-void pto_sched_sync(pto_scheduler *s)
-{
-    uint64_t req = atomic_fetch_add(&s->sync_req, 1) + 1;
-    pto_event_notify(s->ev);
-    while (atomic_load(&s->sync_ack) < req && atomic_load(&s->running)) sched_yield();
-}
-
-bool pto_sched_wait_quiet(pto_scheduler *s, int32_t timeout_ms)
-{
-    uint64_t req = atomic_fetch_add(&s->quiet_req, 1) + 1;
-    pto_event_notify(s->ev);
-    uint64_t deadline = pto_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    while (atomic_load(&s->quiet_ack) < req) {
-        if (pto_now_ns() >= deadline) return false;
-        struct timespec ts = {0, 200000};
-        nanosleep(&ts, NULL);
-    }
-    return true;
-}
-
 static void dispatch_ready(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
@@ -593,12 +446,12 @@ static void dispatch_ready(pto_scheduler *s)
         return;
     }
     if (atomic_load_explicit(&s->run_cancels, memory_order_relaxed) != s->run_cancels_seen) sweep_cancelled_runs(s);
-    bool gated = dispatch_gated(s);
+    bool gated = pto_gate_shut(s);
     for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
         for (int32_t i = 0; i < wm->count[kind]; i++) {
             pto_worker_thread *wt = wm->threads[kind][i];
             while (wt->pinned.head && wt->inflight < wm->depth) {
-                if (!gate_admits(s, wt->pinned.head, &gated)) break;
+                if (!pto_gate_admits(s, wt->pinned.head, &gated)) break;
                 pto_slot *slot = queue_pop(&wt->pinned);
                 s->ready_len--;
                 send_single(s, wt, slot, gated, false);
@@ -610,14 +463,14 @@ static void dispatch_ready(pto_scheduler *s)
             if (slot->group_size == 1) {
                 pto_worker_thread *wt = pick(s, kind);
                 if (!wt) break;           /* head-of-line: this kind is saturated */
-                if (!gate_admits(s, slot, &gated)) break;
+                if (!pto_gate_admits(s, slot, &gated)) break;
                 queue_pop(q);
                 s->ready_len--;
                 send_single(s, wt, slot, gated, false);
             } else {
                 pto_worker_thread **wts = __builtin_alloca(sizeof *wts * (size_t)slot->group_size);
                 if (!pick_group(s, slot, wts)) break;
-                if (!gate_admits(s, slot, &gated)) break;
+                if (!pto_gate_admits(s, slot, &gated)) break;
                 queue_pop(q);
                 s->ready_len--;
                 atomic_store_explicit(&slot->state, PTO_TASK_RUNNING, memory_order_relaxed);
@@ -689,11 +542,7 @@ static bool catch_failure(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     /* Neither failed nor terminal: a consumer submitted meanwhile waits for it instead of being poisoned.
      * Inspection shows it as failed (orch_inspect.c), after caught_task publishes x->error. */
     running_add(s, -1);
-    pthread_mutex_lock(&s->gate_mu);
-    atomic_store(&s->step_left, 0);
-    atomic_store(&s->held, true);
-    gate_update(s);
-    pthread_mutex_unlock(&s->gate_mu);
+    pto_sched_hold(s, true);
     atomic_store(&s->caught_task, x->id);
     return true;
 }
@@ -742,7 +591,7 @@ int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callabl
     atomic_store(&s->retry_kind, kind);
     atomic_store(&s->retry_callable, callable);
     atomic_store(&s->retry_req, id);   /* last: the scheduler reads the two above once it sees it */
-    gate_changed(s);
+    pto_gate_changed(s);
     while (atomic_load(&s->retry_req) != -1 && atomic_load(&s->running)) sched_yield();
     if (!atomic_load(&s->running)) {
         atomic_store(&s->retry_req, -1);
@@ -880,7 +729,7 @@ static bool turn(pto_scheduler *s)
     bool done = complete_all(s);
     if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
     if (wired || done || pumped) return true;
-    answer_quiet(s);
+    pto_gate_answer_quiet(s);
     s->wait_ns = -1;
     return false;
 }

@@ -819,8 +819,8 @@ static bool all_finished(void *arg)
  * a machine with as many cores as workers the scheduler thread would
  * otherwise be one more spinner beside the workers and this thread, and
  * each hand-off between them a context switch (most of a one-task run's
- * fixed cost). Then it sleeps, and the scheduler thread takes over. */
-/* A drain runs everything submitted, held dispatch included: the gate stays
+ * fixed cost). Then it sleeps, and the scheduler thread takes over. A
+ * drain runs everything submitted, held dispatch included: the gate stays
  * open while it waits, so no hold or breakpoint can hang it. */
 static bool wait_until(pto_orch *o, bool (*done)(void *), int32_t why)
 {

@@ -656,15 +656,24 @@ static bool complete_all(pto_scheduler *s)
     return any;
 }
 
-/* Whether a turn would find work; by the turn flag's holder. */
-static bool pending(pto_scheduler *s)
+/* The turn holder's own fields that pending() compares requests with. */
+typedef struct turn_seen {
+    uint64_t quiet;
+    uint32_t gate;
+    bool ready;
+} turn_seen;
+
+static turn_seen seen_now(const pto_scheduler *s) { return (turn_seen){s->quiet_seen, s->gate_seen, s->ready_len > 0}; }
+
+/* Whether a turn would find work, by what anyone may read, against seen. */
+static bool pending_since(pto_scheduler *s, turn_seen seen)
 {
     if (atomic_load_explicit(&s->wire_head, memory_order_relaxed)) return true;
-    if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && s->ready_len) return true;
-    if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != s->quiet_seen ||
+    if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && seen.ready) return true;
+    if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != seen.quiet ||
         atomic_load_explicit(&s->sync_req, memory_order_relaxed) !=
             atomic_load_explicit(&s->sync_ack, memory_order_relaxed) ||
-        atomic_load_explicit(&s->gate_gen, memory_order_relaxed) != s->gate_seen)
+        atomic_load_explicit(&s->gate_gen, memory_order_relaxed) != seen.gate)
         return true;
     for (int32_t kind = 0; kind < PTO_KINDS; kind++)
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
@@ -673,7 +682,13 @@ static bool pending(pto_scheduler *s)
                 atomic_load_explicit(&wt->cq_tail, memory_order_relaxed))
                 return true;
         }
-    return pto_wm_pump_ready(s->wm, &s->wait_ns);
+    return false;
+}
+
+/* Whether a turn would find work; by the turn flag's holder. */
+static bool pending(pto_scheduler *s)
+{
+    return pending_since(s, seen_now(s)) || pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 
 static bool sched_has_work(void *arg)
@@ -682,6 +697,22 @@ static bool sched_has_work(void *arg)
     return !atomic_load_explicit(&s->running, memory_order_relaxed) ||
            atomic_load_explicit(&s->helpers, memory_order_relaxed) ||   /* to give the turn up */
            pending(s);
+}
+
+/* The scheduler thread's wait without the turn (THREAD mode, where idle
+ * workers take turns meanwhile): against what its last turn had seen; a
+ * worker's turn since then that answered a request wakes it for a turn
+ * that finds nothing, which is harmless. */
+typedef struct unheld_wait {
+    pto_scheduler *s;
+    turn_seen seen;
+} unheld_wait;
+
+static bool sched_has_work_unheld(void *arg)
+{
+    unheld_wait *u = arg;
+    return !atomic_load_explicit(&u->s->running, memory_order_relaxed) ||
+           atomic_load_explicit(&u->s->helpers, memory_order_relaxed) || pending_since(u->s, u->seen);
 }
 
 /* How long the scheduler may nap: the least work any worker has staged and
@@ -734,6 +765,25 @@ static bool turn(pto_scheduler *s)
     return false;
 }
 
+/* A THREAD-mode worker that finished a task with nothing else staged
+ * (pto_worker_manager.idle_turn): when the flag is free it takes its own
+ * completion in and dispatches what that made ready, often to itself,
+ * instead of handing both to the scheduler thread and waiting for them to
+ * come back (a 1-D stencil of 4 us tasks with 3 producers each, on 2
+ * cores: 59-71% efficient instead of 42-58%). False if another thread
+ * holds the flag: the caller wakes the scheduler thread as before. */
+static bool worker_turn(void *arg)
+{
+    pto_scheduler *s = arg;
+    if (!turn_take(s)) return false;
+    /* Until a turn finds nothing, as the scheduler thread would: a turn's
+     * completions make tasks ready that only the next turn dispatches. */
+    bool did = false;
+    while (turn(s)) did = true;
+    turn_give(s);
+    return did;
+}
+
 static bool unhelped(void *arg)
 {
     pto_scheduler *s = arg;
@@ -759,8 +809,16 @@ static void *sched_main(void *arg)
         held = true;
         park_ns = SCHED_PARK_MIN_NS;
         int64_t ns = 0;
-        if (!turn(s) && !sched_has_work(s) && !(ns = nap_ns(s)))
-            pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
+        if (!turn(s) && !sched_has_work(s) && !(ns = nap_ns(s))) {
+            if (s->wm->idle_turn) {   /* idle workers take the turns meanwhile */
+                unheld_wait u = {s, seen_now(s)};
+                turn_give(s);
+                held = false;
+                pto_event_wait(s->ev, sched_has_work_unheld, &u, SCHED_SPIN_NS, -1);
+            } else {
+                pto_event_wait(s->ev, sched_has_work, s, SCHED_SPIN_NS, s->wait_ns);
+            }
+        }
         if (ns) {   /* a helper may come meanwhile */
             turn_give(s);
             held = false;
@@ -780,10 +838,11 @@ static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_
 {
     uint64_t since = pto_now_ns(), idle_since = since;
     long slack = -1;   /* this thread's timer slack, once a nap changed it */
+    bool busy = false;   /* the last turn did something: what it made ready, the next dispatches */
     for (int i = 1;; i++) {
         if ((*finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
         int64_t ns;
-        if (pending(s) && turn(s)) {
+        if ((busy || pending(s)) && (busy = turn(s))) {
             i = 0;
         } else if ((ns = nap_ns(s)) > 0) {
             /* Naps as short as the scheduler thread's (1 us timer slack,
@@ -796,9 +855,13 @@ static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_
             i = 0;
         } else {
             /* As pto_event_wait spins: with more runnable threads than
-             * cores, a worker may need this core to finish what we wait for. */
-            pto_cpu_relax();
+             * cores, a worker may need this core to finish what we wait for.
+             * The flag is free meanwhile, for a worker's own turn. */
+            bool lend = s->wm->idle_turn;
+            if (lend) turn_give(s);
+            for (int k = 0; k < 16; k++) pto_cpu_relax();
             if ((i & 15) == 15) sched_yield();
+            while (lend && !turn_take(s)) pto_cpu_relax();
         }
         if (i == 0) idle_since = pto_now_ns();
         else if ((i & 15) == 0 && (int64_t)(pto_now_ns() - idle_since) >= idle_ns) break;
@@ -833,6 +896,10 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
 
 bool pto_sched_start(pto_scheduler *s)
 {
+    if (s->wm->mode == PTO_MODE_THREAD) {   /* PROCESS mode's turns pump the children: the scheduler's own */
+        s->wm->idle_turn = worker_turn;
+        s->wm->idle_ctx = s;
+    }
     atomic_store(&s->running, true);
     int rc = pthread_create(&s->thread, NULL, sched_main, s);
     if (rc != 0) {

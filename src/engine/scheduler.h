@@ -103,11 +103,15 @@ typedef struct pto_scheduler {
     pto_profile prof;                       /* written by the turn's holder only (profile.h) */
 
     /* A turn (wire, dispatch, pump, collect) runs by whoever holds the
-     * turn flag: the scheduler thread, which keeps it from turn to turn, or
-     * a thread that waits for the run to drain (pto_sched_help), so
-     * "scheduler-only" above means the flag's holder. While helpers is
-     * non-zero the scheduler thread lets the flag go and sleeps instead of
-     * spinning, so a drain on a small machine has one spinner less. */
+     * turn flag: the scheduler thread, which keeps it from turn to turn
+     * while it finds work, a thread that waits for the run to drain
+     * (pto_sched_help), or in THREAD mode a worker thread that finished a
+     * task with nothing else staged (worker_turn), so "scheduler-only"
+     * above means the flag's holder. While helpers is non-zero the
+     * scheduler thread lets the flag go and sleeps instead of spinning, so
+     * a drain on a small machine has one spinner less. In THREAD mode the
+     * scheduler thread and a helper let the flag go while they wait, so a
+     * worker finds it free. */
     _Atomic bool turn_held;
     _Atomic int32_t helpers;
 } pto_scheduler;

@@ -248,7 +248,10 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         ran(wt, &c, t0, pto_now_ns(), rc, err);
     }
     complete(wt, c);
-    pto_event_notify(wt->wm->sched_ev);
+    /* With nothing staged here, this thread takes the completion in (and
+     * the next ready task) without a hand-off to the scheduler thread. */
+    pto_worker_manager *wm = wt->wm;
+    if (!(wm->idle_turn && !unclaimed(wt) && wm->idle_turn(wm->idle_ctx))) pto_event_notify(wm->sched_ev);
 }
 
 /* ---- THREAD mode, a leaf that overlaps its tasks (leaf.begin: a Worker

@@ -124,6 +124,11 @@ typedef struct pto_worker_manager {
     _Atomic bool stopping;
     _Atomic int32_t up;           /* worker threads that started (pto_wait_up) */
     pto_event *sched_ev;          /* woken on every completion */
+    /* THREAD mode: a worker thread with nothing staged runs the scheduler's
+     * turn itself through this (set before pto_wm_start); true if the turn
+     * was its and it took in the worker's own completions. */
+    bool (*idle_turn)(void *ctx);
+    void *idle_ctx;
     _Atomic bool *cancel;         /* the run was interrupted: staged tasks are not run */
     _Atomic uint32_t *run_cancels; /* bumped by every pto_run_cancel: a submitted run's staged tasks are not run */
     /* PROCESS mode */

@@ -71,6 +71,8 @@ double starpu_metg(int shape, int n, uint64_t iters);
 int ptolua_onesub(int32_t mode, double *marginal_us, double *fixed_us);
 /* The METG table (metg.c); returns the number of errors. */
 int bench_metg_main(int quick);
+/* Efficiency of each system at the task durations of list ("2,4,8", us), best of reps runs (metg.c). */
+int bench_metg_points(const char *list, int reps);
 
 /* ptolua (bench_ptolua.c) */
 int ptolua_setup(void);

@@ -6,9 +6,12 @@
  * second) with ptolua's ratios to the two baselines and the project goals:
  * ptolua >= 5x StarPU and >= OpenMP on every shape. The goals are
  * informational; the exit status is non-zero only on errors. --metg adds
- * the METG(50%) table (metg.c), --metg-only prints only that.
+ * the METG(50%) table (metg.c), --metg-only prints only that;
+ * --efficiency=LIST prints only the efficiency at the task durations of LIST
+ * (best of --reps runs), to compare two builds at fixed durations.
  *
  *   pto_bench [--quick] [--shapes=LIST] [--systems=LIST] [--reps=N] [--metg|--metg-only]
+ *   pto_bench --efficiency=2,4,8 [--reps=N]
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -154,6 +157,8 @@ static void usage(FILE *f, const char *prog)
             "  --reps=N        repetitions per (shape, system); the best is kept (default 3)\n"
             "  --metg          also measure METG(50%%) (ptolua thread/process, OpenMP, StarPU)\n"
             "  --metg-only     only the METG table\n"
+            "  --efficiency=LIST  only the efficiency of ptolua (both modes) and OpenMP at the task\n"
+            "                  durations of LIST (us, e.g. 2,4,8), both METG shapes, best of --reps runs\n"
             "shapes: w1 independent, w2 chain, w3 fan 1->8->1, w4s small bgemm (repeated),\n"
             "        w4l large bgemm\n",
             prog);
@@ -293,6 +298,7 @@ static void print_foreign(double foreign)
 int main(int argc, char **argv)
 {
     int quick = 0, reps = 3, metg = 0;
+    const char *eff_list = NULL;
     int shape_sel[NSHAPES], sys_sel[NSYS];
     for (int i = 0; i < NSHAPES; i++) shape_sel[i] = 1;
     for (int i = 0; i < NSYS; i++) sys_sel[i] = 1;
@@ -308,6 +314,8 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout, argv[0]);
             return 0;
+        } else if ((v = opt_value(argc, argv, &i, "--efficiency")) != NULL) {
+            eff_list = v;
         } else if ((v = opt_value(argc, argv, &i, "--shapes")) != NULL) {
             if (parse_list(v, shape_key, NSHAPES, shape_sel, 1) != 0) return 2;
         } else if ((v = opt_value(argc, argv, &i, "--systems")) != NULL) {
@@ -325,6 +333,12 @@ int main(int argc, char **argv)
         }
     }
 
+    if (eff_list) {
+        const cpu_sample m0 = cpu_sample_now();
+        int e = bench_metg_points(eff_list, reps);
+        print_foreign(foreign_load(m0, cpu_sample_now()));
+        return e ? 1 : 0;
+    }
     if (metg == 2) {
         const cpu_sample m0 = cpu_sample_now();
         int e = bench_metg_main(quick);

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { M_THREAD, M_PROCESS, M_OMP, M_STARPU, M_NSYS };
@@ -147,6 +148,89 @@ static void fmt_metg(char *out, size_t cap, const metg_row *r)
     else if (r->metg_us < 0) snprintf(out, cap, "> 1 ms");
     else if (r->metg_us == 0) snprintf(out, cap, "<= 0.5");
     else snprintf(out, cap, "%.1f", r->metg_us);
+}
+
+/* --efficiency=LIST: each system's efficiency at the task durations of
+ * LIST (us), on both shapes, the best of reps runs per point, with the ideal
+ * timed before and after as for METG. Where METG reads one crossing off a
+ * sweep of doubling durations with two runs per point, this compares two
+ * builds at fixed durations with as many runs as the noise needs. */
+int bench_metg_points(const char *list, int reps)
+{
+    enum { MAXD = 16 };
+    double durs[MAXD];
+    int nd = 0;
+    for (const char *p = list; *p && nd < MAXD;) {
+        char *end;
+        double d = strtod(p, &end);
+        if (end == p || d <= 0) {
+            fprintf(stderr, "pto_bench: --efficiency wants task durations in us, like 2,4,8 (got '%s')\n", list);
+            return 1;
+        }
+        durs[nd++] = d;
+        p = *end == ',' ? end + 1 : end;
+    }
+    double ns = bench_spin_calibrate(), work_ms = 40.0;
+    uint64_t iters[MAXD];
+    long n[MAXD];
+    double ref[MAXD], eff[M_NSYS][METG_NSHAPES][MAXD];
+    memset(eff, 0, sizeof eff);
+    for (int k = 0; k < nd; k++) {
+        iters[k] = (uint64_t)(durs[k] * 1000.0 / ns + 0.5);
+        double real_us = (double)iters[k] * ns / 1000.0;
+        n[k] = (long)(work_ms * 1000.0 * BENCH_THREADS / real_us);
+        if (n[k] < 16 * BENCH_STENCIL_W) n[k] = 16 * BENCH_STENCIL_W;
+        if (n[k] > 100000) n[k] = 100000;
+        n[k] -= n[k] % BENCH_STENCIL_W;
+        ref[k] = 0;
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < nd; k++)
+            for (int r = 0; r < 2; r++) {
+                double t = ref_run(n[k], iters[k]);
+                if (ref[k] == 0 || t < ref[k]) ref[k] = t;
+            }
+    int errors = 0;
+    int order[3] = { M_PROCESS, M_THREAD, M_OMP };   /* PROCESS first: its forkserver before OpenMP's threads */
+    for (int o = 0; o < 3; o++) {
+        int sys = order[o];
+#ifndef PTO_BENCH_HAVE_OPENMP
+        if (sys == M_OMP) continue;
+#endif
+        if (sys != M_OMP && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+            errors++;
+            continue;
+        }
+        for (int sh = 0; sh < METG_NSHAPES; sh++)
+            for (int k = 0; k < nd; k++) {
+                double best = -1;
+                for (int r = 0; r < reps; r++) {
+                    double t = run_sys(sys, sh, (int)n[k], iters[k]);
+                    if (t < 0) {
+                        errors++;
+                        break;
+                    }
+                    if (best < 0 || t < best) best = t;
+                }
+                eff[sys][sh][k] = best > 0 ? ref[k] / best : 0;
+            }
+        if (sys == M_THREAD) ptolua_metg_teardown();
+    }
+    printf("efficiency (%% of %d plain threads running the same work; best of %d runs; spin kernel %.3f ns per "
+           "iteration)\n%-22s %-15s", BENCH_THREADS, reps, ns, "shape", "system");
+    for (int k = 0; k < nd; k++) printf(" %7.1fus", durs[k]);
+    printf("\n");
+    for (int sh = 0; sh < METG_NSHAPES; sh++)
+        for (int o = 0; o < 3; o++) {
+            int sys = order[o];
+#ifndef PTO_BENCH_HAVE_OPENMP
+            if (sys == M_OMP) continue;
+#endif
+            printf("%-22s %-15s", shape_name[sh], m_name[sys]);
+            for (int k = 0; k < nd; k++) printf(" %8.1f%%", 100.0 * eff[sys][sh][k]);
+            printf("\n");
+        }
+    return errors;
 }
 
 int bench_metg_main(int quick)

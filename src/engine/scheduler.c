@@ -838,11 +838,13 @@ static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_
 {
     uint64_t since = pto_now_ns(), idle_since = since;
     long slack = -1;   /* this thread's timer slack, once a nap changed it */
-    bool busy = false;   /* the last turn did something: what it made ready, the next dispatches */
+    bool again = false;   /* the last turn's completions made tasks ready: the next turn dispatches them */
     for (int i = 1;; i++) {
         if ((*finished = done(arg)) || atomic_load_explicit(stop, memory_order_relaxed)) break;
         int64_t ns;
-        if ((busy || pending(s)) && (busy = turn(s))) {
+        bool did = (again || pending(s)) && turn(s);
+        again = did && s->ready_len > 0;
+        if (did) {
             i = 0;
         } else if ((ns = nap_ns(s)) > 0) {
             /* Naps as short as the scheduler thread's (1 us timer slack,

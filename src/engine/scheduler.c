@@ -604,7 +604,9 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
 {
     pto_slot *x = c->slot;
     if (c->t1) {
-        s->wm->task_ns[wt->kind] += ((int64_t)(c->t1 - c->t0) - s->wm->task_ns[wt->kind]) / 8;
+        int64_t ran = (int64_t)(c->t1 - c->t0), capped = ran < 2 * PTO_WT_TURN_MIN_NS ? ran : 2 * PTO_WT_TURN_MIN_NS;
+        s->wm->task_ns[wt->kind] += (ran - s->wm->task_ns[wt->kind]) / 8;
+        s->wm->turn_ns[wt->kind] += (capped - s->wm->turn_ns[wt->kind]) / 8;
         pto_prof_task(&s->prof, x->id, x->ready_by, x->callable, x->kind, wt->index, c->member, c->t0, c->t1,
                       c->status == PTO_DONE_FAILED, x->scope_seq);
     }
@@ -784,6 +786,19 @@ static bool worker_turn(void *arg)
     return did;
 }
 
+/* Whether idle workers should find the turn flag free while its holder
+ * waits: THREAD mode, and a kind's recent tasks run long enough for a
+ * worker to take its own completion in (PTO_WT_TURN_MIN_NS). By the
+ * flag's holder (turn_ns is the turn's). */
+static bool lend_turns(const pto_scheduler *s)
+{
+    const pto_worker_manager *wm = s->wm;
+    if (!wm->idle_turn) return false;
+    for (int32_t kind = 0; kind < PTO_KINDS; kind++)
+        if (wm->count[kind] && wm->turn_ns[kind] >= PTO_WT_TURN_MIN_NS) return true;
+    return false;
+}
+
 static bool unhelped(void *arg)
 {
     pto_scheduler *s = arg;
@@ -810,7 +825,7 @@ static void *sched_main(void *arg)
         park_ns = SCHED_PARK_MIN_NS;
         int64_t ns = 0;
         if (!turn(s) && !sched_has_work(s) && !(ns = nap_ns(s))) {
-            if (s->wm->idle_turn) {   /* idle workers take the turns meanwhile */
+            if (lend_turns(s)) {   /* idle workers take the turns meanwhile */
                 unheld_wait u = {s, seen_now(s)};
                 turn_give(s);
                 held = false;
@@ -859,7 +874,7 @@ static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_
             /* As pto_event_wait spins: with more runnable threads than
              * cores, a worker may need this core to finish what we wait for.
              * The flag is free meanwhile, for a worker's own turn. */
-            bool lend = s->wm->idle_turn;
+            bool lend = lend_turns(s);
             if (lend) turn_give(s);
             for (int k = 0; k < 16; k++) pto_cpu_relax();
             if ((i & 15) == 15) sched_yield();

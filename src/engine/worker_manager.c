@@ -248,10 +248,15 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
         ran(wt, &c, t0, pto_now_ns(), rc, err);
     }
     complete(wt, c);
-    /* With nothing staged here, this thread takes the completion in (and
-     * the next ready task) without a hand-off to the scheduler thread. */
+    /* With nothing staged here, after tasks long enough that the hand-off
+     * to the scheduler thread and back would cost more than the turn's
+     * state moving to this core, this thread takes the completion in (and
+     * dispatches the next ready task) itself. Two in a row: a short task
+     * preempted midway looks long once. */
     pto_worker_manager *wm = wt->wm;
-    if (!(wm->idle_turn && !unclaimed(wt) && wm->idle_turn(wm->idle_ctx))) pto_event_notify(wm->sched_ev);
+    wt->long_runs = c.t1 - c.t0 < PTO_WT_TURN_MIN_NS ? 0 : wt->long_runs < 2 ? wt->long_runs + 1 : 2;
+    if (!(wm->idle_turn && wt->long_runs >= 2 && !unclaimed(wt) && wm->idle_turn(wm->idle_ctx)))
+        pto_event_notify(wm->sched_ev);
 }
 
 /* ---- THREAD mode, a leaf that overlaps its tasks (leaf.begin: a Worker

@@ -32,6 +32,13 @@ typedef struct pto_ready_queue {
 } pto_ready_queue;
 
 #define PTO_WT_QCAP 64            /* power of two, >= any queue_depth */
+/* THREAD mode: a worker takes the scheduler's turn (idle_turn) only after
+ * two tasks in a row at least this long, and the scheduler lends it only
+ * while its kinds' tasks take this long: with shorter ones the scheduler is
+ * the bottleneck and its state is best kept on one core (no-op chains and
+ * fans through the C API ran 20-25% slower with the turn moving between
+ * cores). */
+#define PTO_WT_TURN_MIN_NS 1000
 /* PROCESS mode: the work the scheduler keeps posted to a child, in tasks
  * of its kind's mean time (task_ns), and never fewer tasks than this. */
 #define PTO_WM_STOCK_NS 200000
@@ -98,6 +105,7 @@ typedef struct pto_worker_thread {
     pto_wt_queue dq, pq;
     /* worker -> scheduler */
     _Alignas(64) _Atomic uint32_t cq_tail;
+    uint32_t long_runs;                     /* THREAD mode, the thread's own: tasks in a row (up to 2) that ran PTO_WT_TURN_MIN_NS or more */
     _Alignas(64) _Atomic uint32_t cq_head;
     pto_completion cq[PTO_WT_CQCAP];
     /* scheduler-only */
@@ -142,6 +150,8 @@ typedef struct pto_worker_manager {
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
     struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */
     int64_t task_ns[PTO_KINDS];        /* scheduler-only: recent tasks' mean run time per kind (an EWMA) */
+    int64_t turn_ns[PTO_KINDS];        /* scheduler-only: the same with each task counted at most 2 x PTO_WT_TURN_MIN_NS
+                                        * (a preempted short task does not make its kind look long) */
     int64_t diag_run;                  /* diag.c: the run its files are named after */
 } pto_worker_manager;
 

@@ -772,7 +772,7 @@ static bool turn(pto_scheduler *s)
  * completion in and dispatches what that made ready, often to itself,
  * instead of handing both to the scheduler thread and waiting for them to
  * come back (a 1-D stencil of 4 us tasks with 3 producers each, on 2
- * cores: 59-71% efficient instead of 42-58%). False if another thread
+ * cores: 49-57% efficient instead of 43-48%). False if another thread
  * holds the flag: the caller wakes the scheduler thread as before. */
 static bool worker_turn(void *arg)
 {
@@ -876,7 +876,7 @@ static bool help_turns(pto_scheduler *s, bool (*done)(void *), void *arg, int64_
              * The flag is free meanwhile, for a worker's own turn. */
             bool lend = lend_turns(s);
             if (lend) turn_give(s);
-            for (int k = 0; k < 16; k++) pto_cpu_relax();
+            for (int k = lend ? 16 : 1; k > 0; k--) pto_cpu_relax();   /* lent: long enough for a worker to find it */
             if ((i & 15) == 15) sched_yield();
             while (lend && !turn_take(s)) pto_cpu_relax();
         }

@@ -109,9 +109,9 @@ typedef struct pto_scheduler {
      * task with nothing else staged (worker_turn), so "scheduler-only"
      * above means the flag's holder. While helpers is non-zero the
      * scheduler thread lets the flag go and sleeps instead of spinning, so
-     * a drain on a small machine has one spinner less. In THREAD mode the
-     * scheduler thread and a helper let the flag go while they wait, so a
-     * worker finds it free. */
+     * a drain on a small machine has one spinner less. In THREAD mode,
+     * while tasks run PTO_WT_TURN_MIN_NS or more, the scheduler thread and
+     * a helper let the flag go while they wait, so a worker finds it free. */
     _Atomic bool turn_held;
     _Atomic int32_t helpers;
 } pto_scheduler;

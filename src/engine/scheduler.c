@@ -693,12 +693,18 @@ static bool pending(pto_scheduler *s)
     return pending_since(s, seen_now(s)) || pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 
+/* The scheduler thread must stop waiting: it is told to stop, or a helper
+ * came (it gives the turn up). */
+static bool called_off(const pto_scheduler *s)
+{
+    return !atomic_load_explicit(&s->running, memory_order_relaxed) ||
+           atomic_load_explicit(&s->helpers, memory_order_relaxed);
+}
+
 static bool sched_has_work(void *arg)
 {
     pto_scheduler *s = arg;
-    return !atomic_load_explicit(&s->running, memory_order_relaxed) ||
-           atomic_load_explicit(&s->helpers, memory_order_relaxed) ||   /* to give the turn up */
-           pending(s);
+    return called_off(s) || pending(s);
 }
 
 /* The scheduler thread's wait without the turn (THREAD mode, where idle
@@ -713,8 +719,7 @@ typedef struct unheld_wait {
 static bool sched_has_work_unheld(void *arg)
 {
     unheld_wait *u = arg;
-    return !atomic_load_explicit(&u->s->running, memory_order_relaxed) ||
-           atomic_load_explicit(&u->s->helpers, memory_order_relaxed) || pending_since(u->s, u->seen);
+    return called_off(u->s) || pending_since(u->s, u->seen);
 }
 
 /* How long the scheduler may nap: the least work any worker has staged and

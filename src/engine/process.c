@@ -206,14 +206,19 @@ static void zygote_gone_msg(char *buf, size_t cap, const pto_child *c)
 }
 
 /* When a child asked for now must have started: start_timeout_ms from now,
- * or earlier if this process is itself a child that must be up by then. */
+ * or earlier if this process is itself a child that must be up by then.
+ * The margin left before that inherited deadline is this process's time to
+ * kill the late child, stop its forkserver, exit and have its parent see
+ * it, so the cause reaches the top rather than a bare timeout: a quarter of
+ * what is left, at least 50 ms. An eighth (50 ms of 400) was too little for
+ * a TSan build on a loaded CI machine. */
 static uint64_t start_deadline(const pto_proc *p, bool *cut)
 {
     *cut = false;
     uint64_t now = pto_now_ns(), d = now + (uint64_t)p->start_timeout_ms * 1000000ull;
     if (pto_zyg_inherited_deadline_ns) {
         uint64_t left = pto_zyg_inherited_deadline_ns > now ? pto_zyg_inherited_deadline_ns - now : 0;
-        uint64_t margin = left / 8 > 25000000ull ? left / 8 : 25000000ull;
+        uint64_t margin = left / 4 > 50000000ull ? left / 4 : 50000000ull;
         uint64_t mine = left > margin ? now + (left - margin) : now;
         if (mine < d) {
             d = mine;

@@ -56,6 +56,7 @@ void pto_u64map_destroy(pto_u64map *m)
 {
     table_free(m, m->cells, pto_u64map_cells(m), m->mapped);
     m->cells = NULL;
+    m->mapped = false;
     m->mask = 0;
     m->count = 0;
 }

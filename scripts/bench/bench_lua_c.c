@@ -18,8 +18,15 @@
  * 64), in its loop order, the output tiles dealt round-robin to a thread
  * per core, each with one P tile of its own (always hot), for one second;
  * prints "jobloop <GFLOP/s total> <threads>". What the main job could reach
- * if scheduling, dispatch and data placement cost nothing. A benchmark, not
- * a test. */
+ * if scheduling, dispatch and data placement cost nothing.
+ *   pto_bench_lua_c submitcpu [runs]
+ * The orchestrator's own CPU per submit, which wall time hides while the
+ * threads that execute are the bottleneck: CLOCK_THREAD_CPUTIME_ID around
+ * the submit loop of one run of 200,000 tasks in one scope (THREAD mode,
+ * two no-op chips), W1 (each task writes its own buffer) and the fan
+ * 1->8->1, over runs runs (default 10) after a warm-up; prints
+ * "submitcpu <shape> <median ns/submit> <median us/task wall>". A
+ * benchmark, not a test. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,12 +353,102 @@ static int jobloop(int argc, char **argv)
     return 0;
 }
 
+static double thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+#define CPU_TASKS 200000
+
+static pto_tensor buf_slot(char *buf, size_t i)
+{
+    pto_tensor t;
+    memset(&t, 0, sizeof t);
+    t.base = (uint64_t)(uintptr_t)(buf + i * 64);
+    t.shape[0] = SLOT_ELEMS;
+    t.dtype = PTO_F32;
+    t.ndims = 1;
+    return t;
+}
+
+/* One run of CPU_TASKS tasks of shape (0: W1, 1: fan); *cpu gets the submit loop's thread CPU in ns. */
+static void cpu_run(int shape, char *buf, double *cpu)
+{
+    static const uint8_t out[1] = {PTO_OUTPUT}, io[2] = {PTO_INPUT, PTO_OUTPUT};
+    pto_orch *o = pto_run_begin(g_w);
+    if (!o) die("pto_run_begin");
+    double c0 = thread_cpu_ns();
+    for (size_t i = 0; i < CPU_TASKS; i += shape ? FAN + 2 : 1) {
+        pto_tensor t[FAN + 1];
+        uint8_t tags[FAN + 1];
+        t[0] = buf_slot(buf, i);
+        pto_task_args a = {.tensor_count = 1, .tensors = t, .tags = out};
+        if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
+        if (!shape) continue;
+        for (int k = 1; k <= FAN; k++) {
+            pto_tensor m[2] = {buf_slot(buf, i), buf_slot(buf, i + (size_t)k)};
+            pto_task_args b = {.tensor_count = 2, .tensors = m, .tags = io};
+            if (pto_submit_next_level(o, g_noop, &b, NULL, -1) < 0) die("pto_submit_next_level");
+        }
+        for (int k = 0; k < FAN; k++) {
+            t[k] = buf_slot(buf, i + 1 + (size_t)k);
+            tags[k] = PTO_INPUT;
+        }
+        t[FAN] = buf_slot(buf, i + FAN + 1);
+        tags[FAN] = PTO_OUTPUT;
+        pto_task_args j = {.tensor_count = FAN + 1, .tensors = t, .tags = tags};
+        if (pto_submit_next_level(o, g_noop, &j, NULL, -1) < 0) die("pto_submit_next_level");
+    }
+    *cpu = thread_cpu_ns() - c0;
+    if (pto_run_end(g_w) != 0) die("pto_run_end");
+}
+
+static int submitcpu(int argc, char **argv)
+{
+    int runs = argc > 2 ? atoi(argv[2]) : 10;
+    if (runs < 1 || runs > 100) runs = 10;
+    char *buf = calloc(CPU_TASKS + FAN + 2, 64);
+    if (!buf) die("out of memory");
+    pto_worker_config wc = {.level = 3, .mode = PTO_MODE_THREAD, .heap_ring_size = 16u << 20};
+    int64_t id = pto_kernel_register(NULL, "noop");
+    if (id < 0) die("pto_kernel_register");
+    g_noop = (uint64_t)id;
+    if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
+    for (int i = 0; i < 2; i++) {
+        pto_leaf leaf = pto_chip_leaf();
+        leaf.name = i ? "chip 2" : "chip 1";
+        if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
+    }
+    if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+    static const char *const names[] = {"W1", "fan"};
+    for (int shape = 0; shape < 2; shape++) {
+        double cpu[100], wall[100], warm;
+        cpu_run(shape, buf, &warm);
+        for (int r = 0; r < runs; r++) {
+            double t0 = now_us();
+            cpu_run(shape, buf, &cpu[r]);
+            wall[r] = (now_us() - t0) / CPU_TASKS;
+            cpu[r] /= CPU_TASKS;
+        }
+        qsort(cpu, (size_t)runs, sizeof *cpu, cmp_d);
+        qsort(wall, (size_t)runs, sizeof *wall, cmp_d);
+        printf("submitcpu %s %.0f %.4f\n", names[shape], cpu[runs / 2], wall[runs / 2]);
+        fflush(stdout);
+    }
+    pto_worker_close(g_w);
+    free(buf);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "submitcpu") == 0) return submitcpu(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "peak") == 0) return peak(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "jobloop") == 0) return jobloop(argc, argv);
     if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
-        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads] | jobloop [batch m n k tile] [threads]\n");
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads] | jobloop [batch m n k tile] [threads] | submitcpu [runs]\n");
         return 2;
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;

@@ -599,9 +599,6 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     o->next_timeout_ms = -1;
     if (!pto_orch_check_open(o) || !validate(o, q)) return -1;
     if (PTO_UNLIKELY(q->cfg && diag_fields(q->cfg)) && !pto_diag_submit_check(o->sched->wm, q->cfg)) return -1;
-    for (int32_t m = 0; m < q->n; m++)
-        for (int32_t i = 0; i < q->args[m].tensor_count; i++)
-            if (q->args[m].tensors[i].base) pto_tm_prefetch(&o->tm, q->args[m].tensors[i].base);
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
     drain_retired(o);

@@ -47,8 +47,6 @@ typedef struct pto_tensormap {
 
 void pto_tm_init(pto_tensormap *m);
 void pto_tm_destroy(pto_tensormap *m);
-/* Start loading base's cell: a submit issues it first and looks up later. */
-static inline void pto_tm_prefetch(const pto_tensormap *m, uint64_t base) { pto_u64map_prefetch(&m->bases, base); }
 /* Call fn(producer, arg) for every live producer overlapping [start, end) of base. */
 void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end,
                    void (*fn)(struct pto_slot *, void *), void *arg);

@@ -10,10 +10,20 @@
 /* Tables from this size on are mapped on their own and asked for huge
  * pages. A run of 200k tasks, each writing its own buffer, keeps 200k live
  * keys: a 32 MiB table whose every probe lands on a random 4 KiB page, so
- * besides the cache miss each costs a page walk (measured: a sixth of a
- * no-op task's submit). With 2 MiB pages the walks go, and so do all but
- * one page fault per 2 MiB when the table is first written. */
+ * besides the cache miss each costs a page walk. With 2 MiB pages the
+ * walks go, and so do all but one page fault per 2 MiB when the table is
+ * first written. */
 #define HUGE_BYTES ((size_t)2 << 20)
+
+/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
+ * to spread the aligned addresses and offsets the engine uses as keys. */
+static size_t home_of(const pto_u64map *m, uint64_t key)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & m->mask;
+}
 
 static size_t table_bytes(const pto_u64map *m, size_t ncells) { return ncells * m->cell_size; }
 
@@ -64,7 +74,7 @@ void pto_u64map_destroy(pto_u64map *m)
 void *pto_u64map_find(const pto_u64map *m, uint64_t key)
 {
     if (!m->cells) return NULL;
-    for (size_t i = pto_u64map_home(m, key);; i = (i + 1) & m->mask) {
+    for (size_t i = home_of(m, key);; i = (i + 1) & m->mask) {
         uint64_t k = pto_u64map_key(m, i);
         if (k == key) return pto_u64map_cell(m, i);
         if (k == 0) return NULL;
@@ -83,7 +93,7 @@ void pto_u64map_resize(pto_u64map *m, size_t ncells)
         const char *c = old + i * m->cell_size;
         uint64_t key = *(const uint64_t *)c;
         if (!key) continue;
-        size_t j = pto_u64map_home(m, key);
+        size_t j = home_of(m, key);
         while (pto_u64map_key(m, j)) j = (j + 1) & m->mask;
         memcpy(pto_u64map_cell(m, j), c, m->cell_size);
     }
@@ -97,7 +107,7 @@ void *pto_u64map_add(pto_u64map *m, uint64_t key)
     if (c) return c;
     if (!m->cells) pto_u64map_resize(m, m->min_cells);
     else if ((m->count + 1) * 4 > (m->mask + 1) * 3) pto_u64map_resize(m, (m->mask + 1) * 2);
-    size_t i = pto_u64map_home(m, key);
+    size_t i = home_of(m, key);
     while (pto_u64map_key(m, i)) i = (i + 1) & m->mask;
     c = pto_u64map_cell(m, i);
     *(uint64_t *)c = key;
@@ -111,7 +121,7 @@ void pto_u64map_remove(pto_u64map *m, void *cell)
     memset(cell, 0, m->cell_size);
     m->count--;
     for (size_t j = (i + 1) & m->mask; pto_u64map_key(m, j); j = (j + 1) & m->mask) {
-        size_t home = pto_u64map_home(m, pto_u64map_key(m, j));
+        size_t home = home_of(m, pto_u64map_key(m, j));
         /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
         bool stays = (i < j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!stays) {

@@ -25,25 +25,6 @@ typedef struct pto_u64map {
     bool mapped;                     /* cells is an mmap of its own (a large table), not from malloc */
 } pto_u64map;
 
-/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
- * to spread the aligned addresses and offsets the engine uses as keys. */
-static inline size_t pto_u64map_home(const pto_u64map *m, uint64_t key)
-{
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdull;
-    key ^= key >> 33;
-    return (size_t)key & m->mask;
-}
-
-/* Start loading the cell where key's probe begins. A map of many live keys
- * (a run of 200k tasks, each writing its own buffer) is far larger than the
- * cache, and its first probe is a miss that costs more than the rest of a
- * submit: issued early, the load overlaps that work. */
-static inline void pto_u64map_prefetch(const pto_u64map *m, uint64_t key)
-{
-    if (m->cells) __builtin_prefetch((const char *)m->cells + pto_u64map_home(m, key) * m->cell_size, 1);
-}
-
 /* An empty map of cells of cell_size bytes (key first), at least min_cells of them once used. */
 void pto_u64map_init(pto_u64map *m, size_t cell_size, size_t min_cells);
 /* Free the table (not what cells point to); m is then empty and usable. */

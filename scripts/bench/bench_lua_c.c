@@ -79,6 +79,16 @@ static void submit(pto_orch *o, pto_tensor *ts, const uint8_t *tags, int n)
     if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
 }
 
+static double thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* The orchestrator thread's CPU in the last w1 or w3 submit loop, in ns (submitcpu). */
+static double g_submit_ns;
+
 static pto_orch *begin(void)
 {
     pto_orch *o = pto_run_begin(g_w);
@@ -96,10 +106,12 @@ static long w1(int n)
 {
     static const uint8_t tags[1] = {PTO_OUTPUT};
     pto_orch *o = begin();
+    double c0 = thread_cpu_ns();
     for (int i = 0; i < n; i++) {
         pto_tensor t = slot((size_t)i);
         submit(o, &t, tags, 1);
     }
+    g_submit_ns = thread_cpu_ns() - c0;
     end();
     return n;
 }
@@ -124,6 +136,7 @@ static long w3(int n)
     for (int j = 0; j < FAN; j++) join[j] = PTO_INPUT;
     join[FAN] = PTO_OUTPUT;
     pto_orch *o = begin();
+    double c0 = thread_cpu_ns();
     for (int g = 0; g < groups; g++) {
         size_t x = (size_t)g * (FAN + 2);
         pto_tensor t[FAN + 1];
@@ -138,6 +151,7 @@ static long w3(int n)
         t[FAN] = slot(x + 1 + FAN);
         submit(o, t, join, FAN + 1);
     }
+    g_submit_ns = thread_cpu_ns() - c0;
     end();
     return (long)groups * (FAN + 2);
 }
@@ -353,65 +367,11 @@ static int jobloop(int argc, char **argv)
     return 0;
 }
 
-static double thread_cpu_ns(void)
+/* The Worker every mode but peak and jobloop times: two chips running the
+ * simulated "noop" kernel. */
+static void start_worker(int32_t mode)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-#define CPU_TASKS 200000
-
-static pto_tensor buf_slot(char *buf, size_t i)
-{
-    pto_tensor t;
-    memset(&t, 0, sizeof t);
-    t.base = (uint64_t)(uintptr_t)(buf + i * 64);
-    t.shape[0] = SLOT_ELEMS;
-    t.dtype = PTO_F32;
-    t.ndims = 1;
-    return t;
-}
-
-/* One run of CPU_TASKS tasks of shape (0: W1, 1: fan); *cpu gets the submit loop's thread CPU in ns. */
-static void cpu_run(int shape, char *buf, double *cpu)
-{
-    static const uint8_t out[1] = {PTO_OUTPUT}, io[2] = {PTO_INPUT, PTO_OUTPUT};
-    pto_orch *o = pto_run_begin(g_w);
-    if (!o) die("pto_run_begin");
-    double c0 = thread_cpu_ns();
-    for (size_t i = 0; i < CPU_TASKS; i += shape ? FAN + 2 : 1) {
-        pto_tensor t[FAN + 1];
-        uint8_t tags[FAN + 1];
-        t[0] = buf_slot(buf, i);
-        pto_task_args a = {.tensor_count = 1, .tensors = t, .tags = out};
-        if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
-        if (!shape) continue;
-        for (int k = 1; k <= FAN; k++) {
-            pto_tensor m[2] = {buf_slot(buf, i), buf_slot(buf, i + (size_t)k)};
-            pto_task_args b = {.tensor_count = 2, .tensors = m, .tags = io};
-            if (pto_submit_next_level(o, g_noop, &b, NULL, -1) < 0) die("pto_submit_next_level");
-        }
-        for (int k = 0; k < FAN; k++) {
-            t[k] = buf_slot(buf, i + 1 + (size_t)k);
-            tags[k] = PTO_INPUT;
-        }
-        t[FAN] = buf_slot(buf, i + FAN + 1);
-        tags[FAN] = PTO_OUTPUT;
-        pto_task_args j = {.tensor_count = FAN + 1, .tensors = t, .tags = tags};
-        if (pto_submit_next_level(o, g_noop, &j, NULL, -1) < 0) die("pto_submit_next_level");
-    }
-    *cpu = thread_cpu_ns() - c0;
-    if (pto_run_end(g_w) != 0) die("pto_run_end");
-}
-
-static int submitcpu(int argc, char **argv)
-{
-    int runs = argc > 2 ? atoi(argv[2]) : 10;
-    if (runs < 1 || runs > 100) runs = 10;
-    char *buf = calloc(CPU_TASKS + FAN + 2, 64);
-    if (!buf) die("out of memory");
-    pto_worker_config wc = {.level = 3, .mode = PTO_MODE_THREAD, .heap_ring_size = 16u << 20};
+    pto_worker_config wc = {.level = 3, .mode = mode, .heap_ring_size = 16u << 20};
     int64_t id = pto_kernel_register(NULL, "noop");
     if (id < 0) die("pto_kernel_register");
     g_noop = (uint64_t)id;
@@ -422,23 +382,36 @@ static int submitcpu(int argc, char **argv)
         if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
     }
     if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+}
+
+#define CPU_TASKS 200000
+
+static int submitcpu(int argc, char **argv)
+{
+    int runs = argc > 2 ? atoi(argv[2]) : 10;
+    if (runs < 1 || runs > 100) runs = 10;
+    /* THREAD mode reads the slots in this process: no shared arena needed for 200,000 of them. */
+    g_slots = calloc((size_t)CPU_TASKS * SLOT_ELEMS, sizeof(float));
+    if (!g_slots) die("out of memory");
+    start_worker(PTO_MODE_THREAD);
     static const char *const names[] = {"W1", "fan"};
-    for (int shape = 0; shape < 2; shape++) {
-        double cpu[100], wall[100], warm;
-        cpu_run(shape, buf, &warm);
+    long (*const shapes[])(int) = {w1, w3};
+    for (int s = 0; s < 2; s++) {
+        double cpu[100], wall[100];
+        shapes[s](CPU_TASKS);   /* warm-up */
         for (int r = 0; r < runs; r++) {
             double t0 = now_us();
-            cpu_run(shape, buf, &cpu[r]);
-            wall[r] = (now_us() - t0) / CPU_TASKS;
-            cpu[r] /= CPU_TASKS;
+            long n = shapes[s](CPU_TASKS);
+            wall[r] = (now_us() - t0) / (double)n;
+            cpu[r] = g_submit_ns / (double)n;
         }
         qsort(cpu, (size_t)runs, sizeof *cpu, cmp_d);
         qsort(wall, (size_t)runs, sizeof *wall, cmp_d);
-        printf("submitcpu %s %.0f %.4f\n", names[shape], cpu[runs / 2], wall[runs / 2]);
+        printf("submitcpu %s %.0f %.4f\n", names[s], cpu[runs / 2], wall[runs / 2]);
         fflush(stdout);
     }
     pto_worker_close(g_w);
-    free(buf);
+    free(g_slots);
     return 0;
 }
 
@@ -453,21 +426,10 @@ int main(int argc, char **argv)
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (reps < 1 || reps > 100) reps = 5;
-    pto_worker_config wc = {.level = 3, .heap_ring_size = 16u << 20};
-    wc.mode = strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS;
     size_t nslots = 3 * 16 * 16 * 16 > N_TASKS ? 3 * 16 * 16 * 16 : N_TASKS;
     g_slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
     if (!g_slots) die("pto_shm_alloc");
-    int64_t id = pto_kernel_register(NULL, "noop");
-    if (id < 0) die("pto_kernel_register");
-    g_noop = (uint64_t)id;
-    if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
-    for (int i = 0; i < 2; i++) {
-        pto_leaf leaf = pto_chip_leaf();
-        leaf.name = i ? "chip 2" : "chip 1";
-        if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
-    }
-    if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+    start_worker(strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS);
     static const char *const names[] = {"W1", "W2", "W3", "W4s", "W4l"};
     for (int s = 0; s < 5; s++) {
         double xs[100];

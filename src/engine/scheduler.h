@@ -129,6 +129,7 @@ typedef struct pto_break {
 
 /* false with pto_errmsg set (the event's mapping failed). */
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
+/* Start the scheduler thread (sched_turns.c); false with pto_errmsg set. */
 bool pto_sched_start(pto_scheduler *s);
 void pto_sched_stop(pto_scheduler *s);
 void pto_sched_destroy(pto_scheduler *s);
@@ -160,5 +161,8 @@ bool pto_sched_stalled_by_hold(pto_scheduler *s);
  * scheduler's turns itself until done(arg), stop, or idle_ns with nothing
  * to do; the scheduler thread parks meanwhile. True when done(arg). */
 bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t idle_ns, const _Atomic bool *stop);
+/* One turn (wire, dispatch, pump, collect), by the turn flag's holder only
+ * (sched_turns.c decides who that is). True if it did anything. */
+bool pto_sched_turn(pto_scheduler *s);
 
 #endif

@@ -157,8 +157,47 @@ static void latency(const char *what, bool as_process, uint32_t child_spin, int6
            (double)sum / N / 1000.0, rt[N / 2] / 1000.0, rt[N * 9 / 10] / 1000.0, rt[N * 99 / 100] / 1000.0);
 }
 
+/* Streaming: the parent keeps every cell of the ring posted, writing each
+ * freed cell again as soon as it has read its result, the way the
+ * scheduler's pump does with a backlog; ns per task is the mailbox's own
+ * throughput, the floor under a PROCESS-mode worker's per-task cost. */
+static void stream(const char *what, bool as_process, int32_t tensors)
+{
+    enum { N = 400000 };
+    peer p;
+    peer_start(&p, as_process, 20000);
+    pto_tensor t[4];
+    for (int i = 0; i < 4; i++) t[i] = tile(NULL, 16);
+    pto_args_view v = {tensors, 0, t, NULL};
+    uint32_t posted = 0, collected = 0;
+    uint64_t t0 = 0, sum = 0;
+    for (int pass = 0; pass < 2; pass++) {   /* a warm-up pass, then the timed one */
+        uint32_t end = posted + (pass ? N : N / 10);
+        if (pass) t0 = pto_now_ns();
+        while (collected != end) {
+            bool wrote = false;
+            while (posted != end && posted - collected < PTO_MB_CELLS) {
+                if (pto_mb_write(p.mb, posted++, 1, &v, NULL, NULL, 0, false) != 0) die("pto_mb_write");
+                wrote = true;
+            }
+            if (wrote) pto_mb_publish(p.mb, posted);
+            for (int32_t fin = pto_mb_done_beyond(p.mb, collected); fin > 0; fin--, collected++) {
+                const pto_mb_cell *c = pto_mb_cell_of(p.mb, collected);
+                sum += (uint64_t)c->rc + c->skipped + (c->done_ns - c->start_ns);
+            }
+        }
+    }
+    uint64_t dt = pto_now_ns() - t0;
+    peer_stop(&p);
+    printf("  stream, %-40s %6.1f ns per task (%d tensor args)%s\n", what, (double)dt / N, tensors,
+           sum == UINT64_MAX ? " " : "");
+}
+
 static void bench_mailbox(void)
 {
+    stream("process, ring kept full:", true, 0);
+    stream("process, ring kept full:", true, 1);
+    stream("thread, ring kept full:", false, 1);
     latency("process, both spin (20 us):", true, 20000, 20000);
     latency("process, futex only:", true, 0, 0);
     latency("thread, both spin (20 us):", false, 20000, 20000);

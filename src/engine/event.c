@@ -25,15 +25,27 @@ static void futex_wake(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+static void wake_if_sleeping(pto_event *e)
+{
+    if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&e->seq, 1, memory_order_seq_cst);
+        futex_wake(&e->seq);
+    }
+}
+
 void pto_event_notify(pto_event *e)
 {
     /* Pairs with the fence in pto_event_wait: either the waiter sees our
      * work, or we see it sleeping (Dekker). */
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&e->sleeping, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&e->seq, 1, memory_order_seq_cst);
-        futex_wake(&e->seq);
-    }
+    wake_if_sleeping(e);
+}
+
+void pto_event_notify_pair(pto_event *a, pto_event *b)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    wake_if_sleeping(a);
+    if (b) wake_if_sleeping(b);
 }
 
 bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t spin_ns, int64_t timeout_ns)

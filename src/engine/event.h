@@ -17,6 +17,10 @@ typedef struct pto_event {
 /* Wake the waiter if it sleeps; call after publishing the work. */
 void pto_event_notify(pto_event *e);
 
+/* pto_event_notify of a and of b (NULL: none) with one fence between them
+ * and the work, for a waker that pays it on every task. */
+void pto_event_notify_pair(pto_event *a, pto_event *b);
+
 /* Wait until has_work(arg) is true, the event is notified, or timeout_ns
  * passes (< 0: no timeout). Spins for spin_ns first. Returns has_work(arg). */
 bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t spin_ns, int64_t timeout_ns);

@@ -127,7 +127,9 @@ int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_arg
     c->load_addr = (uint64_t)(uintptr_t)load;
     c->load_len = load ? load_len : 0;
     c->after_prev = after_prev;
-    atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
+    /* Mostly POSTED already (finish): a store would cost the line. */
+    if (atomic_load_explicit(&c->claim, memory_order_relaxed) != PTO_CELL_POSTED)
+        atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
     /* Only a child that may be waiting for this cell reads the stamp (its
      * spin budget learns from it); one busy with earlier cells does not. */
     c->posted_ns = atomic_load_explicit(&mb->done, memory_order_relaxed) == seq ? pto_now_ns() : 0;
@@ -215,8 +217,8 @@ bool pto_mb_wait_done(pto_mailbox *mb, uint32_t seq, int64_t spin_ns, int64_t ti
 
 void pto_mb_wake_parent(pto_mailbox *mb)
 {
-    pto_event_notify(&mb->to_parent);
-    if (mb->bell) pto_event_notify(mb->bell);
+    /* One fence for both events: a child pays this after every task. */
+    pto_event_notify_pair(&mb->to_parent, mb->bell);
 }
 
 int pto_mb_child_start(pto_mailbox *mb, const pto_leaf *leaf)
@@ -317,11 +319,16 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
  * failure), and goes back skipped. */
 static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_ns, bool prev_failed)
 {
-    c->start_ns = start_ns;
-    atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
+    /* The claim first: a locked CAS waits for every store before it, and
+     * the two below go to lines the parent reads, so each would cost it a
+     * round trip between the cores; after it, they drain together with
+     * the result's at finish. A child lost between the two has begun
+     * nothing the parent must fail: started still says the cell is not. */
     uint32_t want = PTO_CELL_POSTED;
     bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN, memory_order_acq_rel,
                                                             memory_order_acquire);
+    c->start_ns = start_ns;
+    atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
     c->skipped = revoked || (c->after_prev && prev_failed);
     if (!c->skipped) return true;
     c->rc = 0;
@@ -330,11 +337,20 @@ static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_n
     return false;
 }
 
-/* Cell *seq's result is written: hand it back. */
-static void finish(pto_mailbox *mb, uint32_t *seq)
+/* Cell *seq (c)'s result is written: hand it back. */
+static void finish(pto_mailbox *mb, pto_mb_cell *c, uint32_t *seq)
 {
-    /* Only this child advances done; the zygote writes DEAD, never done. */
-    atomic_store_explicit(&mb->done, ++*seq, memory_order_seq_cst);
+    /* The claim is left as the next post of this cell wants it, from here,
+     * where the line is this child's already (its result): a post that
+     * wrote it would pull the line over to the parent and back once more
+     * per task (the child's claim CAS was a third of its time). A revoke
+     * that lands between here and the collection fails nothing: the result
+     * is final, and the next post puts the claim back (pto_mb_write). */
+    atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
+    /* Only this child advances done; the zygote writes DEAD, never done.
+     * Release, not seq_cst: pto_mb_wake_parent's fence orders it before
+     * the sleepers' flags (Dekker). */
+    atomic_store_explicit(&mb->done, ++*seq, memory_order_release);
     pto_mb_wake_parent(mb);
 }
 
@@ -438,7 +454,7 @@ static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spi
         }
         o.prev_rc = c->skipped ? 1 : c->rc;
         c->done_ns = pto_now_ns();
-        finish(mb, &o.seq);
+        finish(mb, c, &o.seq);
     }
 }
 
@@ -481,6 +497,6 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
             c->rc = serve(mb, c, leaf);
         prev_rc = c->skipped ? 1 : c->rc;
         c->done_ns = last_done = pto_now_ns();
-        finish(mb, &seq);
+        finish(mb, c, &seq);
     }
 }

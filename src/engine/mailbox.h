@@ -106,8 +106,14 @@ typedef struct pto_mb_cell {
     uint32_t loaded;                 /* 1 if load_addr was installed */
     uint32_t skipped;                /* 1 if not run (after_prev and the cell before failed, or revoked) */
     /* Who has the cell once posted: PTO_CELL_POSTED until the child takes it
-     * (TAKEN) or the parent revokes it (REVOKED); one CAS decides. */
-    _Atomic uint32_t claim;
+     * (TAKEN) or the parent revokes it (REVOKED); one CAS decides. The
+     * child puts it back to POSTED as it finishes the cell, and a post
+     * writes it only when it is not (a revoke after the finish, a child
+     * lost mid-task), so in steady state its line stays the child's: a
+     * line apart from the result, which the parent reads at every
+     * collection, and shared only with the error text, which the parent
+     * reads only of a failed task. */
+    _Alignas(64) _Atomic uint32_t claim;
     char err[PTO_MB_ERR_CAP];
     _Alignas(64) unsigned char blob[PTO_MB_BLOB_CAP];
 } pto_mb_cell;

@@ -114,7 +114,7 @@ void pto_gate_answer_quiet(pto_scheduler *s)
     if (req == atomic_load_explicit(&s->quiet_ack, memory_order_relaxed)) return;
     s->quiet_seen = req;
     if (atomic_load_explicit(&s->nrunning, memory_order_relaxed) != 0 ||
-        atomic_load_explicit(&s->wire_head, memory_order_relaxed))
+        pto_wq_pending(&s->wire))
         return;
     bool held = atomic_load(&s->held) && !atomic_load(&s->draining);
     if (s->ready_len != 0 && !(held && atomic_load(&s->step_left) <= 0)) return;

@@ -51,7 +51,7 @@
 
 void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
 {
-    pto_slot_stack_push(&s->wire_head, slot, &slot->next_wire, memory_order_release);
+    pto_wq_push(&s->wire, slot);
     pto_event_notify(s->ev);
     /* A run that goes on submitting after a short help gets the parked
      * scheduler thread back now rather than at its next timeout. */
@@ -70,7 +70,7 @@ static turn_seen seen_now(const pto_scheduler *s) { return (turn_seen){s->quiet_
 /* Whether a turn would find work, by what anyone may read, against seen. */
 static bool pending_since(pto_scheduler *s, turn_seen seen)
 {
-    if (atomic_load_explicit(&s->wire_head, memory_order_relaxed)) return true;
+    if (pto_wq_pending(&s->wire)) return true;
     if (atomic_load_explicit(&s->cancel, memory_order_relaxed) && seen.ready) return true;
     if (atomic_load_explicit(&s->quiet_req, memory_order_relaxed) != seen.quiet ||
         atomic_load_explicit(&s->sync_req, memory_order_relaxed) !=

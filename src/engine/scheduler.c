@@ -29,6 +29,7 @@ bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
         return false;
     }
     s->ev = ev;   /* zero-filled: idle */
+    pto_wq_init(&s->wire);
     atomic_init(&s->break_task, -1);
     atomic_init(&s->retry_req, -1);
     atomic_init(&s->caught_task, -1);
@@ -39,6 +40,7 @@ bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm)
 
 void pto_sched_destroy(pto_scheduler *s)
 {
+    if (s->wire.head) pto_wq_destroy(&s->wire);
     free(s->work);
     free(s->caught);
     free(s->first_failure);
@@ -241,23 +243,22 @@ static void wire(pto_scheduler *s, pto_slot *c)
     }
 }
 
+/* How far ahead of the slot being wired wire_all starts the next one's
+ * miss: a wire takes about as long as one miss here. */
+#define WIRE_AHEAD 2
+
 static bool wire_all(pto_scheduler *s)
 {
-    pto_slot *list = pto_slot_stack_take(&s->wire_head);
-    if (!list) return false;
-    pto_slot *rev = NULL;   /* restore submission order */
-    while (list) {
-        pto_slot *next = atomic_load_explicit(&list->next_wire, memory_order_relaxed);
-        atomic_store_explicit(&list->next_wire, rev, memory_order_relaxed);
-        rev = list;
-        list = next;
+    bool any = false;
+    for (pto_slot *c; (c = pto_wq_pop(&s->wire)); any = true) {
+        /* Every fresh slot is a miss (the orchestrator just wrote it):
+         * start the one WIRE_AHEAD places on now, so the misses overlap
+         * instead of queueing behind each wire. */
+        pto_slot *n = pto_wq_ahead(&s->wire, WIRE_AHEAD);
+        if (n) __builtin_prefetch(n);
+        wire(s, c);
     }
-    while (rev) {
-        pto_slot *next = atomic_load_explicit(&rev->next_wire, memory_order_relaxed);
-        wire(s, rev);
-        rev = next;
-    }
-    return true;
+    return any;
 }
 
 /* A consumer of p that may wait on wt right behind p: p is its only

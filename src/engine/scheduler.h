@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include "event.h"
 #include "profile.h"
+#include "wire_queue.h"
 #include "worker_manager.h"
 
 struct pto_slot;
@@ -30,11 +31,11 @@ typedef struct pto_scheduler {
      * ring it too (a result, a start, a death). */
     pto_event *ev;
 
-    /* orchestrator -> scheduler (LIFO stack). A line of its own: the
-     * orchestrator's push is a CAS per submit, and sharing the line with
-     * the ready queues, which the scheduler writes at every turn, made that
-     * CAS a miss per task (a fifth of the C API's W1 submit in perf). */
-    _Alignas(64) struct pto_slot *_Atomic wire_head;
+    /* orchestrator -> scheduler: submitted, not yet wired (wire_queue.h).
+     * Lines of their own: sharing one with the ready queues, which the
+     * scheduler writes at every turn, made the orchestrator's hand-off a
+     * miss per task (a fifth of the C API's W1 submit in perf). */
+    pto_wire_queue wire;
     uint32_t unhelped_submits;              /* orchestrator-only: submits since its last help (pto_sched_help) */
     pto_event park;                         /* the scheduler thread sleeps here while helped */
     _Alignas(64) pto_ready_queue ready[PTO_KINDS];   /* per worker kind, unpinned */

@@ -102,7 +102,6 @@ struct pto_slot {
     uint64_t slab_seq;                /* position in its ring's FIFO */
 
     /* intrusive links */
-    pto_slot *_Atomic next_wire;      /* orchestrator -> scheduler */
     pto_slot *_Atomic next_retire;    /* any -> orchestrator */
     pto_slot *next_ready;             /* scheduler ready queues */
     uint32_t mark;                    /* orchestrator: de-duplication stamp */

@@ -175,9 +175,12 @@ static int32_t skip_status(const pto_worker_thread *wt, pto_slot *s, pto_slot *a
 
 static void complete(pto_worker_thread *wt, pto_completion c)
 {
-    /* Only what its leaf ran: a task skipped here (interrupted, cancelled, a producer failed) did not run. */
+    /* Only what its leaf ran: a task skipped here (interrupted, cancelled, a producer failed) did not run.
+     * One writer, the completion queue's producer: a load and a store, not
+     * a locked add, which would wait for every store before it. */
     if (c.status == PTO_DONE_OK || c.status == PTO_DONE_FAILED)
-        atomic_fetch_add_explicit(&wt->tasks_run, 1, memory_order_relaxed);
+        atomic_store_explicit(&wt->tasks_run, atomic_load_explicit(&wt->tasks_run, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
     uint32_t t = atomic_load_explicit(&wt->cq_tail, memory_order_relaxed);
     wt->cq[t & (PTO_WT_CQCAP - 1)] = c;
     atomic_store_explicit(&wt->cq_tail, t + 1, memory_order_release);

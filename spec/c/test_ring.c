@@ -9,6 +9,7 @@
  */
 #include "testutil.h"
 
+#include "common.h"
 #include "ring.h"
 
 #include <pthread.h>
@@ -18,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NC TU_NC
 #define WAIT_MS 3000
@@ -26,6 +29,26 @@
 
 
 static long started(int c) { return atomic_load(&tu_start[c]); }
+
+/* Whether the mapping that holds addr is shared (its /proc/self/maps
+ * permissions end in 's'); false if none holds it. */
+static bool maps_line_shared(uintptr_t addr)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return false;
+    char line[512];
+    bool shared = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo <= addr && addr < hi) {
+            shared = perms[3] == 's';
+            break;
+        }
+    }
+    fclose(f);
+    return shared;
+}
 static long ended(int c) { return atomic_load(&tu_end[c]); }
 
 /* Submit a task with one auto-allocated OUTPUT of `bytes` bytes (and
@@ -80,7 +103,7 @@ static uint64_t g_fake[64];
 static void test_unit_alignment(void)
 {
     pto_heap_ring r;
-    CHECK(pto_ring_map(&r, 64 * KIB));
+    CHECK(pto_ring_map(&r, 64 * KIB, false));
     CHECK_EQ((uintptr_t)r.base % PTO_HEAP_ALIGN, 0);
     uint64_t off, seq, sizes[] = {1024, 3072, 1024, 8192, 2048, 5120};
     uint64_t expect = 0;
@@ -110,7 +133,7 @@ static void test_unit_alignment(void)
 static void test_unit_fifo_release(void)
 {
     pto_heap_ring r;
-    CHECK(pto_ring_map(&r, 64 * KIB));
+    CHECK(pto_ring_map(&r, 64 * KIB, false));
     uint64_t oa, ob, oc, sa, sb, sc, off, seq;
     CHECK(pto_ring_try_alloc(&r, 16 * KIB, FAKE(1), &oa, &sa));
     CHECK(pto_ring_try_alloc(&r, 16 * KIB, FAKE(2), &ob, &sb));
@@ -154,7 +177,7 @@ static void test_unit_fifo_release(void)
 static void test_unit_wrap_and_owner(void)
 {
     pto_heap_ring r;
-    CHECK(pto_ring_map(&r, 64 * KIB));
+    CHECK(pto_ring_map(&r, 64 * KIB, false));
     uint64_t oa, ob, oc, od, sa, sb, sc, sd;
     CHECK(pto_ring_try_alloc(&r, 24 * KIB, FAKE(1), &oa, &sa));
     CHECK(pto_ring_try_alloc(&r, 24 * KIB, FAKE(2), &ob, &sb));
@@ -180,8 +203,10 @@ static void test_unit_wrap_and_owner(void)
     pto_ring_unmap(&r);
 
     /* Randomised FIFO churn against a model: no overlap among live slabs,
-     * owner finds every live slab and NULL for free space. */
-    CHECK(pto_ring_map(&r, 64 * KIB));
+     * owner finds every live slab and NULL for free space; in a shared
+     * ring and in a private one. */
+    for (int priv = 0; priv < 2; priv++) {
+    CHECK(pto_ring_map(&r, 64 * KIB, priv));
     enum { MAXL = 64 };
     struct { uint64_t off, bytes, seq; int owner; bool released; } live[MAXL];
     int nlive = 0, wraps = 0, bad_overlap = 0, bad_owner = 0, bad_free = 0;
@@ -237,6 +262,57 @@ static void test_unit_wrap_and_owner(void)
     CHECK_EQ(bad_owner, 0);
     CHECK_EQ(bad_free, 0);
     pto_ring_unmap(&r);
+    }
+}
+
+/* A shared ring is what a process forked later writes into for this one
+ * (PROCESS mode's children); a private one (a level-3 THREAD-mode
+ * Worker's) is this process's alone, aligned for huge pages. */
+static void test_unit_private_and_shared(void)
+{
+    for (int priv = 0; priv < 2; priv++) {
+        pto_heap_ring r;
+        CHECK(pto_ring_map(&r, 3 * PTO_HUGE_PAGE + 4 * KIB, priv));
+        CHECK_EQ(r.huge, priv);
+        if (priv) CHECK_EQ((uintptr_t)r.base % PTO_HUGE_PAGE, 0);
+        r.base[0] = 1;
+        r.base[r.size - 1] = 2;
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            r.base[0] = 7;
+            _exit(0);
+        }
+        CHECK(pid > 0);
+        int status = 0;
+        CHECK_EQ(waitpid(pid, &status, 0), pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        CHECK_EQ(r.base[0], priv ? 1 : 7);
+        CHECK_EQ(r.base[r.size - 1], 2);
+        pto_ring_unmap(&r);
+    }
+}
+
+/* Which Workers get which: only a level-3 THREAD-mode Worker's rings are
+ * private; above level 3 a child may be a PROCESS-mode Worker whose chips
+ * read them, and PROCESS mode's own children do. */
+static void test_engine_private_rings(void)
+{
+    const struct { int32_t level, mode; bool priv; } cases[] = {
+        {3, PTO_MODE_THREAD, true}, {3, PTO_MODE_PROCESS, false}, {4, PTO_MODE_THREAD, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pto_worker_config c = {.level = cases[i].level, .mode = cases[i].mode, .heap_ring_size = 4 * PTO_HUGE_PAGE};
+        pto_worker *w = pto_worker_new(&c);
+        CHECK(w != NULL);
+        if (!w) continue;
+        for (int k = 0; k < PTO_MAX_RING_DEPTH; k++) {
+            uintptr_t base = (uintptr_t)pto_worker_ring_base(w, k);
+            if (cases[i].priv) CHECK_EQ(base % PTO_HUGE_PAGE, 0);
+            /* The mapping's kind, as the kernel lists it: shared anonymous memory is /dev/zero (deleted). */
+            CHECK_EQ(maps_line_shared(base), !cases[i].priv);
+        }
+        pto_worker_close(w);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -538,6 +614,8 @@ int main(void)
     RUN(test_unit_alignment);
     RUN(test_unit_fifo_release);
     RUN(test_unit_wrap_and_owner);
+    RUN(test_unit_private_and_shared);
+    RUN(test_engine_private_rings);
     RUN(test_engine_alignment);
     RUN(test_inner_scope_churn_reclaims);
     RUN(test_timeout_error_text);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static _Thread_local char errbuf[PTO_ERRLEN];
@@ -114,4 +115,17 @@ void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem)
     while (c < need) c *= 2;
     *arr = pto_xrealloc(*arr, (size_t)c * elem);
     *cap = c;
+}
+
+void *pto_map_huge(size_t bytes, int extra_flags)
+{
+    size_t len = pto_huge_len(bytes);
+    char *p = mmap(NULL, len + PTO_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* Aligned, so the kernel can back it with whole huge pages. */
+    char *a = (char *)(((uintptr_t)p + PTO_HUGE_PAGE - 1) & ~(uintptr_t)(PTO_HUGE_PAGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (a < p + PTO_HUGE_PAGE) munmap(a + len, (size_t)(p + PTO_HUGE_PAGE - a));
+    (void)madvise(a, len, MADV_HUGEPAGE);
+    return a;
 }

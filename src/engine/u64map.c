@@ -13,7 +13,7 @@
  * besides the cache miss each costs a page walk. With 2 MiB pages the
  * walks go, and so do all but one page fault per 2 MiB when the table is
  * first written. */
-#define HUGE_BYTES ((size_t)2 << 20)
+#define HUGE_BYTES PTO_HUGE_PAGE
 
 /* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
  * to spread the aligned addresses and offsets the engine uses as keys. */
@@ -32,14 +32,8 @@ static void *table_new(pto_u64map *m, size_t ncells)
     size_t bytes = table_bytes(m, ncells);
     m->mapped = false;
     if (bytes >= HUGE_BYTES) {
-        size_t len = (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
-        char *p = mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-            /* Aligned, so the kernel can back it with whole huge pages. */
-            char *a = (char *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-            if (a > p) munmap(p, (size_t)(a - p));
-            if (a < p + HUGE_BYTES) munmap(a + len, (size_t)(p + HUGE_BYTES - a));
-            (void)madvise(a, len, MADV_HUGEPAGE);   /* a hint: without it the table still works */
+        void *a = pto_map_huge(bytes, 0);
+        if (a) {
             m->mapped = true;
             return a;   /* zero-filled */
         }
@@ -50,7 +44,7 @@ static void *table_new(pto_u64map *m, size_t ncells)
 static void table_free(const pto_u64map *m, void *cells, size_t ncells, bool mapped)
 {
     if (!cells) return;
-    if (mapped) munmap(cells, (table_bytes(m, ncells) + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1));
+    if (mapped) munmap(cells, pto_huge_len(table_bytes(m, ncells)));
     else free(cells);
 }
 

@@ -109,8 +109,12 @@ pto_worker *pto_worker_new(const pto_worker_config *cfg)
     pthread_once(&hygiene_once, fork_hygiene);
     pto_worker *w = pto_xcalloc_line(sizeof *w);
     w->cfg = c;
+    /* A level-3 THREAD-mode Worker's chips and subs are its own threads:
+     * nothing outside this process reads its rings (ring.h). Above level
+     * 3 the children may be PROCESS-mode Workers whose chips do. */
+    bool private_rings = c.mode == PTO_MODE_THREAD && c.level == 3;
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
-        if (!pto_ring_map(&w->rings[r], c.heap_ring_size)) {
+        if (!pto_ring_map(&w->rings[r], c.heap_ring_size, private_rings)) {
             for (int k = 0; k < r; k++) pto_ring_unmap(&w->rings[k]);
             free(w);
             return NULL;

@@ -267,14 +267,14 @@ static void test_unit_wrap_and_owner(void)
 
 /* A shared ring is what a process forked later writes into for this one
  * (PROCESS mode's children); a private one (a level-3 THREAD-mode
- * Worker's) is this process's alone, aligned for huge pages. */
+ * Worker's) is this process's alone. Both are aligned for huge pages. */
 static void test_unit_private_and_shared(void)
 {
     for (int priv = 0; priv < 2; priv++) {
         pto_heap_ring r;
         CHECK(pto_ring_map(&r, 3 * PTO_HUGE_PAGE + 4 * KIB, priv));
-        CHECK_EQ(r.huge, priv);
-        if (priv) CHECK_EQ((uintptr_t)r.base % PTO_HUGE_PAGE, 0);
+        CHECK_EQ(r.is_private, priv);
+        CHECK_EQ((uintptr_t)r.base % PTO_HUGE_PAGE, 0);
         r.base[0] = 1;
         r.base[r.size - 1] = 2;
         fflush(NULL);
@@ -307,7 +307,7 @@ static void test_engine_private_rings(void)
         if (!w) continue;
         for (int k = 0; k < PTO_MAX_RING_DEPTH; k++) {
             uintptr_t base = (uintptr_t)pto_worker_ring_base(w, k);
-            if (cases[i].priv) CHECK_EQ(base % PTO_HUGE_PAGE, 0);
+            CHECK_EQ(base % PTO_HUGE_PAGE, 0);
             /* The mapping's kind, as the kernel lists it: shared anonymous memory is /dev/zero (deleted). */
             CHECK_EQ(maps_line_shared(base), !cases[i].priv);
         }

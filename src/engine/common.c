@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <errno.h>
 #include <sched.h>
 
 #include <stdio.h>
@@ -117,15 +118,23 @@ void pto_grow(void **arr, int32_t *cap, int32_t need, size_t elem)
     *cap = c;
 }
 
-void *pto_map_huge(size_t bytes, int extra_flags)
+void *pto_map_huge(size_t bytes, int flags)
 {
-    size_t len = pto_huge_len(bytes);
-    char *p = mmap(NULL, len + PTO_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
+    size_t len = pto_huge_len(bytes), span = len + PTO_HUGE_PAGE;
+    /* Reserve room to align in, then map over its aligned part: a shared
+     * mapping must also start its object there (trimming one would leave
+     * its offsets unaligned, and shmem then maps no huge page). */
+    char *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    /* Aligned, so the kernel can back it with whole huge pages. */
     char *a = (char *)(((uintptr_t)p + PTO_HUGE_PAGE - 1) & ~(uintptr_t)(PTO_HUGE_PAGE - 1));
+    if (mmap(a, len, PROT_READ | PROT_WRITE, flags | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+        int e = errno;
+        munmap(p, span);
+        errno = e;
+        return NULL;
+    }
     if (a > p) munmap(p, (size_t)(a - p));
-    if (a < p + PTO_HUGE_PAGE) munmap(a + len, (size_t)(p + PTO_HUGE_PAGE - a));
+    if (a + len < p + span) munmap(a + len, (size_t)(p + span - (a + len)));
     (void)madvise(a, len, MADV_HUGEPAGE);
     return a;
 }

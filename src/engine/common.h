@@ -24,11 +24,12 @@ void *pto_xrealloc(void *p, size_t n);
 char *pto_xstrdup(const char *s);
 
 #define PTO_HUGE_PAGE ((size_t)2 << 20)
-/* A zeroed private anonymous mapping of pto_huge_len(bytes), aligned to
+/* A zeroed anonymous mapping of pto_huge_len(bytes), aligned to
  * PTO_HUGE_PAGE and asked for transparent huge pages (a hint: it works
- * without them); extra_flags are added to mmap's (MAP_NORESERVE). NULL
- * with errno set on failure. Unmap it with munmap(p, pto_huge_len(bytes)). */
-void *pto_map_huge(size_t bytes, int extra_flags);
+ * without them); flags: MAP_PRIVATE or MAP_SHARED, and MAP_NORESERVE if
+ * wanted. NULL with errno set on failure. Unmap it with munmap(p,
+ * pto_huge_len(bytes)). */
+void *pto_map_huge(size_t bytes, int flags);
 static inline size_t pto_huge_len(size_t bytes) { return (bytes + PTO_HUGE_PAGE - 1) & ~(PTO_HUGE_PAGE - 1); }
 /* malloc'ed printf. */
 char *pto_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

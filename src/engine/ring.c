@@ -7,12 +7,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
-bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool private)
+bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool is_private)
 {
     memset(r, 0, sizeof *r);
-    void *p = private ? pto_map_huge(size, MAP_NORESERVE)
-                      : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) p = NULL;
+    void *p = pto_map_huge(size, (is_private ? MAP_PRIVATE : MAP_SHARED) | MAP_NORESERVE);
     if (!p) {
         pto_set_error("cannot map a heap ring of %llu bytes: %s (lower heap_ring_size)",
                       (unsigned long long)size, strerror(errno));
@@ -20,13 +18,13 @@ bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool private)
     }
     r->base = p;
     r->size = size;
-    r->huge = private;
+    r->is_private = is_private;
     return true;
 }
 
 void pto_ring_unmap(pto_heap_ring *r)
 {
-    if (r->base) munmap(r->base, r->huge ? pto_huge_len(r->size) : r->size);
+    if (r->base) munmap(r->base, pto_huge_len(r->size));
     free(r->fifo);
     memset(r, 0, sizeof *r);
 }

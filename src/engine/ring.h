@@ -1,16 +1,19 @@
 /* Heap rings: MAX_RING_DEPTH mappings, each a circular byte heap with FIFO
  * reclamation. The mappings are taken when the Worker is created, so
  * children forked later see them at the same addresses: shared, wherever
- * another process may read them. Where none can (a level-3 Worker in
- * THREAD mode: its chips and subs are its own threads) they are private
- * and asked for transparent huge pages: the orchestrator runs far ahead,
- * so every intermediate lands on memory no kernel has touched lately, and
- * with 4 KiB pages each such write costs a page walk as well as the miss
- * (the main BGEMM, THREAD mode: best of 5 runs ahead in 8 of 12
- * alternating pairs, first runs about a fifth faster). Shared anonymous
- * memory is shmem, which most systems give no huge pages. Only the
- * orchestrator thread allocates and releases, so a ring needs no lock; the
- * waiting for space lives in the orchestrator. */
+ * another process may read them, else (a level-3 Worker in THREAD mode:
+ * its chips and subs are its own threads) private. Either is aligned and
+ * asked for transparent huge pages: the orchestrator runs far ahead, so
+ * every intermediate lands on memory nothing touched lately, and with 4
+ * KiB pages each such write costs a page walk as well as the miss (the
+ * main BGEMM: THREAD mode about 5% faster, PROCESS mode about 18% where
+ * the system grants shared memory huge pages). Private memory gets them
+ * wherever transparent huge pages are on; shared anonymous memory is
+ * shmem, which gets them only where
+ * /sys/kernel/mm/transparent_hugepage/shmem_enabled allows (most systems
+ * ship it "never"). Only the orchestrator thread allocates and releases,
+ * so a ring needs no lock; the waiting for space lives in the
+ * orchestrator. */
 #ifndef PTO_RING_H
 #define PTO_RING_H
 
@@ -29,7 +32,7 @@ typedef struct pto_slab {
 typedef struct pto_heap_ring {
     uint8_t *base;
     uint64_t size;
-    bool huge;                    /* private, from pto_map_huge */
+    bool is_private;              /* this process's alone (else shared with children forked later) */
     pto_slab *fifo;               /* circular: oldest at head */
     uint32_t cap, head, count;
     uint64_t head_seq;            /* FIFO position of fifo[head] */
@@ -45,7 +48,7 @@ typedef struct pto_heap_ring {
 
 /* Map a ring of size bytes (lazily backed), shared with processes forked
  * later or (private) this process's alone; false with pto_errmsg set. */
-bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool private);
+bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool is_private);
 void pto_ring_unmap(pto_heap_ring *r);
 /* Reserve bytes (a multiple of PTO_HEAP_ALIGN) for owner; on success stores
  * the offset and the slab's FIFO position. False when there is no room now. */

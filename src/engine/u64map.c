@@ -32,7 +32,7 @@ static void *table_new(pto_u64map *m, size_t ncells)
     size_t bytes = table_bytes(m, ncells);
     m->mapped = false;
     if (bytes >= HUGE_BYTES) {
-        void *a = pto_map_huge(bytes, 0);
+        void *a = pto_map_huge(bytes, MAP_PRIVATE);
         if (a) {
             m->mapped = true;
             return a;   /* zero-filled */

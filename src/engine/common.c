@@ -138,3 +138,10 @@ void *pto_map_huge(size_t bytes, int flags)
     (void)madvise(a, len, MADV_HUGEPAGE);
     return a;
 }
+
+void *pto_xmap_huge(size_t bytes)
+{
+    void *p = pto_map_huge(bytes, MAP_PRIVATE);
+    if (!p) oom(pto_huge_len(bytes));
+    return p;
+}

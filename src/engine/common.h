@@ -30,6 +30,8 @@ char *pto_xstrdup(const char *s);
  * wanted. NULL with errno set on failure. Unmap it with munmap(p,
  * pto_huge_len(bytes)). */
 void *pto_map_huge(size_t bytes, int flags);
+/* pto_map_huge(bytes, MAP_PRIVATE), or abort as pto_xmalloc does. */
+void *pto_xmap_huge(size_t bytes);
 static inline size_t pto_huge_len(size_t bytes) { return (bytes + PTO_HUGE_PAGE - 1) & ~(PTO_HUGE_PAGE - 1); }
 /* malloc'ed printf. */
 char *pto_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -18,7 +18,6 @@ bool pto_ring_map(pto_heap_ring *r, uint64_t size, bool is_private)
     }
     r->base = p;
     r->size = size;
-    r->is_private = is_private;
     return true;
 }
 

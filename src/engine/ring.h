@@ -32,7 +32,6 @@ typedef struct pto_slab {
 typedef struct pto_heap_ring {
     uint8_t *base;
     uint64_t size;
-    bool is_private;              /* this process's alone (else shared with children forked later) */
     pto_slab *fifo;               /* circular: oldest at head */
     uint32_t cap, head, count;
     uint64_t head_seq;            /* FIFO position of fifo[head] */

@@ -7,14 +7,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* Tables from this size on are mapped on their own and asked for huge
- * pages. A run of 200k tasks, each writing its own buffer, keeps 200k live
- * keys: a 32 MiB table whose every probe lands on a random 4 KiB page, so
- * besides the cache miss each costs a page walk. With 2 MiB pages the
- * walks go, and so do all but one page fault per 2 MiB when the table is
- * first written. */
-#define HUGE_BYTES PTO_HUGE_PAGE
-
 /* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
  * to spread the aligned addresses and offsets the engine uses as keys. */
 static size_t home_of(const pto_u64map *m, uint64_t key)
@@ -27,24 +19,23 @@ static size_t home_of(const pto_u64map *m, uint64_t key)
 
 static size_t table_bytes(const pto_u64map *m, size_t ncells) { return ncells * m->cell_size; }
 
-static void *table_new(pto_u64map *m, size_t ncells)
+/* Zeroed cells. Tables of PTO_HUGE_PAGE bytes or more are mapped on their
+ * own and asked for huge pages. A run of 200k tasks, each writing its own
+ * buffer, keeps 200k live keys: a 32 MiB table whose every probe lands on a
+ * random 4 KiB page, so besides the cache miss each costs a page walk. With
+ * 2 MiB pages the walks go, and so do all but one page fault per 2 MiB when
+ * the table is first written. */
+static void *table_new(const pto_u64map *m, size_t ncells)
 {
     size_t bytes = table_bytes(m, ncells);
-    m->mapped = false;
-    if (bytes >= HUGE_BYTES) {
-        void *a = pto_map_huge(bytes, MAP_PRIVATE);
-        if (a) {
-            m->mapped = true;
-            return a;   /* zero-filled */
-        }
-    }
-    return pto_xcalloc(ncells, m->cell_size);
+    return bytes >= PTO_HUGE_PAGE ? pto_xmap_huge(bytes) : pto_xcalloc(ncells, m->cell_size);
 }
 
-static void table_free(const pto_u64map *m, void *cells, size_t ncells, bool mapped)
+static void table_free(const pto_u64map *m, void *cells, size_t ncells)
 {
+    size_t bytes = table_bytes(m, ncells);
     if (!cells) return;
-    if (mapped) munmap(cells, pto_huge_len(table_bytes(m, ncells)));
+    if (bytes >= PTO_HUGE_PAGE) munmap(cells, pto_huge_len(bytes));
     else free(cells);
 }
 
@@ -58,9 +49,8 @@ void pto_u64map_init(pto_u64map *m, size_t cell_size, size_t min_cells)
 
 void pto_u64map_destroy(pto_u64map *m)
 {
-    table_free(m, m->cells, pto_u64map_cells(m), m->mapped);
+    table_free(m, m->cells, pto_u64map_cells(m));
     m->cells = NULL;
-    m->mapped = false;
     m->mask = 0;
     m->count = 0;
 }
@@ -80,7 +70,6 @@ void pto_u64map_resize(pto_u64map *m, size_t ncells)
     assert(ncells && (ncells & (ncells - 1)) == 0 && ncells > m->count);
     char *old = m->cells;
     size_t oldn = pto_u64map_cells(m);
-    bool old_mapped = m->mapped;
     m->cells = table_new(m, ncells);
     m->mask = ncells - 1;
     for (size_t i = 0; i < oldn; i++) {
@@ -91,7 +80,7 @@ void pto_u64map_resize(pto_u64map *m, size_t ncells)
         while (pto_u64map_key(m, j)) j = (j + 1) & m->mask;
         memcpy(pto_u64map_cell(m, j), c, m->cell_size);
     }
-    table_free(m, old, oldn, old_mapped);
+    table_free(m, old, oldn);
 }
 
 void *pto_u64map_add(pto_u64map *m, uint64_t key)

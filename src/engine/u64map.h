@@ -12,7 +12,6 @@
 #ifndef PTO_U64MAP_H
 #define PTO_U64MAP_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,7 +21,6 @@ typedef struct pto_u64map {
     size_t mask;                     /* cells - 1 */
     size_t count;                    /* keys in the map */
     size_t min_cells;                /* the table never shrinks below this (a power of two) */
-    bool mapped;                     /* cells is an mmap of its own (a large table), not from malloc */
 } pto_u64map;
 
 /* An empty map of cells of cell_size bytes (key first), at least min_cells of them once used. */

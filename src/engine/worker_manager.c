@@ -69,27 +69,21 @@ static bool claim_from(pto_worker_thread *q, pto_wt_queue *qu, bool thief, pto_s
         pto_slot *sl = atomic_load_explicit(&e->slot, memory_order_relaxed);
         pto_slot *af = atomic_load_explicit(&e->after, memory_order_relaxed);
         int32_t m = atomic_load_explicit(&e->member, memory_order_relaxed);
-        if (q->wm->mode != PTO_MODE_THREAD) {
-            /* PROCESS mode: only the turn's holder claims (its pump), so
-             * nobody races for h; a locked CAS here was 3-5% of a chain's
-             * turn. */
+        /* PROCESS mode: only the turn's holder claims (its pump), so nobody
+         * races for h; a locked CAS here was 3-5% of a chain's turn. In
+         * THREAD mode success proves h was unclaimed all along, so the entry
+         * was not reused under the reads above (the scheduler never
+         * overwrites an unclaimed entry: tail - head <= inflight, and it
+         * sends only while inflight < PTO_WT_QCAP). */
+        if (q->wm->mode != PTO_MODE_THREAD)
             atomic_store_explicit(&qu->head, h + 1, memory_order_release);
-            *slot = sl;
-            *member = m;
-            *after = af;
-            return true;
-        }
-        /* Success proves h was unclaimed all along, so the entry was not
-         * reused under the reads above (the scheduler never overwrites an
-         * unclaimed entry: tail - head <= inflight, and it sends only
-         * while inflight < PTO_WT_QCAP). */
-        if (atomic_compare_exchange_weak_explicit(&qu->head, &h, h + 1, memory_order_acq_rel,
-                                                  memory_order_acquire)) {
-            *slot = sl;
-            *member = m;
-            *after = af;
-            return true;
-        }
+        else if (!atomic_compare_exchange_weak_explicit(&qu->head, &h, h + 1, memory_order_acq_rel,
+                                                        memory_order_acquire))
+            continue;
+        *slot = sl;
+        *member = m;
+        *after = af;
+        return true;
     }
 }
 

@@ -231,4 +231,27 @@ describe(":check", function()
     })
     assert(out:find("tag it INOUT", 1, true), out)
   end)
+
+  it("counts a task seen finished at the prompt as ordered before what the next line submits", function()
+    local out = session(SETUP, {
+      PROMPT, send(":check on\n"), expect("check mode is on"), PROMPT,
+      send(":hold\n"), expect("dispatch held"), PROMPT,
+      send("orch = w:open_run()\n"), PROMPT,
+      send("orch:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {1.0}})\n"), expect("\n0\n"), PROMPT,
+      -- held: task 0 is unfinished, so the same line's overwrite is reported
+      send("orch:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {2.0}})\n"),
+      expect("not ordered after task 0"), PROMPT,
+      send(":step\n"), expect("task 0 fill (chip): ready -> completed"), PROMPT,
+      -- seen completed at the prompt: this line's overwrite is ordered after it
+      send("orch:submit_next_level(fill, pto.args{{a, 'out'}, scalars = {3.0}})\n"), expect("\n1\n"), PROMPT,
+      -- but two overwrites in one line are unordered, however fast the first one runs
+      send(":release\n"), PROMPT,
+      send("orch:submit_next_level(fill, pto.args{{b, 'out'}, scalars = {4.0}}); "
+        .. "orch:drain(); orch:submit_next_level(fill, pto.args{{b, 'out'}, scalars = {5.0}}); "
+        .. "orch:submit_next_level(fill, pto.args{{b, 'out'}, scalars = {6.0}})\n"),
+      expect("not ordered after task 3"), PROMPT,
+      send(":finish\n"), expect("run finished"), PROMPT, EOF, WAIT,
+    })
+    assert(out:find("tag it INOUT", 1, true), out)
+  end)
 end)

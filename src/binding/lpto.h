@@ -16,8 +16,11 @@ int lpto_interrupt(void);
  * the interpreter lock meanwhile. Returns the token lpto_idle_end needs
  * (NULL when pto is not loaded); L must not be touched until then. */
 void *lpto_idle_begin(lua_State *L);
-/* The wait is over: take the interpreter lock back. */
-void lpto_idle_end(void *token);
+/* The wait is over (a line was read): take the interpreter lock back. In
+ * check mode, the tasks of runs open at the prompt that have finished by
+ * now count as ordered before what the line submits: its author saw them
+ * finish (docs/check.md). */
+void lpto_idle_end(lua_State *L, void *token);
 /* Give L (just made by luaL_newstate) a pool allocator for its small
  * objects, on top of its own (lpto_alloc.c); once per process. False, and
  * L unchanged, if $PTO_LUA_ALLOC is "malloc" or no address space could be

@@ -28,9 +28,13 @@ void *lpto_idle_begin(lua_State *L)
     return g;
 }
 
-void lpto_idle_end(void *token)
+static void observe_open_runs(lua_State *L);
+
+void lpto_idle_end(lua_State *L, void *token)
 {
-    if (token) lpto_gil_acquire(token);
+    if (!token) return;
+    lpto_gil_acquire(token);
+    observe_open_runs(L);
 }
 
 /* ---- the Workers of this state, in creation order (pto.workers) ---- */
@@ -73,6 +77,25 @@ static int l_workers(lua_State *L)
 }
 
 /* ---- interactive runs ---- */
+
+static void observe_open_runs(lua_State *L)
+{
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &WORKERS_KEY) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_getfield(L, -1, "n");
+    lua_Integer n = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, -1, i) == LUA_TUSERDATA) {
+            lworker *W = lua_touserdata(L, -1);
+            if (W->state != W_CLOSED && W->in_run && W->interactive) pto_check_observed(W->w);
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
 
 /* w:open_run([args, cfg]) -> orch, args, cfg */
 static int w_open_run(lua_State *L)

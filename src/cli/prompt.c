@@ -44,7 +44,7 @@ static void *idle_token;
 static void idle(int begin) {
   if (!prompt_L) return;
   if (begin) idle_token = lpto_idle_begin(prompt_L);
-  else lpto_idle_end(idle_token);
+  else lpto_idle_end(prompt_L, idle_token);
 }
 static void on_prompt_sigint(int sig) {
   (void)sig;

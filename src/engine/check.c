@@ -531,33 +531,74 @@ out:
 
 /* ---- the submit check ---- */
 
+/* Whether a new OUTPUT is ordered after an earlier access is a question
+ * about the DAG the tags imply, not about timing: an earlier task that
+ * happens to have finished by the submit is just as unordered (the next
+ * run may find it still running). So the log keeps the run's accesses,
+ * finished or not, and the run's own DAG by task id: the engine's edges
+ * cannot serve, since they skip producers that already finished. An
+ * access leaves the log only when nothing later can be unordered with it:
+ * a later write that covers it and is ordered after it, fresh heap-ring
+ * memory over it, or a point where the orchestration saw it finish (a
+ * drain, the prompt's next line: pto_check_observed). */
+
 typedef struct use {
-    pto_slot *s;
+    pto_slot *s;           /* valid while s->id == id (a reclaimed slot is reused) */
     int64_t id;
     uint64_t lo, hi;
+    uint64_t callable;     /* for the message, once s may be reused */
+    int8_t kind;
     bool writes;
 } use;
 
+/* At most this many accesses are kept: beyond it the oldest are forgotten,
+ * which can only miss a report (never make one up, as the walk never needs
+ * a task older than every access it judges). */
+#define CHECK_WINDOW 2048
+
 struct pto_check_log {
-    use *a;
+    use *a;                /* in id order */
     int32_t n, cap;
-    pto_slot **stack;      /* the ancestor walk's */
+    /* The run's DAG: the producers (ids) of task base + i are pids[pfirst[i] .. pfirst[i + 1]). */
+    int64_t base;          /* id of task 0 of the arrays; -1 while empty */
+    int32_t ntasks, pfirst_cap;
+    int32_t *pfirst;
+    int64_t *pids;
+    int32_t npids, pids_cap;
+    uint32_t *seen;        /* per task: the walk's epoch when it reached it */
+    int32_t seen_cap;
+    uint32_t epoch;
+    int64_t *stack;        /* the walk's */
     int32_t nstack, stack_cap;
+    int64_t *pend;         /* producers of the task being submitted */
+    int32_t npend, pend_cap;
 };
 
-pto_check_log *pto_check_log_new(void) { return pto_xcalloc(1, sizeof(pto_check_log)); }
+pto_check_log *pto_check_log_new(void)
+{
+    pto_check_log *lg = pto_xcalloc(1, sizeof(pto_check_log));
+    lg->base = -1;
+    return lg;
+}
 
 void pto_check_log_free(pto_check_log *lg)
 {
     if (!lg) return;
     free(lg->a);
+    free(lg->pfirst);
+    free(lg->pids);
+    free(lg->seen);
     free(lg->stack);
+    free(lg->pend);
     free(lg);
 }
 
 void pto_check_log_clear(pto_check_log *lg)
 {
-    if (lg) lg->n = 0;
+    if (!lg) return;
+    lg->n = 0;
+    lg->base = -1;
+    lg->ntasks = lg->npids = 0;
 }
 
 static bool unfinished(const pto_slot *s, int64_t id)
@@ -567,37 +608,73 @@ static bool unfinished(const pto_slot *s, int64_t id)
     return st == PTO_TASK_PENDING || st == PTO_TASK_READY || st == PTO_TASK_RUNNING;
 }
 
-/* Drop what finished: it is ordered before anything submitted now. */
-static void prune(pto_check_log *lg)
+/* Keep the accesses keep(lg, x, arg) says, in order. */
+static void filter(pto_check_log *lg, bool (*keep)(const use *, const void *), const void *arg)
 {
     int32_t k = 0;
     for (int32_t i = 0; i < lg->n; i++)
-        if (unfinished(lg->a[i].s, lg->a[i].id)) lg->a[k++] = lg->a[i];
+        if (keep(&lg->a[i], arg)) lg->a[k++] = lg->a[i];
     lg->n = k;
 }
 
-static void push(pto_check_log *lg, pto_slot *s)
+static bool keep_unfinished(const use *x, const void *arg)
 {
-    pto_grow((void **)&lg->stack, &lg->stack_cap, lg->nstack + 1, sizeof *lg->stack);
-    lg->stack[lg->nstack++] = s;
+    (void)arg;
+    return unfinished(x->s, x->id);
 }
 
-/* Whether the task with the dependencies in o->tmp_refs is ordered after task `id`: a walk back through
- * unfinished producers (a finished one has only finished producers; ids below `id` cannot lead to it). */
-static bool ordered_after(pto_orch *o, pto_check_log *lg, const pto_slot *target, int64_t id)
+void pto_check_observed_orch(pto_orch *o)
 {
-    lg->nstack = 0;
-    for (int32_t i = 0; i < o->ntmp; i++)
-        if (o->tmp_refs[i].dep) push(lg, o->tmp_refs[i].slot);
-    int32_t budget = 1 << 16;   /* a pathological DAG: say "unordered" rather than stall the submit */
-    while (lg->nstack > 0 && budget-- > 0) {
-        pto_slot *p = lg->stack[--lg->nstack];
-        if (p == target && p->id == id) return true;
-        if (p->id < id || !unfinished(p, p->id)) continue;
-        for (int32_t i = 0; i < p->nrefs; i++)
-            if (p->refs[i].dep && p->refs[i].slot) push(lg, p->refs[i].slot);
+    if (o->check) filter(o->check, keep_unfinished, NULL);
+}
+
+void pto_check_observed(pto_worker *w)
+{
+    if (w) pto_check_observed_orch(&w->orch);
+}
+
+typedef struct span { uint64_t lo, hi; } span;
+
+static bool keep_outside(const use *x, const void *arg)
+{
+    const span *r = arg;
+    return x->hi <= r->lo || r->hi <= x->lo;
+}
+
+void pto_check_fresh(pto_orch *o, uint64_t lo, uint64_t bytes)
+{
+    span r = {lo, lo + bytes};
+    if (o->check) filter(o->check, keep_outside, &r);
+}
+
+static void push(pto_check_log *lg, int64_t id)
+{
+    pto_grow((void **)&lg->stack, &lg->stack_cap, lg->nstack + 1, sizeof *lg->stack);
+    lg->stack[lg->nstack++] = id;
+}
+
+/* Mark every ancestor of the task being submitted (producers in lg->pend) down to id `floor`. */
+static void mark_ancestors(pto_check_log *lg, int64_t floor)
+{
+    if (++lg->epoch == 0) {   /* wrapped: stale marks could collide */
+        memset(lg->seen, 0, sizeof *lg->seen * (size_t)lg->seen_cap);
+        lg->epoch = 1;
     }
-    return false;
+    lg->nstack = 0;
+    for (int32_t i = 0; i < lg->npend; i++) push(lg, lg->pend[i]);
+    while (lg->nstack > 0) {
+        int64_t p = lg->stack[--lg->nstack];
+        if (p < floor || p < lg->base || p - lg->base >= lg->ntasks) continue;
+        int32_t i = (int32_t)(p - lg->base);
+        if (lg->seen[i] == lg->epoch) continue;
+        lg->seen[i] = lg->epoch;
+        for (int32_t k = lg->pfirst[i]; k < lg->pfirst[i + 1]; k++) push(lg, lg->pids[k]);
+    }
+}
+
+static bool is_ancestor(const pto_check_log *lg, int64_t id)
+{
+    return id >= lg->base && id - lg->base < lg->ntasks && lg->seen[id - lg->base] == lg->epoch;
 }
 
 static void name_of(pto_orch *o, int32_t kind, uint64_t callable, char *buf, size_t cap)
@@ -609,10 +686,31 @@ static void name_of(pto_orch *o, int32_t kind, uint64_t callable, char *buf, siz
         snprintf(buf, cap, "callable %" PRIu64, callable);
 }
 
+/* The new task's producers as its tags imply them: every earlier write its INPUTs and INOUTs overlap. */
+static void collect_pend(pto_check_log *lg, const pto_task_args *args, int32_t n)
+{
+    lg->npend = 0;
+    for (int32_t m = 0; m < n; m++) {
+        const pto_task_args *a = &args[m];
+        for (int32_t i = 0; i < a->tensor_count; i++) {
+            const pto_tensor *t = &a->tensors[i];
+            if ((a->tags[i] != PTO_INPUT && a->tags[i] != PTO_INOUT) || !t->base) continue;
+            uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
+            for (int32_t k = 0; k < lg->n; k++) {
+                const use *x = &lg->a[k];
+                if (!x->writes || x->hi <= lo || hi <= x->lo) continue;
+                pto_grow((void **)&lg->pend, &lg->pend_cap, lg->npend + 1, sizeof *lg->pend);
+                lg->pend[lg->npend++] = x->id;
+            }
+        }
+    }
+}
+
 bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_task_args *args, int32_t n, int64_t id)
 {
     pto_check_log *lg = o->check;
-    prune(lg);
+    collect_pend(lg, args, n);
+    bool marked = false;
     for (int32_t m = 0; m < n; m++) {
         const pto_task_args *a = &args[m];
         for (int32_t i = 0; i < a->tensor_count; i++) {
@@ -621,17 +719,19 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
             uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
             for (int32_t k = 0; k < lg->n; k++) {
                 use *x = &lg->a[k];
-                if (x->hi <= lo || hi <= x->lo || ordered_after(o, lg, x->s, x->id)) continue;
-                /* The walk stops at finished tasks, and one on the path back to x finishes only after x
-                 * did: if x finished while we walked, the path may have been cut, and x is no hazard. */
-                if (!unfinished(x->s, x->id)) continue;
+                if (x->hi <= lo || hi <= x->lo) continue;
+                if (!marked) {
+                    mark_ancestors(lg, lg->a[0].id);   /* nothing older is judged */
+                    marked = true;
+                }
+                if (is_ancestor(lg, x->id)) continue;
                 char mine[128], theirs[128], d[160];
                 name_of(o, kind, callable, mine, sizeof mine);
-                name_of(o, x->s->kind, x->s->callable, theirs, sizeof theirs);
+                name_of(o, x->kind, x->callable, theirs, sizeof theirs);
                 describe(d, sizeof d, t);
                 char msg[1024];
                 snprintf(msg, sizeof msg, "check: run %" PRId64 ", task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
-                              "ordered after task %" PRId64 " (%s), which still %s those bytes and is not among "
+                              "ordered after task %" PRId64 " (%s), which %s those bytes and is not among "
                               "its producers: tag it INOUT (it then waits for the last writer), or write into a "
                               "fresh tensor",
                               o->cur_run ? o->cur_run->id : o->w->runs, id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
@@ -649,17 +749,61 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
     return true;
 }
 
+/* Task id's row of the DAG, with the producers collected at its submit (ids between the last row and
+ * it, orch:alloc's, get empty rows). */
+static void record_task(pto_check_log *lg, int64_t id)
+{
+    if (lg->base < 0) lg->base = id;
+    if (id - lg->base >= INT32_MAX / 2) {   /* a run of a billion checked tasks: start over rather than wrap */
+        pto_check_log_clear(lg);
+        lg->base = id;
+    }
+    int32_t row = (int32_t)(id - lg->base);
+    pto_grow((void **)&lg->pfirst, &lg->pfirst_cap, row + 2, sizeof *lg->pfirst);
+    pto_grow((void **)&lg->seen, &lg->seen_cap, row + 1, sizeof *lg->seen);
+    if (lg->ntasks == 0) lg->pfirst[0] = 0;
+    for (; lg->ntasks < row; lg->ntasks++) lg->pfirst[lg->ntasks + 1] = lg->npids;
+    pto_grow((void **)&lg->pids, &lg->pids_cap, lg->npids + lg->npend, sizeof *lg->pids);
+    if (lg->npend) memcpy(lg->pids + lg->npids, lg->pend, sizeof *lg->pids * (size_t)lg->npend);
+    lg->npids += lg->npend;
+    lg->pfirst[row + 1] = lg->npids;
+    lg->seen[row] = 0;
+    lg->ntasks = row + 1;
+    lg->npend = 0;
+}
+
+typedef struct cover { uint64_t lo, hi; bool reads_too; } cover;
+
+/* A write ordered after the accesses it covers stands for them: a later overwrite ordered after it is
+ * ordered after them. An INOUT is ordered after the writes it covers but not after their readers. */
+static bool keep_uncovered(const use *x, const void *arg)
+{
+    const cover *c = arg;
+    return !(c->lo <= x->lo && x->hi <= c->hi && (x->writes || c->reads_too));
+}
+
 void pto_check_record(pto_orch *o, pto_slot *s)
 {
     pto_check_log *lg = o->check;
+    record_task(lg, s->id);
     for (int32_t m = 0; m < s->group_size; m++) {
         const pto_member *mb = &s->members[m];
         for (int32_t i = 0; i < mb->tensor_count; i++) {
             const pto_tensor *t = &mb->tensors[i];
             if (mb->tags[i] == PTO_NO_DEP || !t->base) continue;
+            uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
+            bool writes = mb->tags[i] != PTO_INPUT;
+            if (writes) {
+                cover c = {lo, hi, is_out(mb->tags[i])};
+                filter(lg, keep_uncovered, &c);
+            }
+            if (lg->n == CHECK_WINDOW) {   /* forget the oldest quarter */
+                int32_t drop = CHECK_WINDOW / 4;
+                memmove(lg->a, lg->a + drop, sizeof *lg->a * (size_t)(lg->n - drop));
+                lg->n -= drop;
+            }
             pto_grow((void **)&lg->a, &lg->cap, lg->n + 1, sizeof *lg->a);
-            uint64_t lo = t->base + t->offset;
-            lg->a[lg->n++] = (use){s, s->id, lo, lo + pto_tensor_nbytes(t), mb->tags[i] != PTO_INPUT};
+            lg->a[lg->n++] = (use){s, s->id, lo, hi, s->callable, s->kind, writes};
         }
     }
 }

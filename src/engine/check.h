@@ -61,20 +61,24 @@ void pto_check_stage(struct pto_mailbox *mb, const struct pto_worker_manager *wm
 /* PROCESS mode, child: the staged tags if they match args (else NULL: the task runs unchecked). */
 const uint8_t *pto_check_tags(const struct pto_mailbox *mb, const pto_args_view *args);
 
-/* The per-run log of unfinished accesses behind pto_check_submit (opaque). */
+/* The per-run log behind pto_check_submit (opaque): the run's accesses and its DAG by task id. */
 typedef struct pto_check_log pto_check_log;
 pto_check_log *pto_check_log_new(void);
 void pto_check_log_free(pto_check_log *lg);
-/* Forget every access (the run ended or drained: all of it is ordered before what follows). */
+/* Forget every access and task (a run begins). */
 void pto_check_log_clear(pto_check_log *lg);
 
 /* Before the submit takes its references: false, with pto_errmsg naming both tasks, if one of the
- * n members' OUTPUT / OUTPUT_EXISTING tensors overlaps bytes an unfinished earlier task reads or
- * writes and that task is not among the new task's producers (refs, nrefs: its dependencies so
- * far), directly or through theirs. */
+ * n members' OUTPUT / OUTPUT_EXISTING tensors overlaps bytes an earlier task of the run reads or
+ * writes and that task is not among the new task's producers (as its tags imply them), directly or
+ * through theirs, whether or not it has finished. Collects those producers for pto_check_record. */
 bool pto_check_submit(struct pto_orch *o, int32_t kind, uint64_t callable, const pto_task_args *args, int32_t n,
                       int64_t id);
-/* After the submit built slot s: remember its accesses for later submits. */
+/* After the submit built slot s: remember its accesses and producers for later submits. */
 void pto_check_record(struct pto_orch *o, struct pto_slot *s);
+/* Heap-ring bytes [lo, lo + bytes) were just allocated: what earlier tasks did there is over. */
+void pto_check_fresh(struct pto_orch *o, uint64_t lo, uint64_t bytes);
+/* The orchestration saw its finished tasks finish (a drain): they are ordered before what follows. */
+void pto_check_observed_orch(struct pto_orch *o);
 
 #endif

@@ -243,7 +243,7 @@ static void deadlock_error(pto_orch *o, int32_t r, uint64_t bytes, const pto_sla
                   (unsigned long long)ring->size, (unsigned long long)need);
 }
 
-static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
+static bool heap_take(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
 {
     pto_heap_ring *ring = &o->rings[r];
     if (bytes > ring->size) {
@@ -325,6 +325,13 @@ static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, ui
     pto_trace *tr = orch_trace(o);
     if (tr) pto_trace_stall(tr, r, bytes, t0, t1);
     return ok;
+}
+
+static bool heap_alloc(pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq)
+{
+    if (!heap_take(o, r, bytes, off, seq)) return false;
+    if (PTO_UNLIKELY(o->check)) pto_check_fresh(o, (uint64_t)(uintptr_t)(o->rings[r].base + *off), bytes);
+    return true;
 }
 
 /* ---- references ----------------------------------------------------------- */
@@ -869,6 +876,7 @@ int pto_drain(pto_orch *o)
     }
     pto_prof_waited(&o->sched->prof, t0);   /* profile.h: waiting is not orchestrating */
     drain_retired(o);
+    pto_check_observed_orch(o);
     return 0;
 }
 

@@ -391,6 +391,10 @@ enum { PTO_CHECK_ON = 1, PTO_CHECK_WARN = 2 };
 int pto_worker_check_set(pto_worker *w, int32_t on);
 /* w's next run's check mode: 0, PTO_CHECK_ON or PTO_CHECK_WARN. */
 int32_t pto_worker_check(pto_worker *w);
+/* Check mode: the tasks of w's open run that have finished by now count as ordered before every later
+ * submit, as after a drain (the caller saw them finish: ptolua's prompt calls this per line). Outside
+ * check mode, nothing. */
+void pto_check_observed(pto_worker *w);
 /* Stop on failure (on = 1): a single task's failure holds dispatch before its consumers are
  * poisoned, until pto_dispatch_retry runs it again or releasing dispatch (pto_dispatch_hold 0)
  * or a drain accepts it. 0 or -1. */

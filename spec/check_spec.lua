@@ -176,6 +176,17 @@ describe("check mode", function()
     assert.is_false(ok)
     has(err, "task 1 (callable 'fill') tags argument 1 (64 f32 at element 0) OUTPUT_EXISTING")
     has(err, "task 0 (callable 'copy'), which reads those bytes")
+    has(err, "no tag waits for a reader, so order it after that task (take one of that task's outputs as an INPUT)")
+    -- INOUT waits for the writers of t, not for its readers: the same race
+    W:hold()
+    ok, err = pcall(W.run, W, function(o)
+      o:submit_next_level(K.copy, pto.args{{t, "in"}, {u, "out"}})
+      o:submit_sub(S.copy, pto.args{{ramp(), "in"}, {t, "inout"}})
+    end)
+    W:release()
+    assert.is_false(ok)
+    has(err, "task 1 (callable 'copy_sub') tags argument 2 (64 f32 at element 0) INOUT, a write that is not ordered after "
+             .. "task 0 (callable 'copy'), which reads those bytes")
     -- ordered: the overwrite depends (through u, INOUT) on the reader
     W:hold()
     ok, err = pcall(W.run, W, function(o)

@@ -706,6 +706,33 @@ static void collect_pend(pto_check_log *lg, const pto_task_args *args, int32_t n
     }
 }
 
+/* Say that argument i (t, tagged tag) of the task being submitted writes bytes x uses, unordered:
+ * false (raise) or, under check = "warn", true after a warning. The fix differs: a writer is waited
+ * for by INOUT, a reader by nothing the tags of these bytes can say. */
+static bool report(pto_orch *o, int32_t kind, uint64_t callable, int64_t id, int32_t i, const pto_tensor *t,
+                   uint8_t tag, const use *x)
+{
+    char mine[128], theirs[128], d[160], msg[1024];
+    name_of(o, kind, callable, mine, sizeof mine);
+    name_of(o, x->kind, x->callable, theirs, sizeof theirs);
+    describe(d, sizeof d, t);
+    int len = snprintf(msg, sizeof msg, "check: run %" PRId64 ", task %" PRId64 " (%s) tags argument %d (%s) %s, %s that is not "
+                       "ordered after task %" PRId64 " (%s), which %s those bytes and is not among its producers: ",
+                       o->cur_run ? o->cur_run->id : o->w->runs, id, mine, i + 1, d, tag_upper(tag),
+                       is_out(tag) ? "an overwrite" : "a write", x->id, theirs, x->writes ? "writes" : "reads");
+    snprintf(msg + len, sizeof msg - (size_t)len, "%s",
+             x->writes ? "tag it INOUT (it then waits for the last writer), or write into a fresh tensor"
+                       : "no tag waits for a reader, so order it after that task (take one of that task's "
+                         "outputs as an INPUT), or write into a fresh tensor");
+    if (!o->check_warn) {
+        pto_set_error("%s", msg);
+        return false;
+    }
+    /* check = "warn": said as the task warnings are (scheduler.c), once per task; it is submitted */
+    fprintf(stderr, "ptolua: check: warning: %s\n", msg + 7);
+    return true;
+}
+
 bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_task_args *args, int32_t n, int64_t id)
 {
     pto_check_log *lg = o->check;
@@ -715,34 +742,18 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
         const pto_task_args *a = &args[m];
         for (int32_t i = 0; i < a->tensor_count; i++) {
             const pto_tensor *t = &a->tensors[i];
-            if (!is_out(a->tags[i]) || !t->base) continue;   /* an unset OUTPUT is fresh memory */
+            uint8_t tag = a->tags[i];
+            /* An unset OUTPUT is fresh memory; an INOUT waits for every writer of its bytes, not their readers. */
+            if ((!is_out(tag) && tag != PTO_INOUT) || !t->base) continue;
             uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
             for (int32_t k = 0; k < lg->n; k++) {
-                use *x = &lg->a[k];
-                if (x->hi <= lo || hi <= x->lo) continue;
+                const use *x = &lg->a[k];
+                if (x->hi <= lo || hi <= x->lo || (tag == PTO_INOUT && x->writes)) continue;
                 if (!marked) {
                     mark_ancestors(lg, lg->a[0].id);   /* nothing older is judged */
                     marked = true;
                 }
-                if (is_ancestor(lg, x->id)) continue;
-                char mine[128], theirs[128], d[160];
-                name_of(o, kind, callable, mine, sizeof mine);
-                name_of(o, x->kind, x->callable, theirs, sizeof theirs);
-                describe(d, sizeof d, t);
-                char msg[1024];
-                snprintf(msg, sizeof msg, "check: run %" PRId64 ", task %" PRId64 " (%s) tags argument %d (%s) %s, an overwrite that is not "
-                              "ordered after task %" PRId64 " (%s), which %s those bytes and is not among "
-                              "its producers: tag it INOUT (it then waits for the last writer), or write into a "
-                              "fresh tensor",
-                              o->cur_run ? o->cur_run->id : o->w->runs, id, mine, i + 1, d, tag_upper(a->tags[i]), x->id, theirs,
-                              x->writes ? "writes" : "reads");
-                if (!o->check_warn) {
-                    pto_set_error("%s", msg);
-                    return false;
-                }
-                /* check = "warn": said as the task warnings are (scheduler.c), once per task; it is submitted */
-                fprintf(stderr, "ptolua: check: warning: %s\n", msg + 7);
-                return true;
+                if (!is_ancestor(lg, x->id)) return report(o, kind, callable, id, i, t, tag, x);
             }
         }
     }

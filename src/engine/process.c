@@ -23,6 +23,8 @@
 /* A message the zygote does not take within this long (its queue is full:
  * it is stopped or stuck) counts as a lost forkserver. */
 #define SEND_BOUND_MS 2000
+/* How long pto_proc_child_pid waits for the zygote to report a child the kernel no longer has. */
+#define CHILD_GONE_WAIT_NS 100000000ull
 
 /* Outcomes of a parent-side wait besides a mailbox state. */
 enum { W_ABORTED = PTO_MB_NSTATES, W_TIMEOUT, W_ZYGOTE_GONE };
@@ -631,8 +633,14 @@ int pto_proc_child_pid(pto_proc *p, int32_t slot)
     /* Gone from the kernel but not yet DEAD here: the zygote reaped it and is
      * about to say so. Report it gone only once the mailbox says so, so that
      * a caller that waits for a killed child to disappear and then posts a
-     * task finds the death instead of a dead child's idle mailbox. */
-    for (int i = 0; i < 10000 && pto_mb_state(mb) != PTO_MB_DEAD && zygote_alive(p); i++) sched_yield();
+     * task finds the death instead of a dead child's idle mailbox. The DEAD
+     * may be over already: a replacement (a new pid) has the slot. And the
+     * wait is bounded in time, not in yields: on a loaded machine each yield
+     * may give a whole time slice away (10,000 of them held orch:task, which
+     * asks this, for up to 1.7 s after a child died, beside two busy loops). */
+    uint64_t until = pto_now_ns() + CHILD_GONE_WAIT_NS;
+    while (pto_mb_state(mb) != PTO_MB_DEAD && atomic_load(&mb->pid) == pid && zygote_alive(p) && pto_now_ns() < until)
+        sched_yield();
     return -1;
 }
 

@@ -16,12 +16,29 @@ static const pto_call_config default_cfg = {.aicpu_thread_num = 3};
 
 static inline pto_trace *orch_trace(pto_orch *o) { return pto_trace_on(&o->sched->wm->trace); }
 
-/* The scheduler's hand-off of a consumed slot (any thread). */
+/* The scheduler's hand-off of a consumed slot, by the turn's holder (one
+ * thread at a time: the turn flag orders successive holders, so the queue
+ * has one producer). A queue of pointers, not a stack linked through the
+ * slots: taking a stack cost the orchestrator a locked exchange and then
+ * a cache miss per slot, each waiting for the one before it to give the
+ * next address (a quarter of `submit`'s own samples in a no-op BGEMM);
+ * from the queue drain_retired knows the next addresses and overlaps the
+ * misses. */
 static void orch_retire(void *arg, pto_slot *s)
 {
     pto_orch *o = arg;
-    pto_slot_stack_push(&o->retire_head, s, &s->next_retire, memory_order_seq_cst);
-    if (atomic_load_explicit(&o->waiting_for, memory_order_seq_cst) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
+    pto_wq_push(&o->retired, s);
+}
+
+/* After a batch of orch_retire: wake the orchestrator if it waits for
+ * reclaimed slots. The fence orders the pushes before the look at
+ * waiting_for, against the orchestrator's store of it and the fence in
+ * its wait (Dekker): either it sees the slots or we see it waiting. */
+static void orch_retire_flush(void *arg)
+{
+    pto_orch *o = arg;
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&o->waiting_for, memory_order_relaxed) == ORCH_WAIT_RETIRE) pto_event_notify(&o->ev);
 }
 
 void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_heap_ring *rings,
@@ -39,7 +56,9 @@ void pto_orch_init(pto_orch *o, struct pto_worker *w, pto_scheduler *sched, pto_
     pto_slot_pool_init(&o->pool);
     pto_tm_init(&o->tm);
     pto_scope_init(&o->scope);
+    pto_wq_init(&o->retired);
     sched->retire = orch_retire;
+    sched->retire_flush = orch_retire_flush;
     sched->retire_ctx = o;
     sched->orch_ev = &o->ev;
     sched->orch_waiting = &o->waiting_for;
@@ -63,6 +82,7 @@ void pto_orch_destroy(pto_orch *o)
     cfgs_free(o);
     pto_check_log_free(o->check_log);
     free(o->tmp_refs);
+    pto_wq_destroy(&o->retired);
 }
 
 /* ---- reclamation ------------------------------------------------------ */
@@ -128,17 +148,20 @@ static void reclaim(pto_orch *o, pto_slot *s)
     pto_slot_recycle(&o->pool, s);
 }
 
+/* How far ahead of the slot being reclaimed drain_retired starts the next
+ * one's miss (the turn's holder last wrote it, on another core). */
+#define RECLAIM_AHEAD 2
+
 /* Reclaim everything the scheduler handed back; true if anything was. */
 static bool drain_retired(pto_orch *o)
 {
-    pto_slot *list = pto_slot_stack_take(&o->retire_head);
-    if (!list) return false;
-    while (list) {
-        pto_slot *next = atomic_load_explicit(&list->next_retire, memory_order_relaxed);
-        reclaim(o, list);
-        list = next;
+    bool any = false;
+    for (pto_slot *s; (s = pto_wq_pop(&o->retired)); any = true) {
+        pto_slot *n = pto_wq_ahead(&o->retired, RECLAIM_AHEAD);
+        if (n) __builtin_prefetch(n);
+        reclaim(o, s);
     }
-    return true;
+    return any;
 }
 
 static void release_local(pto_orch *o, pto_slot *s)
@@ -149,7 +172,7 @@ static void release_local(pto_orch *o, pto_slot *s)
 static bool orch_has_work(void *arg)
 {
     pto_orch *o = arg;
-    return atomic_load_explicit(&o->retire_head, memory_order_relaxed) ||
+    return pto_wq_pending(&o->retired) ||
            atomic_load_explicit(o->shutdown, memory_order_relaxed) ||
            atomic_load_explicit(&o->sched->cancel, memory_order_relaxed);
 }

@@ -14,6 +14,7 @@
 #include "scope.h"
 #include "slot.h"
 #include "tensormap.h"
+#include "wire_queue.h"
 
 struct pto_worker;
 struct pto_scheduler;
@@ -32,7 +33,7 @@ struct pto_orch {
     pto_scope scope;
     pto_cfg_ref *cfgs;               /* interned CallConfigs of this run */
 
-    pto_slot *_Atomic retire_head;   /* consumed slots awaiting reclamation */
+    pto_wire_queue retired;          /* consumed slots awaiting reclamation: from the turn's holder */
     pto_event ev;
     /* What the orchestrator sleeps for, so others wake it only then:
      * ORCH_WAIT_FINISH (scheduler: every task finished) or ORCH_WAIT_RETIRE

@@ -119,7 +119,10 @@ static void work_push(pto_scheduler *s, pto_slot *slot)
 
 static void release_ref(pto_scheduler *s, pto_slot *slot)
 {
-    if (pto_slot_release(slot)) s->retire(s->retire_ctx, slot);
+    if (pto_slot_release(slot)) {
+        s->retire(s->retire_ctx, slot);
+        s->retired_any = true;
+    }
 }
 
 /* Only the scheduler thread writes `running`; others read it. */
@@ -198,8 +201,12 @@ static void finish_all(pto_scheduler *s, pto_worker_thread *cont)
         for (int32_t i = 0; i < x->nrefs; i++) release_ref(s, x->refs[i].slot);
         release_ref(s, x);
         /* Counted last: when drain sees every task finished, every release
-         * they made is already on the retire stack. */
+         * they made is already in the retire queue. */
         atomic_fetch_add_explicit(&s->finished, 1, memory_order_seq_cst);
+    }
+    if (s->retired_any) {
+        s->retired_any = false;
+        s->retire_flush(s->retire_ctx);
     }
 }
 

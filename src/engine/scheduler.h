@@ -45,9 +45,14 @@ typedef struct pto_scheduler {
     struct pto_slot **work;                 /* finish worklist (poison cascades) */
     int32_t nwork, work_cap;
 
-    /* Reclamation hand-off: called with each slot this thread consumed. */
+    /* Reclamation hand-off: retire is called with each slot the turn
+     * consumed, then retire_flush once after a batch of them (finish_all),
+     * so the check whether the orchestrator waits for them costs one fence
+     * per batch, not one per slot. */
     void (*retire)(void *ctx, struct pto_slot *s);
+    void (*retire_flush)(void *ctx);
     void *retire_ctx;
+    bool retired_any;                       /* retire called since the last flush */
     pto_event *orch_ev;                     /* woken when finished reaches finish_target */
     _Atomic int32_t *orch_waiting;          /* ORCH_WAIT_* of the orchestrator */
     _Atomic int64_t finish_target;

@@ -144,7 +144,6 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->error = NULL;
     s->slab_off = s->slab_bytes = 0;
     s->slab_seq = 0;
-    atomic_store_explicit(&s->next_retire, NULL, memory_order_relaxed);
     s->next_ready = NULL;
     s->mark = 0;
     return s;

@@ -102,7 +102,6 @@ struct pto_slot {
     uint64_t slab_seq;                /* position in its ring's FIFO */
 
     /* intrusive links */
-    pto_slot *_Atomic next_retire;    /* any -> orchestrator */
     pto_slot *next_ready;             /* scheduler ready queues */
     uint32_t mark;                    /* orchestrator: de-duplication stamp */
 
@@ -120,25 +119,6 @@ struct pto_slot {
 static inline uint64_t pto_fanout_pack(uint32_t total, uint32_t released)
 {
     return ((uint64_t)total << 32) | released;
-}
-
-/* Push s onto a lock-free LIFO stack at *head, linked through s's field
- * *link: any thread may push, one consumer takes the whole stack with
- * pto_slot_stack_take. `order` is the publishing CAS's success order
- * (seq_cst where the pusher then reads a flag the consumer set). */
-static inline void pto_slot_stack_push(pto_slot *_Atomic *head, pto_slot *s, pto_slot *_Atomic *link,
-                                       memory_order order)
-{
-    pto_slot *old = atomic_load_explicit(head, memory_order_relaxed);
-    do {
-        atomic_store_explicit(link, old, memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(head, &old, s, order, memory_order_relaxed));
-}
-
-/* Take the whole stack at *head (newest first), or NULL if it is empty. */
-static inline pto_slot *pto_slot_stack_take(pto_slot *_Atomic *head)
-{
-    return atomic_exchange_explicit(head, NULL, memory_order_acquire);
 }
 
 /* Mark s as not to be run, and say why in its error unless it has one:

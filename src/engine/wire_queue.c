@@ -1,4 +1,4 @@
-/* wire_queue.c - the submit hand-off's blocks (wire_queue.h). */
+/* wire_queue.c - the blocks of the submit and retire hand-offs (wire_queue.h). */
 #include "wire_queue.h"
 #include "common.h"
 

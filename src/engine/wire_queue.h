@@ -1,28 +1,33 @@
-/* wire_queue.h - the orchestrator's hand-off of submitted tasks to the
- * scheduler's turn: a single-producer, single-consumer FIFO of slot
- * pointers in linked blocks.
+/* wire_queue.h - a single-producer, single-consumer FIFO of slot
+ * pointers in linked blocks. Two of them carry tasks between the
+ * orchestrator and the scheduler's turn: submitted slots to the turn
+ * (the wire queue) and consumed slots back (the retire queue).
  *
- * It replaces a lock-free LIFO stack linked through the slots. That cost
- * the orchestrator a locked CAS per submit on a line the idle scheduler
- * kept reading, and cost the turn a pointer chase to reverse the stack:
- * one cache miss per slot, each waiting for the one before it (perf: 55%
- * of the turn's own samples in a chain of no-op tasks). Here the producer
- * makes a plain release store per task into a block eight pointers to a
- * line, and the turn reads the slot addresses ahead of wiring them, so
- * their misses overlap.
+ * Each replaces a lock-free LIFO stack linked through the slots. That cost
+ * the producer a locked CAS per slot on a line the other side kept
+ * reading, and the consumer a pointer chase: one cache miss per slot, each
+ * waiting for the one before it (perf: 55% of the turn's own samples in a
+ * chain of no-op tasks; a quarter of the orchestrator's submit in a no-op
+ * BGEMM). Here the producer makes a plain release store per slot into a
+ * block eight pointers to a line, and the consumer reads the slot
+ * addresses ahead of using them (pto_wq_ahead), so their misses overlap.
  *
  *   who                      owns                        shares
- *   producer (one at a time: tail, tail_i, spare         writes each cell once (release);
- *   the Worker's orchestrator)                           links a full block through its last cell
+ *   producer (one thread at  tail, tail_i, spare         writes each cell once (release);
+ *   a time: the orchestrator                             links a full block through its last cell
+ *   / the turn's holder)
  *   consumer (the turn's     head, head_i                reads cells (acquire); hands finished
- *   holder)                                              blocks back on `free`; publishes `peek`
+ *   holder / the                                         blocks back on `free`; publishes `peek`
+ *   orchestrator)
  *   anyone                   -                           pto_wq_pending reads `peek` and its cell
  *
- * A block goes back to the producer only after the consumer has read all
- * of it, and blocks are freed only by pto_wq_destroy, so a stale `peek`
- * (pto_wq_pending from a thread that does not hold the turn) still points
+ * The turn's holders take turns through the turn flag (release/acquire),
+ * which orders one holder's use of its end after the last one's. A block
+ * goes back to the producer only after the consumer has read all of it,
+ * and blocks are freed only by pto_wq_destroy, so a stale `peek`
+ * (pto_wq_pending from a thread that is not the consumer) still points
  * into live memory: at worst it reports work that is not there, which
- * costs a turn that finds nothing. */
+ * costs a look that finds nothing. */
 #ifndef PTO_WIRE_QUEUE_H
 #define PTO_WIRE_QUEUE_H
 

@@ -702,6 +702,7 @@ static void test_task_deadline(void)
     CHECK_EQ(pto_worker_child_info_get(w, PTO_NEXT_LEVEL, 0, &ci), 0);
     CHECK_EQ(ci.current_task, a);
     CHECK(ci.running_ns > 0);
+    CHECK_EQ(pto_worker_current_task(w, PTO_NEXT_LEVEL, 0), a);   /* the same, without the pid's /proc read */
     CHECK(wait_failed(o, a) != 0);
     CHECK(wait_failed(o, b) != 0);
     CHECK_EQ(pto_run_end(w), -1);

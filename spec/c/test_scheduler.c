@@ -616,6 +616,9 @@ static void test_inspection(void)
     CHECK_EQ(ci.current_task, -1);
     CHECK_EQ(ci.pid, 0);
     CHECK(pto_worker_child_info_get(w, PTO_SUB, 0, &ci) < 0);
+    CHECK_EQ(pto_worker_current_task(w, PTO_NEXT_LEVEL, 0), -1);
+    CHECK_EQ(pto_worker_current_task(w, PTO_SUB, 0), -1);        /* no such worker */
+    CHECK_EQ(pto_worker_current_task(w, PTO_NEXT_LEVEL, 7), -1);
     CHECK_EQ(pto_run_end(w), 0);
     CHECK_EQ(pto_tensormap_list(o, items, 8), -1);
     CHECK_EQ(pto_worker_child_info_get(w, PTO_NEXT_LEVEL, 0, &ci), 0);

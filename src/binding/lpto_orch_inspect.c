@@ -116,10 +116,8 @@ static bool executing(lorch *O, int kind, int64_t id)
 {
     if (!O->W || O->W->state != W_READY) return true; /* nothing to ask: keep the engine's word */
     int n = pto_worker_count(O->W->w, kind);
-    for (int i = 0; i < n; i++) {
-        pto_child_info ci;
-        if (pto_worker_child_info_get(O->W->w, kind, i, &ci) == 0 && ci.current_task == id) return true;
-    }
+    for (int i = 0; i < n; i++)   /* not pto_worker_child_info_get: its pid costs PROCESS mode a /proc read */
+        if (pto_worker_current_task(O->W->w, kind, i) == id) return true;
     return false;
 }
 

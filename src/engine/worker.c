@@ -361,6 +361,12 @@ int pto_worker_child_pid(pto_worker *w, int32_t kind, int32_t index)
     return c && p ? pto_proc_child_pid(p, c->slot) : -1;
 }
 
+int64_t pto_worker_current_task(pto_worker *w, int32_t kind, int32_t index)
+{
+    if (!w || !pto_kind_valid(kind) || index < 0 || index >= w->wm.count[kind]) return -1;
+    return atomic_load_explicit(&w->wm.threads[kind][index]->current_task, memory_order_relaxed);
+}
+
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out)
 {
     if (!w || !pto_kind_valid(kind) || index < 0 || index >= w->wm.count[kind]) {

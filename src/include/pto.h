@@ -381,6 +381,9 @@ void *pto_worker_ring_base(pto_worker *w, int32_t r);
 int pto_worker_count(pto_worker *w, int32_t kind);
 /* Fill out for child index of kind; 0, or -1 if there is no such child. */
 int pto_worker_child_info_get(pto_worker *w, int32_t kind, int32_t index, pto_child_info *out);
+/* The id of the task child index of kind runs now (pto_child_info's current_task), or -1; no system
+ * call, unlike pto_worker_child_info_get's pid in PROCESS mode. */
+int64_t pto_worker_current_task(pto_worker *w, int32_t kind, int32_t index);
 
 /* Check mode (docs/check.md) for the runs that begin from now on: PTO_CHECK_ON (1) runs every task
  * under checks of its tags (it may run twice) and reports unordered OUTPUT overwrites at submit;

@@ -19,10 +19,11 @@
  * all (a warning). Arguments that overlap another argument are only
  * restored, never filled or judged: their bytes have two tags.
  *
- * The submit check (pto_check_submit) keeps, per run, every access of the
- * tasks that have not finished; a new OUTPUT over bytes one of them uses is
- * reported unless that task is among the new task's producers, directly or
- * transitively (then the DAG orders them). */
+ * The submit check (pto_check_submit) keeps, per run, the accesses of its
+ * tasks, finished or not, and the DAG their tags imply; a new OUTPUT (or
+ * INOUT, against readers) over bytes an earlier task uses is reported
+ * unless that task is among the new task's producers, directly or
+ * transitively (then the DAG orders them). Below, "the submit check". */
 #include "check.h"
 #include "common.h"
 #include "mailbox.h"

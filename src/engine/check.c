@@ -609,7 +609,7 @@ static bool unfinished(const pto_slot *s, int64_t id)
     return st == PTO_TASK_PENDING || st == PTO_TASK_READY || st == PTO_TASK_RUNNING;
 }
 
-/* Keep the accesses keep(lg, x, arg) says, in order. */
+/* Keep the accesses for which keep(x, arg) holds, in order. */
 static void filter(pto_check_log *lg, bool (*keep)(const use *, const void *), const void *arg)
 {
     int32_t k = 0;

@@ -201,6 +201,7 @@ int pto_worker_init(pto_worker *w)
     w->orch.task_timeout_ms = w->cfg.task_timeout_ms;
     if (!pto_sched_start(&w->sched)) {
         pto_wm_stop(&w->wm);
+        pto_orch_destroy(&w->orch);   /* close destroys it only for an inited Worker */
         return -1;
     }
     w->owner = getpid();

@@ -149,7 +149,7 @@ describe("check mode", function()
     assert.equals(7, y[33])
   end)
 
-  it("reports an unordered OUTPUT over bytes an earlier task still writes, naming both tasks", function()
+  it("reports an unordered OUTPUT over bytes an earlier task writes while it waits to run, naming both tasks", function()
     local t = pto.tensor({N}, "f32")
     local run = W:stats().runs + 1
     W:hold()   -- nothing runs: the first writer is unfinished at the second submit, whatever the timing

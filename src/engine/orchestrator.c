@@ -156,11 +156,7 @@ static void reclaim(pto_orch *o, pto_slot *s)
 static bool drain_retired(pto_orch *o)
 {
     bool any = false;
-    for (pto_slot *s; (s = pto_wq_pop(&o->retired)); any = true) {
-        pto_slot *n = pto_wq_ahead(&o->retired, RECLAIM_AHEAD);
-        if (n) __builtin_prefetch(n);
-        reclaim(o, s);
-    }
+    for (pto_slot *s; (s = pto_wq_pop_prefetch(&o->retired, RECLAIM_AHEAD)); any = true) reclaim(o, s);
     return any;
 }
 

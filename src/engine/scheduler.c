@@ -257,14 +257,7 @@ static void wire(pto_scheduler *s, pto_slot *c)
 static bool wire_all(pto_scheduler *s)
 {
     bool any = false;
-    for (pto_slot *c; (c = pto_wq_pop(&s->wire)); any = true) {
-        /* Every fresh slot is a miss (the orchestrator just wrote it):
-         * start the one WIRE_AHEAD places on now, so the misses overlap
-         * instead of queueing behind each wire. */
-        pto_slot *n = pto_wq_ahead(&s->wire, WIRE_AHEAD);
-        if (n) __builtin_prefetch(n);
-        wire(s, c);
-    }
+    for (pto_slot *c; (c = pto_wq_pop_prefetch(&s->wire, WIRE_AHEAD)); any = true) wire(s, c);
     return any;
 }
 

@@ -10,7 +10,7 @@
  * chain of no-op tasks; a quarter of the orchestrator's submit in a no-op
  * BGEMM). Here the producer makes a plain release store per slot into a
  * block eight pointers to a line, and the consumer reads the slot
- * addresses ahead of using them (pto_wq_ahead), so their misses overlap.
+ * addresses ahead of using them (pto_wq_pop_prefetch), so their misses overlap.
  *
  *   who                      owns                        shares
  *   producer (one thread at  tail, tail_i, spare         writes each cell once (release);
@@ -71,6 +71,17 @@ static inline struct pto_slot *pto_wq_ahead(const pto_wire_queue *q, uint32_t n)
 {
     uint32_t i = q->head_i + n;
     return i < PTO_WQ_BLOCK ? (struct pto_slot *)atomic_load_explicit(&q->head->e[i], memory_order_relaxed) : NULL;
+}
+/* Consumer: pto_wq_pop, and a prefetch of the slot `ahead` places on: every
+ * slot in the queue was just written on another core, so each is a miss,
+ * and starting the next ones' now makes them overlap instead of queueing
+ * behind the use of each. */
+static inline struct pto_slot *pto_wq_pop_prefetch(pto_wire_queue *q, uint32_t ahead)
+{
+    struct pto_slot *s = pto_wq_pop(q);
+    struct pto_slot *n = s ? pto_wq_ahead(q, ahead) : NULL;
+    if (n) __builtin_prefetch(n);
+    return s;
 }
 /* Anyone: whether a pop may find a slot (true at times when it would not). */
 static inline bool pto_wq_pending(pto_wire_queue *q)

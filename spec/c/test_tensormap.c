@@ -841,6 +841,44 @@ static void test_unit_ring_slabs(void)
     pto_tm_destroy(&m);
 }
 
+/* The end of a run clears the map without erasing entry by entry (a clear
+ * moves the table's epoch on): nothing of the old run may be found after
+ * it, bases that spilled into an array must have it freed (ASan's leak
+ * check) and reused cells must start empty, run after run. */
+static void test_unit_clear_then_reuse(void)
+{
+    pto_tensormap m;
+    pto_tm_init(&m);
+    const int N = 5000;
+    for (int run = 0; run < 3; run++) {
+        for (int i = 0; i < N; i++) {
+            uint64_t b = 0x20000000ull + (uint64_t)i * 4096;
+            pto_tm_insert(&m, b, b, b + 256, FAKE((i + run) & 255));
+            if (i % 100 == 0) pto_tm_insert(&m, b, b + 512, b + 768, FAKE((i + run + 1) & 255));   /* spills */
+        }
+        CHECK_EQ(m.bases.count, N);
+        CHECK_EQ(m.spilled, N / 100);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            uint64_t b = 0x20000000ull + (uint64_t)i * 4096;
+            found f = look(&m, b, b, b + 1024);
+            bad += f.n != (i % 100 == 0 ? 2 : 1) || !has(&f, FAKE((i + run) & 255));
+        }
+        CHECK_EQ(bad, 0);
+        pto_tm_clear(&m);
+        CHECK_EQ(m.bases.count, 0);
+        CHECK_EQ(m.spilled, 0);
+        CHECK_EQ(m.live, 0);
+        int stale = 0;
+        for (int i = 0; i < N; i++) {
+            uint64_t b = 0x20000000ull + (uint64_t)i * 4096;
+            stale += look(&m, b, b, b + 1024).n != 0;
+        }
+        CHECK_EQ(stale, 0);
+    }
+    pto_tm_destroy(&m);
+}
+
 int main(void)
 {
     RUN(test_input_after_output_waits);
@@ -855,6 +893,7 @@ int main(void)
     RUN(test_completed_producer_holds_slab);
     RUN(test_unit_lookup_insert_erase);
     RUN(test_unit_many_bases);
+    RUN(test_unit_clear_then_reuse);
     RUN(test_unit_lookups_stay_o_live);
     RUN(test_unit_one_base_many_writers);
     RUN(test_unit_ring_slabs);

@@ -1,7 +1,9 @@
 /*
  * test_u64map.c - the engine's small hash map (u64map.c), checked against a
  * plain array: random adds and removes with colliding keys, so backward-shift
- * deletion must keep every probe run intact; growth, resize and clear.
+ * deletion must keep every probe run intact; growth, resize and clear (an
+ * epoch step that leaves the old cells in the table), also when the epoch
+ * wraps.
  */
 #include "testutil.h"
 #include "u64map.h"
@@ -9,7 +11,7 @@
 #include <stdlib.h>
 
 typedef struct cell {
-    uint64_t key;
+    PTO_U64MAP_CELL_HEAD
     uint64_t value;
 } cell;
 
@@ -40,7 +42,7 @@ static void check_same(const pto_u64map *m, const uint64_t *keys, const bool *in
     }
     CHECK_EQ(m->count, count);
     size_t seen = 0;
-    for (size_t i = 0; i < pto_u64map_cells(m); i++) seen += pto_u64map_key(m, i) != 0;
+    for (size_t i = 0; i < pto_u64map_cells(m); i++) seen += pto_u64map_used(m, i);
     CHECK_EQ(seen, count);
 }
 
@@ -54,6 +56,10 @@ static void test_random_against_reference(void)
     /* Multiples of 1024, as heap addresses are: they collide in the low bits. */
     for (int i = 0; i < NKEYS; i++) keys[i] = (uint64_t)(i + 1) * 1024;
     for (int round = 0; round < 200000; round++) {
+        if (round % 50000 == 49999) {   /* now and then a clear: stale cells must read as free */
+            pto_u64map_clear(&m);
+            for (int k = 0; k < NKEYS; k++) in[k] = false;
+        }
         int i = (int)(next_rand() % NKEYS);
         if (in[i]) {
             cell *c = pto_u64map_find(&m, keys[i]);
@@ -121,9 +127,59 @@ static void test_remove_inside_runs(void)
     pto_u64map_destroy(&m);
 }
 
+/* A clear leaves the cells' bytes: the keys must still be gone and a new
+ * add must still get a zeroed cell, clear after clear. */
+static void test_clear_keeps_no_key(void)
+{
+    pto_u64map m;
+    pto_u64map_init(&m, sizeof(cell), 16);
+    for (int round = 0; round < 4; round++) {
+        for (uint64_t k = 1; k <= 10; k++) {
+            cell *c = pto_u64map_add(&m, k << 12);
+            CHECK_EQ(c->value, 0);
+            c->value = k + (uint64_t)round;
+        }
+        CHECK_EQ(m.count, 10);
+        for (uint64_t k = 1; k <= 10; k++) {
+            cell *c = pto_u64map_find(&m, k << 12);
+            CHECK(c != NULL);
+            if (c) CHECK_EQ(c->value, k + (uint64_t)round);
+        }
+        size_t cells = pto_u64map_cells(&m);
+        pto_u64map_clear(&m);
+        CHECK_EQ(pto_u64map_cells(&m), cells);
+        for (uint64_t k = 1; k <= 10; k++) CHECK(pto_u64map_find(&m, k << 12) == NULL);
+        size_t used = 0;
+        for (size_t i = 0; i < pto_u64map_cells(&m); i++) used += pto_u64map_used(&m, i);
+        CHECK_EQ(used, 0);
+    }
+    pto_u64map_destroy(&m);
+}
+
+/* After 2^32 clears the epoch comes round to 1 again: cells written in
+ * epoch 1 long ago must not come back. */
+static void test_epoch_wrap(void)
+{
+    pto_u64map m;
+    pto_u64map_init(&m, sizeof(cell), 64);
+    for (uint64_t k = 1; k <= 8; k++) pto_u64map_add(&m, k << 12);   /* epoch 1 */
+    pto_u64map_clear(&m);
+    m.epoch = UINT32_MAX;   /* as after 2^32 - 2 more clears */
+    pto_u64map_add(&m, 99 << 12);
+    pto_u64map_clear(&m);   /* wraps */
+    CHECK_EQ(m.epoch, 1);
+    for (uint64_t k = 1; k <= 8; k++) CHECK(pto_u64map_find(&m, k << 12) == NULL);
+    size_t used = 0;
+    for (size_t i = 0; i < pto_u64map_cells(&m); i++) used += pto_u64map_used(&m, i);
+    CHECK_EQ(used, 0);
+    pto_u64map_destroy(&m);
+}
+
 int main(void)
 {
     RUN(test_random_against_reference);
     RUN(test_remove_inside_runs);
+    RUN(test_clear_keeps_no_key);
+    RUN(test_epoch_wrap);
     return tu_finish();
 }

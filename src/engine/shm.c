@@ -65,7 +65,7 @@ typedef struct blk {
 /* A live block in the live table (u64map.h), keyed by its offset + 1: the
  * map reserves key 0, and the block at offset 0 is as live as any. */
 typedef struct live_cell {
-    uint64_t key;
+    PTO_U64MAP_CELL_HEAD
     blk *b;
 } live_cell;
 
@@ -88,7 +88,7 @@ static struct {
     uint64_t in_use, hwm, free_bytes, dirty;
     int64_t blocks, free_blocks;
     uint64_t madvise_calls, released_bytes, zeroed_bytes;
-} A = {.lock = PTHREAD_MUTEX_INITIALIZER, .live = {.cell_size = sizeof(live_cell), .min_cells = 1024}};
+} A = {.lock = PTHREAD_MUTEX_INITIALIZER, .live = {.cell_size = sizeof(live_cell), .min_cells = 1024, .epoch = 1}};
 
 /* ---- sizes and messages ---- */
 

@@ -1,6 +1,7 @@
 #include "tensormap.h"
 #include "common.h"
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +17,18 @@ void pto_tm_init(pto_tensormap *m)
     pto_u64map_resize(&m->bases, TM_MIN_CELLS);
 }
 
+/* A run that ends with thousands of bases, each with its one writer,
+ * frees nothing here: only cells that spilled into more are looked for. */
 static void free_entries(pto_tensormap *m)
 {
-    for (size_t i = 0; i < pto_u64map_cells(&m->bases); i++)
-        free(((pto_tm_base *)pto_u64map_cell(&m->bases, i))->more);
+    for (size_t i = 0; m->spilled && i < pto_u64map_cells(&m->bases); i++) {
+        pto_tm_base *b = pto_u64map_cell(&m->bases, i);
+        if (!pto_u64map_used(&m->bases, i) || !b->cap) continue;
+        free(b->more);
+        b->more = NULL;
+        m->spilled--;
+    }
+    assert(m->spilled == 0);
 }
 
 void pto_tm_destroy(pto_tensormap *m)
@@ -40,7 +49,10 @@ static pto_tm_base *find_or_add(pto_tensormap *m, uint64_t base)
 
 static void remove_cell(pto_tensormap *m, pto_tm_base *b)
 {
-    free(b->more);
+    if (b->cap) {
+        free(b->more);
+        m->spilled--;
+    }
     pto_u64map_remove(&m->bases, b);
 }
 
@@ -117,8 +129,9 @@ void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end
 }
 
 /* A second entry: the cell's one moves into a sorted array. */
-static void spill(pto_tm_base *b)
+static void spill(pto_tensormap *m, pto_tm_base *b)
 {
+    m->spilled++;
     b->cap = 4;
     b->more = pto_xmalloc((size_t)b->cap * sizeof *b->more);
     b->more[0] = b->one;
@@ -138,7 +151,7 @@ void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end
                 *e = ne;
                 return;
             }
-            spill(b);
+            spill(m, b);
         } else {
             b->one = ne;
             b->count = 1;
@@ -238,9 +251,9 @@ void pto_tm_each(pto_tensormap *m, void (*fn)(uint64_t base, const pto_tm_entry 
 {
     for (size_t c = 0; c < pto_u64map_cells(&m->bases); c++) {
         pto_tm_base *b = pto_u64map_cell(&m->bases, c);
-        if (!b->base) continue;
+        if (!pto_u64map_used(&m->bases, c)) continue;
         const pto_tm_entry *e = ents(b);
         for (int32_t i = 0; i < b->count; i++)
-            if (e[i].producer) fn(b->base, &e[i], arg);
+            if (e[i].producer) fn(b->key, &e[i], arg);
     }
 }

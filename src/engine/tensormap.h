@@ -31,17 +31,20 @@ typedef struct pto_tm_entry {
  * once they are half of the array, so heap-ring slabs (appended in address
  * order, erased oldest first) cost O(1) amortised and O(log n) to find. */
 typedef struct pto_tm_base {
-    uint64_t base;                   /* the key (u64map.h); 0 = empty cell */
+    PTO_U64MAP_CELL_HEAD             /* key: the base */
+    int32_t count;                   /* entries in more, tombstones included (one: 0 or 1) */
     pto_tm_entry one;
     pto_tm_entry *more;
-    int32_t count, cap;              /* entries in more, tombstones included */
+    int32_t cap;
     int32_t dead;                    /* tombstones in more */
     uint64_t maxlen;                 /* >= every entry's end - start in more */
 } pto_tm_base;
+_Static_assert(sizeof(pto_tm_base) == 64, "a TensorMap cell is one cache line");
 
 typedef struct pto_tensormap {
     pto_u64map bases;                /* of pto_tm_base cells */
     size_t nbases_hwm;               /* since the last clear: sizes the table for the next run */
+    size_t spilled;                  /* cells whose entries are in more: a clear frees them */
     int64_t live, hwm;               /* entries */
 } pto_tensormap;
 

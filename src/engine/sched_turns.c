@@ -210,7 +210,19 @@ static void *sched_main(void *arg)
         held = true;
         park_ns = SCHED_PARK_MIN_NS;
         int64_t ns = 0;
-        if (!pto_sched_turn(s) && !sched_has_work(s) && !(ns = nap_ns(s))) {
+        uint64_t posts = s->wm->posts;
+        bool did = pto_sched_turn(s);
+        /* PROCESS mode: the child just posted to may be waiting for this
+         * very core, runnable (its wait spins with sched_yield). While the
+         * orchestrator submits, this thread always has more to wire and
+         * would keep the core for its whole time slice: a chain of no-op
+         * chip tasks ran one ring of 16 tasks per slice, a few hundred of
+         * 20,000 during their 15 ms of submits (perf sched: this thread
+         * 97% of the core, the child 3%). Yielding after each post hands
+         * the core over; when nobody waits for it the call costs well
+         * under a microsecond, once per posting turn. */
+        if (s->wm->posts != posts) sched_yield();
+        if (!did && !sched_has_work(s) && !(ns = nap_ns(s))) {
             if (lend_turns(s)) {   /* idle workers take the turns meanwhile */
                 unheld_wait u = {s, seen_now(s)};
                 turn_give(s);

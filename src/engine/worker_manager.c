@@ -627,6 +627,7 @@ static bool pump_post(pto_worker_thread *wt)
         }
         if (i > 0 && e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
         wt->staged_posted++;
+        wt->wm->posts++;
         wt->staged_alone = alone;
     }
     pto_proc_batch(ch, false);

@@ -148,6 +148,7 @@ typedef struct pto_worker_manager {
     _Atomic int32_t check;             /* this run runs its tasks under check.c (PTO_CHECK_ON or _WARN), set at run begin */
     const struct pto_heap_ring *check_rings;   /* the Worker's PTO_MAX_RING_DEPTH rings, for check.c */
     uint64_t zygote_checked_ns;        /* PROCESS mode, scheduler-only: pto_wm_pump's last look */
+    uint64_t posts;                    /* PROCESS mode, turn-holder-only: cells posted so far (sched_main yields after a post) */
     struct pto_diag *diag;             /* diag.c: NULL until a submit asks for diagnostics */
     int64_t task_ns[PTO_KINDS];        /* scheduler-only: recent tasks' mean run time per kind (an EWMA) */
     int64_t turn_ns[PTO_KINDS];        /* scheduler-only: the same with each task counted at most 2 x PTO_WT_TURN_MIN_NS

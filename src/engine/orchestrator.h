@@ -88,5 +88,11 @@ void pto_orch_reclaim(struct pto_orch *o);
 void pto_orch_outer_scope_renew(struct pto_orch *o);
 /* The heap ring holding addr, or -1. */
 int32_t pto_orch_ring_of(struct pto_orch *o, uint64_t addr);
+/* The orchestrator's wait predicate: slots handed back, shutdown or an interrupt. */
+bool pto_orch_has_work(void *arg);
+/* bytes of heap ring r at *off (slab sequence *seq), waiting for room
+ * (orch_heap.c); false with pto_errmsg() set on a deadlock, a timeout,
+ * shutdown, an interrupt or dispatch held. */
+bool pto_orch_heap_alloc(struct pto_orch *o, int32_t r, uint64_t bytes, uint64_t *off, uint64_t *seq);
 
 #endif

@@ -59,6 +59,12 @@ typedef struct pto_scheduler {
 
     _Atomic int64_t finished;               /* tasks COMPLETED or FAILED this run */
     _Atomic int64_t completed_total, failed_total;
+    /* Dispatched, not finished (written by the turn's holder only). Beside
+     * the other counters the turn writes per task, not on cancel's line:
+     * the orchestrator reads cancel at every submit, and sharing its line
+     * with a counter written per dispatch made that read a miss (a tenth
+     * of submit's own samples in a no-op BGEMM). */
+    _Atomic int64_t nrunning;
 
     pthread_mutex_t fail_mu;
     char *first_failure;                    /* first failed task of the run */
@@ -77,7 +83,6 @@ typedef struct pto_scheduler {
     _Atomic bool gated, held, draining;
     _Atomic int64_t step_left;              /* tasks a :step may still let through */
     _Atomic int64_t break_task;             /* last task stopped by a breakpoint: it passes next time */
-    _Atomic int64_t nrunning;               /* dispatched, not finished (written by this thread only) */
     _Atomic uint64_t quiet_req, quiet_ack;  /* pto_sched_wait_quiet's request and this thread's answer */
     uint64_t quiet_seen;                    /* scheduler-only */
     _Atomic uint64_t sync_req, sync_ack;    /* pto_sched_sync: answered after one whole turn */

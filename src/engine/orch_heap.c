@@ -3,12 +3,13 @@
  * A submit's automatic OUTPUTs and pto_alloc take their memory from the
  * heap ring their scope selects. When the ring is full the orchestrator
  * waits here, reclaiming what the scheduler hands back, until the ring's
- * oldest slabs are freed. The wait ends in one of three ways besides
- * success, each with an error that says what to do: a deadlock (the
- * oldest slab belongs to a scope that is still open, which only this
- * orchestrator could end), no progress for alloc_timeout_ms, or nothing
- * that could free it (shutdown, an interrupt, dispatch held). What a
- * successful wait freed sizes the ring a run needs (its statistics). */
+ * oldest slabs are freed. A request larger than the ring fails at once;
+ * otherwise the wait ends in one of three ways besides success, each with
+ * an error that says what to do: a deadlock (the oldest slab belongs to a
+ * scope that is still open, which only this orchestrator could end), no
+ * progress for alloc_timeout_ms, or nothing left that could free it
+ * (shutdown, an interrupt, dispatch held). What a successful wait freed
+ * sizes the ring a run needs (its statistics). */
 #include "orchestrator.h"
 #include "common.h"
 #include "check.h"

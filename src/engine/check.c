@@ -634,13 +634,18 @@ void pto_check_observed(pto_worker *w)
     if (w) pto_check_observed_orch(&w->orch);
 }
 
+/* Absolute byte ranges [lo, hi): what an argument covers, and what a logged access used. */
 typedef struct span { uint64_t lo, hi; } span;
 
-static bool keep_outside(const use *x, const void *arg)
+static span bytes_of(const pto_tensor *t)
 {
-    const span *r = arg;
-    return x->hi <= r->lo || r->hi <= x->lo;
+    uint64_t lo = t->base + t->offset;
+    return (span){lo, lo + pto_tensor_nbytes(t)};
 }
+
+static bool overlaps(span r, const use *x) { return x->lo < r.hi && r.lo < x->hi; }
+
+static bool keep_outside(const use *x, const void *arg) { return !overlaps(*(const span *)arg, x); }
 
 void pto_check_fresh(pto_orch *o, uint64_t lo, uint64_t bytes)
 {
@@ -696,10 +701,10 @@ static void collect_pend(pto_check_log *lg, const pto_task_args *args, int32_t n
         for (int32_t i = 0; i < a->tensor_count; i++) {
             const pto_tensor *t = &a->tensors[i];
             if ((a->tags[i] != PTO_INPUT && a->tags[i] != PTO_INOUT) || !t->base) continue;
-            uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
+            span r = bytes_of(t);
             for (int32_t k = 0; k < lg->n; k++) {
                 const use *x = &lg->a[k];
-                if (!x->writes || x->hi <= lo || hi <= x->lo) continue;
+                if (!x->writes || !overlaps(r, x)) continue;
                 pto_grow((void **)&lg->pend, &lg->pend_cap, lg->npend + 1, sizeof *lg->pend);
                 lg->pend[lg->npend++] = x->id;
             }
@@ -746,10 +751,10 @@ bool pto_check_submit(pto_orch *o, int32_t kind, uint64_t callable, const pto_ta
             uint8_t tag = a->tags[i];
             /* An unset OUTPUT is fresh memory; an INOUT waits for every writer of its bytes, not their readers. */
             if ((!is_out(tag) && tag != PTO_INOUT) || !t->base) continue;
-            uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
+            span r = bytes_of(t);
             for (int32_t k = 0; k < lg->n; k++) {
                 const use *x = &lg->a[k];
-                if (x->hi <= lo || hi <= x->lo || (tag == PTO_INOUT && x->writes)) continue;
+                if (!overlaps(r, x) || (tag == PTO_INOUT && x->writes)) continue;
                 if (!marked) {
                     mark_ancestors(lg, lg->a[0].id);   /* nothing older is judged */
                     marked = true;
@@ -784,14 +789,14 @@ static void record_task(pto_check_log *lg, int64_t id)
     lg->npend = 0;
 }
 
-typedef struct cover { uint64_t lo, hi; bool reads_too; } cover;
+typedef struct cover { span r; bool reads_too; } cover;
 
 /* A write ordered after the accesses it covers stands for them: a later overwrite ordered after it is
  * ordered after them. An INOUT is ordered after the writes it covers but not after their readers. */
 static bool keep_uncovered(const use *x, const void *arg)
 {
     const cover *c = arg;
-    return !(c->lo <= x->lo && x->hi <= c->hi && (x->writes || c->reads_too));
+    return !(c->r.lo <= x->lo && x->hi <= c->r.hi && (x->writes || c->reads_too));
 }
 
 void pto_check_record(pto_orch *o, pto_slot *s)
@@ -803,10 +808,10 @@ void pto_check_record(pto_orch *o, pto_slot *s)
         for (int32_t i = 0; i < mb->tensor_count; i++) {
             const pto_tensor *t = &mb->tensors[i];
             if (mb->tags[i] == PTO_NO_DEP || !t->base) continue;
-            uint64_t lo = t->base + t->offset, hi = lo + pto_tensor_nbytes(t);
+            span r = bytes_of(t);
             bool writes = mb->tags[i] != PTO_INPUT;
             if (writes) {
-                cover c = {lo, hi, is_out(mb->tags[i])};
+                cover c = {r, is_out(mb->tags[i])};
                 filter(lg, keep_uncovered, &c);
             }
             if (lg->n == CHECK_WINDOW) {   /* forget the oldest quarter */
@@ -815,7 +820,7 @@ void pto_check_record(pto_orch *o, pto_slot *s)
                 lg->n -= drop;
             }
             pto_grow((void **)&lg->a, &lg->cap, lg->n + 1, sizeof *lg->a);
-            lg->a[lg->n++] = (use){s, s->id, lo, hi, s->callable, s->kind, writes};
+            lg->a[lg->n++] = (use){s, s->id, r.lo, r.hi, s->callable, s->kind, writes};
         }
     }
 }

@@ -494,6 +494,17 @@ static inline bool diag_fields(const pto_call_config *c)
     return (c->enable_dump_tensor | c->enable_pmu | c->enable_l2_swimlane | c->enable_dep_gen) != 0;
 }
 
+/* A run whose tasks each write a buffer of their own keeps a TensorMap far
+ * bigger than the cache, so each lookup and insert misses: start the loads
+ * now and let the rest of the submit overlap them. W1 of pto_bench (200k
+ * such tasks): 0.0995 -> 0.0795 s median of 6 alternating pairs. */
+static void prefetch_bases(pto_orch *o, const submit_req *q)
+{
+    for (int32_t m = 0; m < q->n; m++)
+        for (int32_t i = 0; i < q->args[m].tensor_count; i++)
+            if (q->args[m].tensors[i].base) pto_tm_prefetch(&o->tm, q->args[m].tensors[i].base);
+}
+
 static int64_t submit(pto_orch *o, const submit_req *q)
 {
     /* Spent by this submit whether or not it succeeds. */
@@ -503,6 +514,7 @@ static int64_t submit(pto_orch *o, const submit_req *q)
     if (PTO_UNLIKELY(q->cfg && diag_fields(q->cfg)) && !pto_diag_submit_check(o->sched->wm, q->cfg)) return -1;
     pto_trace *tr = orch_trace(o);
     uint64_t t0 = tr ? pto_now_ns() : 0;
+    prefetch_bases(o, q);
     drain_retired(o);
 
     /* The slab is taken first: while it waits on back-pressure, producers

@@ -53,6 +53,8 @@ void pto_tm_destroy(pto_tensormap *m);
 /* Call fn(producer, arg) for every live producer overlapping [start, end) of base. */
 void pto_tm_lookup(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end,
                    void (*fn)(struct pto_slot *, void *), void *arg);
+/* Start loading base's cell, for a lookup or insert a little later. */
+static inline void pto_tm_prefetch(const pto_tensormap *m, uint64_t base) { pto_u64map_prefetch(&m->bases, base); }
 /* Record producer as the writer of [start, end) of base; entries it covers
  * completely are dropped (their readers now depend on the new writer). */
 void pto_tm_insert(pto_tensormap *m, uint64_t base, uint64_t start, uint64_t end, struct pto_slot *producer);

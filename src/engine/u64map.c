@@ -7,16 +7,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
- * to spread the aligned addresses and offsets the engine uses as keys. */
-static size_t home_of(const pto_u64map *m, uint64_t key)
-{
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdull;
-    key ^= key >> 33;
-    return (size_t)key & m->mask;
-}
-
 static size_t table_bytes(const pto_u64map *m, size_t ncells) { return ncells * m->cell_size; }
 
 /* Zeroed cells. Tables of PTO_HUGE_PAGE bytes or more are mapped on their
@@ -62,7 +52,7 @@ void pto_u64map_destroy(pto_u64map *m)
 void *pto_u64map_find(const pto_u64map *m, uint64_t key)
 {
     if (!m->cells) return NULL;
-    for (size_t i = home_of(m, key);; i = (i + 1) & m->mask) {
+    for (size_t i = pto_u64map_home(m, key);; i = (i + 1) & m->mask) {
         void *c = pto_u64map_cell(m, i);
         if (pto_u64map_cell_epoch(c) != m->epoch) return NULL;
         if (pto_u64map_cell_key(c) == key) return c;
@@ -72,7 +62,7 @@ void *pto_u64map_find(const pto_u64map *m, uint64_t key)
 /* The first free cell of key's probe (key not in the map), zeroed. */
 static void *free_cell(pto_u64map *m, uint64_t key)
 {
-    size_t i = home_of(m, key);
+    size_t i = pto_u64map_home(m, key);
     while (pto_u64map_used(m, i)) i = (i + 1) & m->mask;
     void *c = pto_u64map_cell(m, i);
     if (pto_u64map_cell_epoch(c)) memset(c, 0, m->cell_size);   /* left by an earlier epoch */
@@ -113,7 +103,7 @@ void pto_u64map_remove(pto_u64map *m, void *cell)
     memset(cell, 0, m->cell_size);
     m->count--;
     for (size_t j = (i + 1) & m->mask; pto_u64map_used(m, j); j = (j + 1) & m->mask) {
-        size_t home = home_of(m, pto_u64map_cell_key(pto_u64map_cell(m, j)));
+        size_t home = pto_u64map_home(m, pto_u64map_cell_key(pto_u64map_cell(m, j)));
         /* Move j into the hole at i unless its home lies cyclically in (i, j]. */
         bool stays = (i < j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!stays) {

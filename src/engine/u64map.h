@@ -53,6 +53,24 @@ void pto_u64map_clear(pto_u64map *m);
 /* Rebuild the table with ncells cells (a power of two, more than count). */
 void pto_u64map_resize(pto_u64map *m, size_t ncells);
 
+/* The cell a key's probe starts at: half of MurmurHash3's finaliser, enough
+ * to spread the aligned addresses and offsets the engine uses as keys. */
+static inline size_t pto_u64map_home(const pto_u64map *m, uint64_t key)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & m->mask;
+}
+
+/* Start loading the cell where key's probe begins: a map too big for the
+ * cache misses on every probe, and the caller may have other work to do
+ * before it probes. */
+static inline void pto_u64map_prefetch(const pto_u64map *m, uint64_t key)
+{
+    if (m->cells) __builtin_prefetch((const char *)m->cells + pto_u64map_home(m, key) * m->cell_size, 1);
+}
+
 /* Table size: iterate i < pto_u64map_cells(m), skipping cells not pto_u64map_used. */
 static inline size_t pto_u64map_cells(const pto_u64map *m) { return m->cells ? m->mask + 1 : 0; }
 static inline void *pto_u64map_cell(const pto_u64map *m, size_t i) { return (char *)m->cells + i * m->cell_size; }

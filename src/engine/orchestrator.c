@@ -496,8 +496,9 @@ static inline bool diag_fields(const pto_call_config *c)
 
 /* A run whose tasks each write a buffer of their own keeps a TensorMap far
  * bigger than the cache, so each lookup and insert misses: start the loads
- * now and let the rest of the submit overlap them. W1 of pto_bench (200k
- * such tasks): 0.0995 -> 0.0795 s median of 6 alternating pairs. */
+ * now and let the rest of the submit overlap them (pto_bench's W1, 200k
+ * such tasks: 6% and 15% faster in the medians of two sets of 10
+ * alternating pairs, docs/performance.md). */
 static void prefetch_bases(pto_orch *o, const submit_req *q)
 {
     for (int32_t m = 0; m < q->n; m++)

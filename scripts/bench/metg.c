@@ -80,6 +80,21 @@ static double ref_run(long n, uint64_t iters)
 }
 
 static double g_ref[METG_POINTS];   /* ideal seconds per point, 0: not yet timed */
+static double g_ref_worst[METG_POINTS];   /* the slowest of the same reference runs */
+
+/* The reference runs repeat one fixed amount of work, so their spread is
+ * the machine's: on a virtual machine whose host throttles or shares the
+ * cores (invisible in /proc/stat's steal here), the same spin took 18 ms
+ * and 110 ms a few seconds apart. Efficiencies are then unreliable, and
+ * the figures say so. */
+static void print_drift(const double *best, const double *worst, int n)
+{
+    double drift = 1.0;
+    for (int i = 0; i < n; i++)
+        if (best[i] > 0 && worst[i] / best[i] > drift) drift = worst[i] / best[i];
+    printf("the plain-thread reference runs of one size took up to %.2fx their fastest%s\n", drift,
+           drift > 1.3 ? " (the machine's speed moved during the run: numbers are unreliable)" : "");
+}
 
 static void point(int p, double ns_per_iter, double work_ms, uint64_t *iters, double *real_us, long *n)
 {
@@ -102,6 +117,7 @@ static void time_refs(double ns_per_iter, double work_ms)
         for (int r = 0; r < 2; r++) {
             double t = ref_run(n, iters);
             if (g_ref[p] == 0 || t < g_ref[p]) g_ref[p] = t;
+            if (t > g_ref_worst[p]) g_ref_worst[p] = t;
         }
     }
 }
@@ -173,7 +189,7 @@ int bench_metg_points(const char *list, int reps)
     double ns = bench_spin_calibrate(), work_ms = 40.0;
     uint64_t iters[MAXD];
     long n[MAXD];
-    double ref[MAXD], eff[M_NSYS][METG_NSHAPES][MAXD];
+    double ref[MAXD], worst[MAXD] = { 0 }, eff[M_NSYS][METG_NSHAPES][MAXD];
     memset(eff, 0, sizeof eff);
     for (int k = 0; k < nd; k++) {
         iters[k] = (uint64_t)(durs[k] * 1000.0 / ns + 0.5);
@@ -189,6 +205,7 @@ int bench_metg_points(const char *list, int reps)
             for (int r = 0; r < 2; r++) {
                 double t = ref_run(n[k], iters[k]);
                 if (ref[k] == 0 || t < ref[k]) ref[k] = t;
+                if (t > worst[k]) worst[k] = t;
             }
     int errors = 0;
     int order[3] = { M_PROCESS, M_THREAD, M_OMP };   /* PROCESS first: its forkserver before OpenMP's threads */
@@ -216,6 +233,11 @@ int bench_metg_points(const char *list, int reps)
             }
         if (sys == M_THREAD) ptolua_metg_teardown();
     }
+    for (int k = 0; k < nd; k++)
+        for (int r = 0; r < 2; r++) {
+            double t = ref_run(n[k], iters[k]);   /* after: only to see whether the machine's speed moved */
+            if (t > worst[k]) worst[k] = t;
+        }
     printf("efficiency (%% of %d plain threads running the same work; best of %d runs; spin kernel %.3f ns per "
            "iteration)\n%-22s %-15s", BENCH_THREADS, reps, ns, "shape", "system");
     for (int k = 0; k < nd; k++) printf(" %7.1fus", durs[k]);
@@ -230,6 +252,7 @@ int bench_metg_points(const char *list, int reps)
             for (int k = 0; k < nd; k++) printf(" %8.1f%%", 100.0 * eff[sys][sh][k]);
             printf("\n");
         }
+    print_drift(ref, worst, nd);
     return errors;
 }
 
@@ -293,6 +316,7 @@ int bench_metg_main(int quick)
                c[M_STARPU], r1, r2, r3);
     }
     printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
+    print_drift(g_ref, g_ref_worst, METG_POINTS);
     printf("\none no-op sub child, C API (the engine without Lua)   thread    process  proc/thr\n");
     printf("marginal cost per task (us)                       %9.2f %10.2f %8.2fx\n", om[0], om[1],
            om[0] > 0 ? om[1] / om[0] : 0.0);

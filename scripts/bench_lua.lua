@@ -100,6 +100,17 @@ if have_fast then
   for i = 0, nslots - 1 do views[i] = S[i] end
 end
 
+-- The prepared submits of W3 (head, reader, join) and W4 (gemm, add), for
+-- the fast form and the floor alike.
+local function fan_kernels(orch)
+  return orch:prepare_next_level(noop, {"out"}), orch:prepare_next_level(noop, {"in", "out"}),
+         orch:prepare_next_level(noop, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
+end
+
+local function bgemm_kernels(orch)
+  return orch:prepare_next_level(noop, {"in", "in", "out"}), orch:prepare_next_level(noop, {"in", "inout"})
+end
+
 function fast.W1(orch)
   local out = orch:prepare_next_level(noop, {"out"})
   for i = 0, N - 1 do out(views[i]) end
@@ -115,9 +126,7 @@ end
 
 function fast.W3(orch)
   local groups = N // (FAN + 2)
-  local out = orch:prepare_next_level(noop, {"out"})
-  local rd = orch:prepare_next_level(noop, {"in", "out"})
-  local join = orch:prepare_next_level(noop, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
+  local out, rd, join = fan_kernels(orch)
   for g = 0, groups - 1 do
     local x = g * (FAN + 2)
     local head = views[x]
@@ -133,8 +142,7 @@ local function bgemm_fast(d, runs)
   local n3 = d * d * d
   local p = have_fast and pto.temp({SLOT}, "f32")
   return function(orch)
-    local gemm = orch:prepare_next_level(noop, {"in", "in", "out"})
-    local add = orch:prepare_next_level(noop, {"in", "inout"})
+    local gemm, add = bgemm_kernels(orch)
     for b = 0, d - 1 do
       for m = 0, d - 1 do
         for n = 0, d - 1 do
@@ -185,9 +193,7 @@ end
 
 function floor.W3(orch)
   local groups = N // (FAN + 2)
-  local out = orch:prepare_next_level(noop, {"out"})
-  local rd = orch:prepare_next_level(noop, {"in", "out"})
-  local join = orch:prepare_next_level(noop, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
+  local out, rd, join = fan_kernels(orch)
   for g = 0, groups - 1 do
     local x = g * (FAN + 2)
     local head = nop(1, views[x], {offset = 0, shape = {SLOT}})
@@ -213,8 +219,7 @@ local function bgemm_floor(d, runs)
   local p = have_fast and pto.temp({SLOT}, "f32")
   local function tile(base, i) return nop(1, views[base + i], {offset = 0, shape = {SLOT}}) end
   return function(orch)
-    local gemm = orch:prepare_next_level(noop, {"in", "in", "out"})
-    local add = orch:prepare_next_level(noop, {"in", "inout"})
+    local gemm, add = bgemm_kernels(orch)
     for b = 0, d - 1 do
       for m = 0, d - 1 do
         for n = 0, d - 1 do

@@ -12,7 +12,9 @@
 # C loop on every core: pto_bench_lua_c peak), measured right before and
 # after it, and beside the job's own kernels with no runtime at all (its
 # gemm_tile and tile_add calls in a C loop on every core: pto_bench_lua_c
-# jobloop), the most any scheduler could reach with these kernels.
+# jobloop), the most any scheduler could reach with these kernels, and
+# beside the same DAG and kernels submitted through the C API
+# (pto_bench_lua_c job): what of the main job's gap is Lua's.
 #
 # The rows are interleaved: every round runs each system once per mode (and
 # the peak around the main job), so load from elsewhere on a shared machine
@@ -45,8 +47,10 @@ for ((r = 1; r <= rounds; r++)); do
   done
   p1="$("$cbench" peak 64 | cut -d' ' -f2)"
   for mode in process thread; do
-    PTO_MODE=$mode "$build/ptolua" "$root/examples/bgemm.lua" 4 8 8 8 64 2 5 |
-      awk -v m="$mode" '/ first run / { f = $(NF - 1) } / best of / { b = $(NF - 1) } END { print m, f, b }' >>"$out/job.$r"
+    lua="$(PTO_MODE=$mode "$build/ptolua" "$root/examples/bgemm.lua" 4 8 8 8 64 2 5 |
+      awk '/ first run / { f = $(NF - 1) } / best of / { b = $(NF - 1) } END { print f, b }')"
+    capi="$("$cbench" job "$mode" 4 8 8 8 64 2 5 | cut -d' ' -f3-)"
+    echo "$mode $lua $capi" >>"$out/job.$r"
   done
   p2="$("$cbench" peak 64 | cut -d' ' -f2)"
   jl="$("$cbench" jobloop | cut -d' ' -f2)"
@@ -90,20 +94,28 @@ awk '
 
 echo
 echo "main job: examples/bgemm.lua 4 8 8 8 64 2 (GFLOP/s; best of its 5 runs), against the GEMM peak"
-echo "(gemm_tile 64x64 f32 in a C loop on every core, the mean of one second before and one after)"
+echo "(gemm_tile 64x64 f32 in a C loop on every core, the mean of one second before and one after),"
+echo "and the same DAG with the same kernels submitted through the C API (pto_bench_lua_c job): Lua's share of the gap"
 awk '
-  { n[$1]++; first[$1] = first[$1] " " sprintf("%.1f", $2); bestv[$1] = bestv[$1] " " sprintf("%.1f", $3)
-    r = $3 / $4; ratio[$1] = ratio[$1] " " sprintf("%.0f%%", 100 * r)
-    if ($1 == "thread") { peaks = peaks " " sprintf("%.0f", $4); loops = loops " " sprintf("%.0f (%.0f%%)", $5, 100 * $5 / $4) }
-    ofloop[$1] = ofloop[$1] " " sprintf("%.0f%%", 100 * $3 / $5)
-    if (r > top[$1]) top[$1] = r; rs[$1, n[$1]] = r }
+  function median(key, k,   a, i, j, t) {
+    for (i = 1; i <= k; i++) a[i] = rs[key, i]
+    for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return a[int((k + 1) / 2)]
+  }
+  { m = $1; k = ++n[m]; first[m] = first[m] " " sprintf("%.1f", $2); bestv[m] = bestv[m] " " sprintf("%.1f", $3)
+    cbest[m] = cbest[m] " " sprintf("%.1f", $5)
+    ratio[m] = ratio[m] " " sprintf("%.0f%%", 100 * $3 / $6); rs[m "lua", k] = $3 / $6
+    cratio[m] = cratio[m] " " sprintf("%.0f%%", 100 * $5 / $6); rs[m "c", k] = $5 / $6
+    luac[m] = luac[m] " " sprintf("%.2f", $3 / $5); rs[m "luac", k] = $3 / $5
+    if (m == "thread") { peaks = peaks " " sprintf("%.0f", $6); loops = loops " " sprintf("%.0f (%.0f%%)", $7, 100 * $7 / $6) }
+    ofloop[m] = ofloop[m] " " sprintf("%.0f%%", 100 * $3 / $7) }
   END {
     for (m in n) {
       k = n[m]
-      for (i = 1; i <= k; i++) a[i] = rs[m, i]
-      for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-      printf "%-7s first run:%s\n        best run:%s\n        of peak: %s  (median %.0f%%, goal 70%%)\n", m, first[m], bestv[m], ratio[m], 100 * a[int((k + 1) / 2)]
+      printf "%-7s first run:%s\n        best run:%s\n        of peak: %s  (median %.0f%%, goal 70%%)\n", m, first[m], bestv[m], ratio[m], 100 * median(m "lua", k)
       printf "        of jobloop:%s\n", ofloop[m]
+      printf "        C API job, best run:%s, of peak:%s  (median %.0f%%)\n", cbest[m], cratio[m], 100 * median(m "c", k)
+      printf "        Lua / C API job:%s  (median %.2f)\n", luac[m], median(m "luac", k)
     }
     print "peak per round (GFLOP/s):" peaks
     print "jobloop per round (GFLOP/s, of peak): the job'"'"'s gemm_tile and tile_add in a C loop on every core, no runtime:" loops

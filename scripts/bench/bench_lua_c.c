@@ -19,6 +19,14 @@
  * per core, each with one P tile of its own (always hot), for one second;
  * prints "jobloop <GFLOP/s total> <threads>". What the main job could reach
  * if scheduling, dispatch and data placement cost nothing.
+ *   pto_bench_lua_c job thread|process [batch m n k tile chips runs]
+ * The main job's DAG through the C API: examples/bgemm.lua's loop (a scope
+ * per output tile; per k a gemm_tile writing a temporary P from the heap
+ * ring and a tile_add of P into the C tile) with its real kernels on its
+ * chips (default 4 8 8 8 64 2 5), submitted straight through pto.h; prints
+ * "job <mode> <first run GFLOP/s> <best run GFLOP/s>". Beside bgemm.lua's
+ * own figures it separates what Lua costs the main job from what the
+ * engine and the machine do.
  *   pto_bench_lua_c submitcpu [runs]
  * The orchestrator's own CPU per submit, which wall time hides while the
  * threads that execute are the bottleneck: CLOCK_THREAD_CPUTIME_ID around
@@ -28,6 +36,7 @@
  * "submitcpu <shape> <median ns/submit> <median us/task wall>". A
  * benchmark, not a test. */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,13 +424,83 @@ static int submitcpu(int argc, char **argv)
     return 0;
 }
 
+/* ---- job: the main job's DAG through the C API ---- */
+
+static float *shm_filled(size_t elems)
+{
+    float *m = pto_shm_alloc(elems * sizeof(float));
+    if (!m) die("pto_shm_alloc");
+    for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
+    return m;
+}
+
+static int job(int argc, char **argv)
+{
+    uint32_t d[7] = {4, 8, 8, 8, 64, 2, 5};   /* batch m n k tile chips runs */
+    int32_t mode = argc > 2 && strcmp(argv[2], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS;
+    bool ok = argc > 2 && (strcmp(argv[2], "thread") == 0 || strcmp(argv[2], "process") == 0);
+    for (int i = 0; i < 7 && i + 3 < argc; i++) d[i] = (uint32_t)atoi(argv[i + 3]);
+    for (int i = 0; i < 7; i++) ok = ok && d[i] >= 1 && d[i] <= 1024;
+    if (!ok) {
+        fprintf(stderr, "usage: pto_bench_lua_c job thread|process [batch m n k tile chips runs]\n");
+        return 2;
+    }
+    uint32_t batch = d[0], mt = d[1], nt = d[2], kt = d[3], n = d[4], chips = d[5], runs = d[6];
+    size_t tt = (size_t)n * n;
+    float *a = shm_filled(tt * batch * mt * kt), *b = shm_filled(tt * batch * kt * nt);
+    float *c = shm_filled(tt * batch * mt * nt);
+    int64_t gid = pto_kernel_register(NULL, "gemm_tile"), aid = pto_kernel_register(NULL, "tile_add");
+    if (gid < 0 || aid < 0) die("pto_kernel_register gemm_tile / tile_add");
+    pto_worker_config wc = {.level = 3, .mode = mode, .heap_ring_size = 64u << 20};   /* as bgemm.lua */
+    if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
+    for (uint32_t i = 0; i < chips; i++) {
+        pto_leaf leaf = pto_chip_leaf();
+        if (pto_worker_add_next_level(g_w, &leaf) < 0) die("pto_worker_add_next_level");
+    }
+    if (pto_worker_init(g_w) != 0) die("pto_worker_init");
+    static const uint8_t tg[3] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT}, ta[2] = {PTO_INOUT, PTO_INPUT};
+    double first = 0, best = 0, flops = 2.0 * batch * mt * nt * kt * (double)n * n * n;
+    for (uint32_t r = 0; r < runs; r++) {
+        memset(c, 0, tt * batch * mt * nt * sizeof(float));   /* outside the timed run, as C:fill(0) */
+        double t0 = now_us();
+        pto_orch *o = begin();
+        for (size_t bb = 0; bb < batch; bb++)
+            for (size_t i = 0; i < mt; i++)
+                for (size_t j = 0; j < nt; j++) {
+                    pto_tensor ct = tile_tensor(c + ((bb * mt + i) * nt + j) * tt, n);
+                    if (pto_scope_begin(o) != 0) die("pto_scope_begin");
+                    for (size_t k = 0; k < kt; k++) {
+                        pto_tensor g[3] = {tile_tensor(a + ((bb * mt + i) * kt + k) * tt, n),
+                                           tile_tensor(b + ((bb * kt + k) * nt + j) * tt, n), tile_tensor(NULL, n)};
+                        pto_task_args ga = {3, 0, g, tg, NULL};
+                        if (pto_submit_next_level(o, (uint64_t)gid, &ga, NULL, -1) < 0) die("pto_submit_next_level");
+                        pto_tensor t[2] = {ct, g[2]};   /* g[2]: the P the submit bound */
+                        pto_task_args aa = {2, 0, t, ta, NULL};
+                        if (pto_submit_next_level(o, (uint64_t)aid, &aa, NULL, -1) < 0) die("pto_submit_next_level");
+                    }
+                    if (pto_scope_end(o) != 0) die("pto_scope_end");
+                }
+        end();
+        double gf = flops / (now_us() - t0) / 1e3;
+        if (r == 0) first = gf;
+        if (gf > best) best = gf;
+    }
+    printf("job %s %.2f %.2f\n", argv[2], first, best);
+    pto_worker_close(g_w);
+    pto_shm_free(a);
+    pto_shm_free(b);
+    pto_shm_free(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "job") == 0) return job(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "submitcpu") == 0) return submitcpu(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "peak") == 0) return peak(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "jobloop") == 0) return jobloop(argc, argv);
     if (argc < 2 || (strcmp(argv[1], "thread") && strcmp(argv[1], "process"))) {
-        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads] | jobloop [batch m n k tile] [threads] | submitcpu [runs]\n");
+        fprintf(stderr, "usage: pto_bench_lua_c thread|process [reps] | peak [tile] [threads] | jobloop [batch m n k tile] [threads] | job thread|process [batch m n k tile chips runs] | submitcpu [runs]\n");
         return 2;
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;

@@ -224,6 +224,11 @@ static bool cfg_equal(const pto_call_config *a, const pto_call_config *b)
 /* Tasks share interned copies; the most recent one is at the head. */
 static pto_cfg_ref *cfg_intern(pto_orch *o, const pto_call_config *cfg)
 {
+    /* Most submits pass no CallConfig: no compare of its 1 KiB then. */
+    if (!cfg && o->cfgs && o->cfgs->dflt) {
+        o->cfgs->refs++;
+        return o->cfgs;
+    }
     if (!cfg) cfg = &default_cfg;
     int32_t looked = 0;
     for (pto_cfg_ref **pp = &o->cfgs; *pp && looked < 8; pp = &(*pp)->next, looked++) {
@@ -233,9 +238,11 @@ static pto_cfg_ref *cfg_intern(pto_orch *o, const pto_call_config *cfg)
         c->next = o->cfgs;
         o->cfgs = c;
         c->refs++;
+        c->dflt |= cfg == &default_cfg;
         return c;
     }
     pto_cfg_ref *c = pto_xcalloc(1, sizeof *c);
+    c->dflt = cfg == &default_cfg;
     memcpy(&c->cfg, cfg, offsetof(pto_call_config, output_prefix));
     size_t n = strnlen(cfg->output_prefix, sizeof cfg->output_prefix - 1);
     memcpy(c->cfg.output_prefix, cfg->output_prefix, n);

@@ -23,6 +23,7 @@ typedef struct pto_slot pto_slot;
 typedef struct pto_cfg_ref {
     pto_call_config cfg;
     int64_t refs;
+    bool dflt;   /* equals the default CallConfig (a submit without one) */
     struct pto_cfg_ref *next;
 } pto_cfg_ref;
 

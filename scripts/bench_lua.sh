@@ -95,8 +95,9 @@ awk '
 echo
 echo "main job: examples/bgemm.lua 4 8 8 8 64 2 (GFLOP/s; best of its 5 runs), against the GEMM peak"
 echo "(gemm_tile 64x64 f32 in a C loop on every core, the mean of one second before and one after),"
-echo "and the same DAG with the same kernels submitted through the C API (pto_bench_lua_c job): Lua's share of the gap"
-awk '
+echo "and the same DAG with the same kernels submitted through the C API (pto_bench_lua_c job): Lua's share of the gap;"
+echo "its orchestrating thread's CPU (mean over runs 2-5): the submit loop, and pto_run_end running the scheduler's turns"
+awk -v cores="$(nproc)" '
   function median(key, k,   a, i, j, t) {
     for (i = 1; i <= k; i++) a[i] = rs[key, i]
     for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
@@ -104,11 +105,12 @@ awk '
   }
   { m = $1; k = ++n[m]; first[m] = first[m] " " sprintf("%.1f", $2); bestv[m] = bestv[m] " " sprintf("%.1f", $3)
     cbest[m] = cbest[m] " " sprintf("%.1f", $5)
-    ratio[m] = ratio[m] " " sprintf("%.0f%%", 100 * $3 / $6); rs[m "lua", k] = $3 / $6
-    cratio[m] = cratio[m] " " sprintf("%.0f%%", 100 * $5 / $6); rs[m "c", k] = $5 / $6
+    ratio[m] = ratio[m] " " sprintf("%.0f%%", 100 * $3 / $9); rs[m "lua", k] = $3 / $9
+    cratio[m] = cratio[m] " " sprintf("%.0f%%", 100 * $5 / $9); rs[m "c", k] = $5 / $9
     luac[m] = luac[m] " " sprintf("%.2f", $3 / $5); rs[m "luac", k] = $3 / $5
-    if (m == "thread") { peaks = peaks " " sprintf("%.0f", $6); loops = loops " " sprintf("%.0f (%.0f%%)", $7, 100 * $7 / $6) }
-    ofloop[m] = ofloop[m] " " sprintf("%.0f%%", 100 * $3 / $7) }
+    if (m == "thread") { peaks = peaks " " sprintf("%.0f", $9); loops = loops " " sprintf("%.0f (%.0f%%)", $10, 100 * $10 / $9) }
+    ofloop[m] = ofloop[m] " " sprintf("%.0f%%", 100 * $3 / $10)
+    orch[m] = orch[m] " " sprintf("%.1f+%.1f/%.1f", $7, $8, $6); rs[m "orch", k] = ($7 + $8) / (cores * $6) }
   END {
     for (m in n) {
       k = n[m]
@@ -116,6 +118,7 @@ awk '
       printf "        of jobloop:%s\n", ofloop[m]
       printf "        C API job, best run:%s, of peak:%s  (median %.0f%%)\n", cbest[m], cratio[m], 100 * median(m "c", k)
       printf "        Lua / C API job:%s  (median %.2f)\n", luac[m], median(m "luac", k)
+      printf "        C API job, its orchestrating thread'"'"'s CPU per run, submit+drain/run ms:%s  (median %.0f%% of the %d cores)\n", orch[m], 100 * median(m "orch", k), cores
     }
     print "peak per round (GFLOP/s):" peaks
     print "jobloop per round (GFLOP/s, of peak): the job'"'"'s gemm_tile and tile_add in a C loop on every core, no runtime:" loops

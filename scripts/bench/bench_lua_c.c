@@ -24,9 +24,13 @@
  * per output tile; per k a gemm_tile writing a temporary P from the heap
  * ring and a tile_add of P into the C tile) with its real kernels on its
  * chips (default 4 8 8 8 64 2 5), submitted straight through pto.h; prints
- * "job <mode> <first run GFLOP/s> <best run GFLOP/s>". Beside bgemm.lua's
- * own figures it separates what Lua costs the main job from what the
- * engine and the machine do.
+ * "job <mode> <first run GFLOP/s> <best run GFLOP/s> <ms per run> <submit
+ * CPU ms> <drain CPU ms>", the last three the mean over the runs after the
+ * first: the orchestrating thread's own CPU (CLOCK_THREAD_CPUTIME_ID) in
+ * the submit loop and in pto_run_end, where it runs the scheduler's turns
+ * until the run drains: CPU the chips, on two cores, do not get. Beside
+ * bgemm.lua's own figures it separates what Lua costs the main job from
+ * what the engine and the machine do.
  *   pto_bench_lua_c submitcpu [runs]
  * The orchestrator's own CPU per submit, which wall time hides while the
  * threads that execute are the bottleneck: CLOCK_THREAD_CPUTIME_ID around
@@ -460,9 +464,10 @@ static int job(int argc, char **argv)
     if (pto_worker_init(g_w) != 0) die("pto_worker_init");
     static const uint8_t tg[3] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT}, ta[2] = {PTO_INOUT, PTO_INPUT};
     double first = 0, best = 0, flops = 2.0 * batch * mt * nt * kt * (double)n * n * n;
+    double wall = 0, submit_cpu = 0, drain_cpu = 0;   /* sums over the runs after the first */
     for (uint32_t r = 0; r < runs; r++) {
         memset(c, 0, tt * batch * mt * nt * sizeof(float));   /* outside the timed run, as C:fill(0) */
-        double t0 = now_us();
+        double t0 = now_us(), c0 = thread_cpu_ns();
         pto_orch *o = begin();
         for (size_t bb = 0; bb < batch; bb++)
             for (size_t i = 0; i < mt; i++)
@@ -480,12 +485,19 @@ static int job(int argc, char **argv)
                     }
                     if (pto_scope_end(o) != 0) die("pto_scope_end");
                 }
+        double c1 = thread_cpu_ns();
         end();
-        double gf = flops / (now_us() - t0) / 1e3;
+        double dt = now_us() - t0, gf = flops / dt / 1e3;
         if (r == 0) first = gf;
         if (gf > best) best = gf;
+        if (r > 0) {
+            wall += dt / 1e3;
+            submit_cpu += (c1 - c0) / 1e6;
+            drain_cpu += (thread_cpu_ns() - c1) / 1e6;
+        }
     }
-    printf("job %s %.2f %.2f\n", argv[2], first, best);
+    double later = runs > 1 ? runs - 1 : 1;
+    printf("job %s %.2f %.2f %.3f %.3f %.3f\n", argv[2], first, best, wall / later, submit_cpu / later, drain_cpu / later);
     pto_worker_close(g_w);
     pto_shm_free(a);
     pto_shm_free(b);

@@ -221,13 +221,15 @@ static long run_shape(int s)
 
 /* ---- peak and jobloop: kernels in a C loop on every core ---- */
 
-static float *filled(size_t elems)
+/* m, or die: elems small values that keep the kernels' sums finite. */
+static float *fill(float *m, size_t elems)
 {
-    float *m = aligned_alloc(64, (elems * sizeof(float) + 63) / 64 * 64);
     if (!m) die("out of memory");
     for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
     return m;
 }
+
+static float *filled(size_t elems) { return fill(aligned_alloc(64, (elems * sizeof(float) + 63) / 64 * 64), elems); }
 
 static pto_tensor tile_tensor(const float *base, uint32_t n)
 {
@@ -430,13 +432,8 @@ static int submitcpu(int argc, char **argv)
 
 /* ---- job: the main job's DAG through the C API ---- */
 
-static float *shm_filled(size_t elems)
-{
-    float *m = pto_shm_alloc(elems * sizeof(float));
-    if (!m) die("pto_shm_alloc");
-    for (size_t e = 0; e < elems; e++) m[e] = (float)(e % 17) / 16.0f - 0.5f;
-    return m;
-}
+/* In the shared arena: PROCESS-mode chips read it. */
+static float *shm_filled(size_t elems) { return fill(pto_shm_alloc(elems * sizeof(float)), elems); }
 
 static int job(int argc, char **argv)
 {

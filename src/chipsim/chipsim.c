@@ -209,29 +209,34 @@ typedef struct binary_job {
     int mul;
 } binary_job;
 
+#define BINARY_BAND_BODY                                                \
+    const binary_job *j = ctx;                                          \
+    const pto_tensor *a = j->a, *b = j->b, *c = j->c;                   \
+    if (j->mul) BINARY_DTYPES(*)                                        \
+    else BINARY_DTYPES(+)
+
+static void binary_band_base(void *ctx, uint64_t lo, uint64_t hi) { BINARY_BAND_BODY }
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define HAVE_ADD_AVX2 1
-/* The f32 add of tile_add (a tile_add per gemm_tile in a BGEMM) in 32-byte
- * vectors instead of the baseline's 16: the same loop, compiled for AVX2. */
-__attribute__((target("arch=x86-64-v3"))) static void add_f32_avx2(const float *x, const float *y, float *z,
-                                                                    uint64_t lo, uint64_t hi)
+#define HAVE_BINARY_AVX2 1
+/* The same loops in 32-byte vectors instead of the baseline's 16: a BGEMM
+ * runs a tile_add per gemm_tile, and its add in SSE2 took 10% as long as
+ * the gemm, in AVX2 6% (docs/kernels.md). */
+__attribute__((target("arch=x86-64-v3"))) static void binary_band_avx2(void *ctx, uint64_t lo, uint64_t hi)
 {
-    for (uint64_t i = lo; i < hi; i++) z[i] = x[i] + y[i];
+    BINARY_BAND_BODY
 }
 #endif
 
 static void binary_band(void *ctx, uint64_t lo, uint64_t hi)
 {
-    const binary_job *j = ctx;
-    const pto_tensor *a = j->a, *b = j->b, *c = j->c;
-#ifdef HAVE_ADD_AVX2
-    if (!j->mul && a->dtype == PTO_F32 && __builtin_cpu_supports("avx2")) {
-        add_f32_avx2(data(a), data(b), data(c), lo, hi);
+#ifdef HAVE_BINARY_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        binary_band_avx2(ctx, lo, hi);
         return;
     }
 #endif
-    if (j->mul) BINARY_DTYPES(*)
-    else BINARY_DTYPES(+)
+    binary_band_base(ctx, lo, hi);
 }
 
 static int binary(const char *kernel, int mul, const pto_tensor *a, const pto_tensor *b, const pto_tensor *c,

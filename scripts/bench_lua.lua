@@ -24,6 +24,14 @@ local FAN = 8
 
 local w <close> = pto.Worker{mode = mode, chips = 2, heap_ring_size = 16 << 20}
 local noop = w:register(pto.chip_kernel("noop"))
+-- The C rows: the same shapes submitted through pto.h by a C module
+-- (scripts/bench/bench_c_module.c, path in $PTO_BENCH_C) inside this
+-- process's runs, on this Worker, alternating with the Lua forms. Loaded
+-- before w:init(), which forks PROCESS mode's children.
+local cmod
+if os.getenv("PTO_BENCH_C") then
+  cmod = assert(package.loadlib(os.getenv("PTO_BENCH_C"), "luaopen_pto_bench_c"))(math.max(N, 3 * 16 * 16 * 16))
+end
 w:init()
 
 -- Each slot is a tensor of its own, as in pto_bench and the C rows: the
@@ -241,13 +249,23 @@ local function bgemm_floor(d, runs)
   end, runs
 end
 
+-- ---- C: the C API's loops (bench_shapes.c) in this process's runs
+local cform = cmod and {
+  W1 = function(orch) return cmod.w1(orch, N) end,
+  W2 = function(orch) return cmod.w2(orch, N) end,
+  W3 = function(orch) return cmod.w3(orch, N) end,
+}
+local function bgemm_c(d, runs) return function(orch) return cmod.w4(orch, d) end, runs end
+
 local function once(fn) return fn, 1 end
+local bgemm_of = {[fast] = bgemm_fast, [floor] = bgemm_floor, [idiomatic] = bgemm_idiomatic}
+if cform then bgemm_of[cform] = bgemm_c end
 local SHAPES = {
   {"W1", function(f) return once(f.W1) end},
   {"W2", function(f) return once(f.W2) end},
   {"W3", function(f) return once(f.W3) end},
-  {"W4s", function(f) return (f == fast and bgemm_fast or f == floor and bgemm_floor or bgemm_idiomatic)(4, 200) end},
-  {"W4l", function(f) return (f == fast and bgemm_fast or f == floor and bgemm_floor or bgemm_idiomatic)(16, 1) end},
+  {"W4s", function(f) return bgemm_of[f](4, 200) end},
+  {"W4l", function(f) return bgemm_of[f](16, 1) end},
 }
 
 local function time_shape(fn, runs)
@@ -257,8 +275,10 @@ local function time_shape(fn, runs)
   return (pto.now() - t0) * 1e6 / count, count
 end
 
-local forms = {{"idiomatic", idiomatic}, {"fast", fast}, {"floor", floor}}
-local function wanted(form) return (form[1] == "idiomatic" or have_fast) and (not only or only == form[1]) end
+local forms = {{"idiomatic", idiomatic}, {"fast", fast}, {"floor", floor}, {"C", cform}}
+local function wanted(form)
+  return form[2] and (form[1] == "idiomatic" or form[1] == "C" or have_fast) and (not only or only == form[1])
+end
 for _, shape in ipairs(SHAPES) do
   if only_shape and shape[1] ~= only_shape then goto next_shape end
   local xs, fns, tasks = {}, {}, 0
@@ -284,7 +304,7 @@ end
 -- The Lua heap across 100 runs of the W4 4^4 DAG: the fast form makes no
 -- garbage per task, so the count after a full collection stays where it was.
 for _, form in ipairs(forms) do
-  if wanted(form) and form[1] ~= "floor" and not only_shape then
+  if wanted(form) and form[1] ~= "floor" and form[1] ~= "C" and not only_shape then
     local fn = (form[1] == "fast" and bgemm_fast or bgemm_idiomatic)(4, 1)
     w:run(fn)
     collectgarbage("collect")

@@ -49,47 +49,17 @@
 
 #include "pto.h"
 
-#define SLOT_ELEMS 16
-#define FAN 8
+#include "bench_shapes.h"
+
+#define SLOT_ELEMS BENCH_SLOT_ELEMS
 
 static pto_worker *g_w;
-static uint64_t g_noop;
-static float *g_slots;   /* in the shared arena, as pto.tensor's memory is */
+static bench_shapes g_b;   /* its slots in the shared arena, as pto.tensor's memory is */
 
 static void die(const char *what)
 {
     fprintf(stderr, "pto_bench_lua_c: %s: %s\n", what, pto_errmsg());
     exit(2);
-}
-
-/* Slot i is a tensor of its own (its own base, as pto_bench's slots and the
- * Lua rows' pto.tensor per slot): the engine's TensorMap keeps the writers
- * of one base in one list, so slots that were views of one base would time
- * that list's scans instead of the submit path. */
-static pto_tensor slot(size_t i)
-{
-    pto_tensor t;
-    memset(&t, 0, sizeof t);
-    t.base = (uint64_t)(uintptr_t)(g_slots + i * SLOT_ELEMS);
-    t.offset = 0;
-    t.shape[0] = SLOT_ELEMS;
-    t.dtype = PTO_F32;
-    t.ndims = 1;
-    return t;
-}
-
-static pto_tensor unset(void)
-{
-    pto_tensor t = slot(0);
-    t.base = 0;
-    t.offset = 0;
-    return t;
-}
-
-static void submit(pto_orch *o, pto_tensor *ts, const uint8_t *tags, int n)
-{
-    pto_task_args a = {n, 0, ts, tags, NULL};
-    if (pto_submit_next_level(o, g_noop, &a, NULL, -1) < 0) die("pto_submit_next_level");
 }
 
 static double thread_cpu_ns(void)
@@ -99,99 +69,29 @@ static double thread_cpu_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* The orchestrator thread's CPU in the last w1 or w3 submit loop, in ns (submitcpu). */
+/* The orchestrator thread's CPU in the last submit loop, in ns (submitcpu). */
 static double g_submit_ns;
 
-static pto_orch *begin(void)
+/* One timed repetition of a shape in a run of its own (W4: runs runs);
+ * returns the task count. */
+static long one_run(long (*shape)(pto_orch *, const bench_shapes *, int), int arg, int runs)
 {
-    pto_orch *o = pto_run_begin(g_w);
-    if (!o) die("pto_run_begin");
-    return o;
-}
-
-static void end(void)
-{
-    if (pto_run_end(g_w) != 0) die("pto_run_end");
-}
-
-/* Each shape: one timed repetition; returns the task count. */
-static long w1(int n)
-{
-    static const uint8_t tags[1] = {PTO_OUTPUT};
-    pto_orch *o = begin();
-    double c0 = thread_cpu_ns();
-    for (int i = 0; i < n; i++) {
-        pto_tensor t = slot((size_t)i);
-        submit(o, &t, tags, 1);
-    }
-    g_submit_ns = thread_cpu_ns() - c0;
-    end();
-    return n;
-}
-
-static long w2(int n)
-{
-    static const uint8_t tags[1] = {PTO_INOUT};
-    pto_orch *o = begin();
-    for (int i = 0; i < n; i++) {
-        pto_tensor t = slot(0);
-        submit(o, &t, tags, 1);
-    }
-    end();
-    return n;
-}
-
-static long w3(int n)
-{
-    int groups = n / (FAN + 2);
-    static const uint8_t out[1] = {PTO_OUTPUT}, rd[2] = {PTO_INPUT, PTO_OUTPUT};
-    uint8_t join[FAN + 1];
-    for (int j = 0; j < FAN; j++) join[j] = PTO_INPUT;
-    join[FAN] = PTO_OUTPUT;
-    pto_orch *o = begin();
-    double c0 = thread_cpu_ns();
-    for (int g = 0; g < groups; g++) {
-        size_t x = (size_t)g * (FAN + 2);
-        pto_tensor t[FAN + 1];
-        t[0] = slot(x);
-        submit(o, t, out, 1);
-        for (int j = 0; j < FAN; j++) {
-            t[0] = slot(x);
-            t[1] = slot(x + 1 + (size_t)j);
-            submit(o, t, rd, 2);
-        }
-        for (int j = 0; j < FAN; j++) t[j] = slot(x + 1 + (size_t)j);
-        t[FAN] = slot(x + 1 + FAN);
-        submit(o, t, join, FAN + 1);
-    }
-    g_submit_ns = thread_cpu_ns() - c0;
-    end();
-    return (long)groups * (FAN + 2);
-}
-
-/* BGEMM d^4: A, B, C tiles are distinct slots; P is an automatic OUTPUT. */
-static long w4(int d, int runs)
-{
-    static const uint8_t tg[3] = {PTO_INPUT, PTO_INPUT, PTO_OUTPUT}, ta[2] = {PTO_INPUT, PTO_INOUT};
-    size_t dd = (size_t)d, n3 = dd * dd * dd;
+    long n = 0;
     for (int r = 0; r < runs; r++) {
-        pto_orch *o = begin();
-        for (size_t b = 0; b < dd; b++)
-            for (size_t m = 0; m < dd; m++)
-                for (size_t n = 0; n < dd; n++) {
-                    if (pto_scope_begin(o) != 0) die("pto_scope_begin");
-                    for (size_t k = 0; k < dd; k++) {
-                        pto_tensor g[3] = {slot((b * dd + m) * dd + k), slot(n3 + (b * dd + k) * dd + n), unset()};
-                        submit(o, g, tg, 3);
-                        pto_tensor a[2] = {g[2], slot(2 * n3 + (b * dd + m) * dd + n)};
-                        submit(o, a, ta, 2);
-                    }
-                    if (pto_scope_end(o) != 0) die("pto_scope_end");
-                }
-        end();
+        pto_orch *o = pto_run_begin(g_w);
+        if (!o) die("pto_run_begin");
+        double c0 = thread_cpu_ns();
+        long k = shape(o, &g_b, arg);
+        g_submit_ns = thread_cpu_ns() - c0;
+        if (k < 0) die("submit");
+        if (pto_run_end(g_w) != 0) die("pto_run_end");
+        n += k;
     }
-    return 2L * d * d * d * d * runs;
+    return n;
 }
+
+static long w1(int n) { return one_run(bench_w1, n, 1); }
+static long w3(int n) { return one_run(bench_w3, n, 1); }
 
 static double now_us(void)
 {
@@ -212,10 +112,10 @@ static long run_shape(int s)
 {
     switch (s) {
     case 0: return w1(N_TASKS);
-    case 1: return w2(N_TASKS);
+    case 1: return one_run(bench_w2, N_TASKS, 1);
     case 2: return w3(N_TASKS);
-    case 3: return w4(4, 200);
-    default: return w4(16, 1);
+    case 3: return one_run(bench_w4, 4, 200);
+    default: return one_run(bench_w4, 16, 1);
     }
 }
 
@@ -389,7 +289,7 @@ static void start_worker(int32_t mode)
     pto_worker_config wc = {.level = 3, .mode = mode, .heap_ring_size = 16u << 20};
     int64_t id = pto_kernel_register(NULL, "noop");
     if (id < 0) die("pto_kernel_register");
-    g_noop = (uint64_t)id;
+    g_b.noop = (uint64_t)id;
     if (!(g_w = pto_worker_new(&wc))) die("pto_worker_new");
     for (int i = 0; i < 2; i++) {
         pto_leaf leaf = pto_chip_leaf();
@@ -406,8 +306,8 @@ static int submitcpu(int argc, char **argv)
     int runs = argc > 2 ? atoi(argv[2]) : 10;
     if (runs < 1 || runs > 100) runs = 10;
     /* THREAD mode reads the slots in this process: no shared arena needed for 200,000 of them. */
-    g_slots = calloc((size_t)CPU_TASKS * SLOT_ELEMS, sizeof(float));
-    if (!g_slots) die("out of memory");
+    g_b.slots = calloc((size_t)CPU_TASKS * SLOT_ELEMS, sizeof(float));
+    if (!g_b.slots) die("out of memory");
     start_worker(PTO_MODE_THREAD);
     static const char *const names[] = {"W1", "fan"};
     long (*const shapes[])(int) = {w1, w3};
@@ -426,7 +326,7 @@ static int submitcpu(int argc, char **argv)
         fflush(stdout);
     }
     pto_worker_close(g_w);
-    free(g_slots);
+    free(g_b.slots);
     return 0;
 }
 
@@ -465,7 +365,8 @@ static int job(int argc, char **argv)
     for (uint32_t r = 0; r < runs; r++) {
         memset(c, 0, tt * batch * mt * nt * sizeof(float));   /* outside the timed run, as C:fill(0) */
         double t0 = now_us(), c0 = thread_cpu_ns();
-        pto_orch *o = begin();
+        pto_orch *o = pto_run_begin(g_w);
+        if (!o) die("pto_run_begin");
         for (size_t bb = 0; bb < batch; bb++)
             for (size_t i = 0; i < mt; i++)
                 for (size_t j = 0; j < nt; j++) {
@@ -483,7 +384,7 @@ static int job(int argc, char **argv)
                     if (pto_scope_end(o) != 0) die("pto_scope_end");
                 }
         double c1 = thread_cpu_ns();
-        end();
+        if (pto_run_end(g_w) != 0) die("pto_run_end");
         double dt = now_us() - t0, gf = flops / dt / 1e3;
         if (r == 0) first = gf;
         if (gf > best) best = gf;
@@ -515,8 +416,8 @@ int main(int argc, char **argv)
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (reps < 1 || reps > 100) reps = 5;
     size_t nslots = 3 * 16 * 16 * 16 > N_TASKS ? 3 * 16 * 16 * 16 : N_TASKS;
-    g_slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
-    if (!g_slots) die("pto_shm_alloc");
+    g_b.slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
+    if (!g_b.slots) die("pto_shm_alloc");
     start_worker(strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS);
     static const char *const names[] = {"W1", "W2", "W3", "W4s", "W4l"};
     for (int s = 0; s < 5; s++) {
@@ -532,6 +433,6 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     pto_worker_close(g_w);
-    pto_shm_free(g_slots);
+    pto_shm_free(g_b.slots);
     return 0;
 }

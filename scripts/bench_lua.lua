@@ -1,10 +1,13 @@
 -- The Lua binding's cost per task, measured in the same run as the engine's
 -- C API: pto_bench's four DAG shapes on two chips running the no-op "noop"
 -- kernel, written the idiomatic way (views, pto.args, orch:alloc, nested
--- scopes, as examples/bgemm.lua writes them), that form's floor (below) and
--- the fast form (orch:prepare_next_level, pto.temp, views built once), in
--- THREAD and PROCESS mode. A benchmark, not a test: run it through scripts/bench_lua.sh,
--- which adds the C rows (pto_bench_lua_c) and the ratios.
+-- scopes, as examples/bgemm.lua writes them), that form's floor (below),
+-- the fast form (orch:prepare_next_level, pto.temp, views built once) and
+-- its loop alone (fastloop, below), in THREAD and PROCESS mode; with
+-- $PTO_BENCH_C set (scripts/bench/bench_c_module.c) also the C rows: the
+-- same shapes through the C API, submitted inside this process's runs. A
+-- benchmark, not a test: run it through scripts/bench_lua.sh, which adds
+-- the ratios.
 --   ptolua scripts/bench_lua.lua thread|process [reps] [form] [shape]
 -- Prints "<form> <shape> <best us/task> <median us/task> <tasks per rep>"
 -- per row (the forms alternate, one warm-up each), and "heap <form>
@@ -101,7 +104,6 @@ end
 
 -- ---- fast: prepared submits, views built once outside the runs, a reusable
 -- temporary, scope_begin/scope_end
-local fast = {}
 local have_fast = pto.temp ~= nil
 local views = {}
 if have_fast then
@@ -109,63 +111,97 @@ if have_fast then
 end
 
 -- The prepared submits of W3 (head, reader, join) and W4 (gemm, add), for
--- the fast form and the floor alike.
-local function fan_kernels(orch)
-  return orch:prepare_next_level(noop, {"out"}), orch:prepare_next_level(noop, {"in", "out"}),
-         orch:prepare_next_level(noop, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
+-- the fast form and the floor alike; prep(orch, tags) prepares one.
+local function real_prep(orch, tags) return orch:prepare_next_level(noop, tags) end
+local function fan_kernels(orch, prep)
+  prep = prep or real_prep
+  return prep(orch, {"out"}), prep(orch, {"in", "out"}),
+         prep(orch, {"in", "in", "in", "in", "in", "in", "in", "in", "out"})
 end
 
-local function bgemm_kernels(orch)
-  return orch:prepare_next_level(noop, {"in", "in", "out"}), orch:prepare_next_level(noop, {"in", "inout"})
+local function bgemm_kernels(orch, prep)
+  prep = prep or real_prep
+  return prep(orch, {"in", "in", "out"}), prep(orch, {"in", "inout"})
 end
 
-function fast.W1(orch)
-  local out = orch:prepare_next_level(noop, {"out"})
-  for i = 0, N - 1 do out(views[i]) end
-  return N
-end
-
-function fast.W2(orch)
-  local inout = orch:prepare_next_level(noop, {"inout"})
-  local t = views[0]
-  for _ = 1, N do inout(t) end
-  return N
-end
-
-function fast.W3(orch)
-  local groups = N // (FAN + 2)
-  local out, rd, join = fan_kernels(orch)
-  for g = 0, groups - 1 do
-    local x = g * (FAN + 2)
-    local head = views[x]
-    out(head)
-    for j = 1, FAN do rd(head, views[x + j]) end
-    join(views[x + 1], views[x + 2], views[x + 3], views[x + 4], views[x + 5], views[x + 6], views[x + 7],
-         views[x + 8], views[x + 9])
+-- The fast form's shapes over submits that prep makes: the fast form
+-- itself, and its loop alone (fastloop, below).
+local function fast_form(prep)
+  local f = {}
+  function f.W1(orch)
+    local out = prep(orch, {"out"})
+    for i = 0, N - 1 do out(views[i]) end
+    return N
   end
-  return groups * (FAN + 2)
-end
 
-local function bgemm_fast(d, runs)
-  local n3 = d * d * d
-  local p = have_fast and pto.temp({SLOT}, "f32")
-  return function(orch)
-    local gemm, add = bgemm_kernels(orch)
-    for b = 0, d - 1 do
-      for m = 0, d - 1 do
-        for n = 0, d - 1 do
-          orch:scope_begin()
-          local c = views[2 * n3 + (b * d + m) * d + n]
-          for k = 0, d - 1 do
-            gemm(views[(b * d + m) * d + k], views[n3 + (b * d + k) * d + n], p)
-            add(p, c)
+  function f.W2(orch)
+    local inout = prep(orch, {"inout"})
+    local t = views[0]
+    for _ = 1, N do inout(t) end
+    return N
+  end
+
+  function f.W3(orch)
+    local groups = N // (FAN + 2)
+    local out, rd, join = fan_kernels(orch, prep)
+    for g = 0, groups - 1 do
+      local x = g * (FAN + 2)
+      local head = views[x]
+      out(head)
+      for j = 1, FAN do rd(head, views[x + j]) end
+      join(views[x + 1], views[x + 2], views[x + 3], views[x + 4], views[x + 5], views[x + 6], views[x + 7],
+           views[x + 8], views[x + 9])
+    end
+    return groups * (FAN + 2)
+  end
+
+  function f.bgemm(d, runs)
+    local n3 = d * d * d
+    local p = have_fast and pto.temp({SLOT}, "f32")
+    return function(orch)
+      local gemm, add = bgemm_kernels(orch, prep)
+      for b = 0, d - 1 do
+        for m = 0, d - 1 do
+          for n = 0, d - 1 do
+            orch:scope_begin()
+            local c = views[2 * n3 + (b * d + m) * d + n]
+            for k = 0, d - 1 do
+              gemm(views[(b * d + m) * d + k], views[n3 + (b * d + k) * d + n], p)
+              add(p, c)
+            end
+            orch:scope_end()
           end
-          orch:scope_end()
         end
       end
-    end
-    return 2 * d * d * d * d
-  end, runs
+      return 2 * d * d * d * d
+    end, runs
+  end
+  return f
+end
+
+local fast = fast_form(real_prep)
+local bgemm_fast = fast.bgemm
+
+-- ---- fastloop: the fast form's own Lua, at no cost of the binding or the
+-- engine: its loops, views and scopes, with every prepared submit replaced
+-- by a C function of Lua's base library that does nothing with its
+-- arguments (type), so no task is submitted. The C rows plus this is the
+-- least the fast form can cost: what stands between it and the C API that
+-- no binding can remove (one call from Lua into C per task).
+local fastloop = fast_form(function(orch, tags)
+  real_prep(orch, tags)
+  return type
+end)
+-- Its W4 4^4's 200 DAGs go in one run: the C rows pay each run's own cost
+-- already, and an empty run costs as much as a few dozen submits.
+local fastloop_bgemm = fastloop.bgemm
+function fastloop.bgemm(d, runs)
+  local one = fastloop_bgemm(d, 1)
+  return function(orch)
+    local n = 0
+    for _ = 1, runs do n = n + one(orch) end
+    return n
+  end, 1
 end
 
 -- ---- floor: the idiomatic form's shape at no cost of ours. Each of its
@@ -258,7 +294,8 @@ local cform = cmod and {
 local function bgemm_c(d, runs) return function(orch) return cmod.w4(orch, d) end, runs end
 
 local function once(fn) return fn, 1 end
-local bgemm_of = {[fast] = bgemm_fast, [floor] = bgemm_floor, [idiomatic] = bgemm_idiomatic}
+local bgemm_of = {[fast] = bgemm_fast, [fastloop] = fastloop.bgemm, [floor] = bgemm_floor,
+                  [idiomatic] = bgemm_idiomatic}
 if cform then bgemm_of[cform] = bgemm_c end
 local SHAPES = {
   {"W1", function(f) return once(f.W1) end},
@@ -275,7 +312,7 @@ local function time_shape(fn, runs)
   return (pto.now() - t0) * 1e6 / count, count
 end
 
-local forms = {{"idiomatic", idiomatic}, {"fast", fast}, {"floor", floor}, {"C", cform}}
+local forms = {{"idiomatic", idiomatic}, {"fast", fast}, {"floor", floor}, {"fastloop", fastloop}, {"C", cform}}
 local function wanted(form)
   return form[2] and (form[1] == "idiomatic" or form[1] == "C" or have_fast) and (not only or only == form[1])
 end
@@ -304,7 +341,7 @@ end
 -- The Lua heap across 100 runs of the W4 4^4 DAG: the fast form makes no
 -- garbage per task, so the count after a full collection stays where it was.
 for _, form in ipairs(forms) do
-  if wanted(form) and form[1] ~= "floor" and form[1] ~= "C" and not only_shape then
+  if wanted(form) and (form[1] == "fast" or form[1] == "idiomatic") and not only_shape then
     local fn = (form[1] == "fast" and bgemm_fast or bgemm_idiomatic)(4, 1)
     w:run(fn)
     collectgarbage("collect")

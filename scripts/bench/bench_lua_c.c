@@ -1,9 +1,10 @@
-/* pto_bench_lua_c - the C-API rows of scripts/bench_lua.sh: the four DAG
- * shapes of pto_bench submitted straight through pto.h, on the same leaves
- * the Lua rows use (two chips running the simulated "noop" kernel, through
- * pto_chip_leaf), in THREAD or PROCESS mode. The Lua rows are then compared
- * with what the engine does with no binding in between: the ratio is the
- * binding's cost, not the engine's.
+/* pto_bench_lua_c - the C-own rows of scripts/bench_lua.sh: the four DAG
+ * shapes of pto_bench (bench_shapes.c) submitted straight through pto.h,
+ * on the same leaves the Lua rows use (two chips running the simulated
+ * "noop" kernel, through pto_chip_leaf), in THREAD or PROCESS mode, in a
+ * process with no Lua at all. The ratios divide by the same loops run
+ * inside the Lua rows' process (bench_c_module.c); these rows show what
+ * that process's Lua and its runs add to them.
  *   pto_bench_lua_c thread|process [reps]
  * Prints one line per shape: "<shape> <best us/task> <median us/task>",
  * over reps timed repetitions (default 5) after one warm-up.
@@ -50,8 +51,6 @@
 #include "pto.h"
 
 #include "bench_shapes.h"
-
-#define SLOT_ELEMS BENCH_SLOT_ELEMS
 
 static pto_worker *g_w;
 static bench_shapes g_b;   /* its slots in the shared arena, as pto.tensor's memory is */
@@ -306,7 +305,7 @@ static int submitcpu(int argc, char **argv)
     int runs = argc > 2 ? atoi(argv[2]) : 10;
     if (runs < 1 || runs > 100) runs = 10;
     /* THREAD mode reads the slots in this process: no shared arena needed for 200,000 of them. */
-    g_b.slots = calloc((size_t)CPU_TASKS * SLOT_ELEMS, sizeof(float));
+    g_b.slots = calloc((size_t)CPU_TASKS * BENCH_SLOT_ELEMS, sizeof(float));
     if (!g_b.slots) die("out of memory");
     start_worker(PTO_MODE_THREAD);
     static const char *const names[] = {"W1", "fan"};
@@ -416,7 +415,7 @@ int main(int argc, char **argv)
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (reps < 1 || reps > 100) reps = 5;
     size_t nslots = 3 * 16 * 16 * 16 > N_TASKS ? 3 * 16 * 16 * 16 : N_TASKS;
-    g_b.slots = pto_shm_alloc(nslots * SLOT_ELEMS * sizeof(float));
+    g_b.slots = pto_shm_alloc(nslots * BENCH_SLOT_ELEMS * sizeof(float));
     if (!g_b.slots) die("pto_shm_alloc");
     start_worker(strcmp(argv[1], "thread") == 0 ? PTO_MODE_THREAD : PTO_MODE_PROCESS);
     static const char *const names[] = {"W1", "W2", "W3", "W4s", "W4l"};

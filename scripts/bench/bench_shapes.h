@@ -10,10 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bench.h"   /* BENCH_SLOT_ELEMS, BENCH_FAN: pto_bench's sizes */
 #include "pto.h"
-
-#define BENCH_SLOT_ELEMS 16
-#define BENCH_FAN 8
 
 /* Slot i of a shapes table is a tensor of its own: BENCH_SLOT_ELEMS f32 at
  * slots + i * BENCH_SLOT_ELEMS (the engine's TensorMap keeps the writers of

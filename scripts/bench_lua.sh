@@ -27,10 +27,10 @@
 # The rows are interleaved: every round runs each system once per mode (and
 # the peak around the main job), so load from elsewhere on a shared machine
 # falls on all of them alike. Printed: the best and the median over the
-# rounds of each process's best of 3 in us/task, tasks/ms, and each row's ratio to the C row of its
-# mode: best to best, and the median over the rounds of the ratio within
-# one round (one process) for the rows that share the C row's process
-# (the median to the median for the others).
+# rounds of each process's best of 3 in us/task, tasks/ms, and each row's
+# ratio to the C row of its mode: best to best, and the median over the
+# rounds of the ratio within one round (one process) for the rows that
+# share the C row's process (the median to the median for the others).
 # A benchmark, not a test (Release build in build-bench/).
 # Last, the TensorMap with many live writers of one storage against one
 # writer per storage (scripts/bench_tensormap.lua).

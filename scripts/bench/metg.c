@@ -96,15 +96,33 @@ static void print_drift(const double *best, const double *worst, int n)
            drift > 1.3 ? " (the machine's speed moved during the run: numbers are unreliable)" : "");
 }
 
+/* Tasks of real_us each that make about work_ms of work on BENCH_THREADS
+ * workers: whole stencil rows, within [16 rows, 100,000]. */
+static long tasks_for(double real_us, double work_ms)
+{
+    long n = (long)(work_ms * 1000.0 * BENCH_THREADS / real_us);
+    if (n < 16 * BENCH_STENCIL_W) n = 16 * BENCH_STENCIL_W;
+    if (n > 100000) n = 100000;
+    return n - n % BENCH_STENCIL_W;
+}
+
 static void point(int p, double ns_per_iter, double work_ms, uint64_t *iters, double *real_us, long *n)
 {
     double d_us = 0.5 * (double)(1 << p);
     *iters = (uint64_t)(d_us * 1000.0 / ns_per_iter + 0.5);
     *real_us = (double)*iters * ns_per_iter / 1000.0;
-    *n = (long)(work_ms * 1000.0 * BENCH_THREADS / *real_us);
-    if (*n < 16 * BENCH_STENCIL_W) *n = 16 * BENCH_STENCIL_W;
-    if (*n > 100000) *n = 100000;
-    *n -= *n % BENCH_STENCIL_W;
+    *n = tasks_for(*real_us, work_ms);
+}
+
+/* Two reference runs of n tasks of iters, folded into *best (0: none yet)
+ * and *worst. */
+static void time_ref(long n, uint64_t iters, double *best, double *worst)
+{
+    for (int r = 0; r < 2; r++) {
+        double t = ref_run(n, iters);
+        if (*best == 0 || t < *best) *best = t;
+        if (t > *worst) *worst = t;
+    }
 }
 
 static void time_refs(double ns_per_iter, double work_ms)
@@ -114,11 +132,7 @@ static void time_refs(double ns_per_iter, double work_ms)
         double real_us;
         long n;
         point(p, ns_per_iter, work_ms, &iters, &real_us, &n);
-        for (int r = 0; r < 2; r++) {
-            double t = ref_run(n, iters);
-            if (g_ref[p] == 0 || t < g_ref[p]) g_ref[p] = t;
-            if (t > g_ref_worst[p]) g_ref_worst[p] = t;
-        }
+        time_ref(n, iters, &g_ref[p], &g_ref_worst[p]);
     }
 }
 
@@ -193,20 +207,11 @@ int bench_metg_points(const char *list, int reps)
     memset(eff, 0, sizeof eff);
     for (int k = 0; k < nd; k++) {
         iters[k] = (uint64_t)(durs[k] * 1000.0 / ns + 0.5);
-        double real_us = (double)iters[k] * ns / 1000.0;
-        n[k] = (long)(work_ms * 1000.0 * BENCH_THREADS / real_us);
-        if (n[k] < 16 * BENCH_STENCIL_W) n[k] = 16 * BENCH_STENCIL_W;
-        if (n[k] > 100000) n[k] = 100000;
-        n[k] -= n[k] % BENCH_STENCIL_W;
+        n[k] = tasks_for((double)iters[k] * ns / 1000.0, work_ms);
         ref[k] = 0;
     }
     for (int pass = 0; pass < 2; pass++)
-        for (int k = 0; k < nd; k++)
-            for (int r = 0; r < 2; r++) {
-                double t = ref_run(n[k], iters[k]);
-                if (ref[k] == 0 || t < ref[k]) ref[k] = t;
-                if (t > worst[k]) worst[k] = t;
-            }
+        for (int k = 0; k < nd; k++) time_ref(n[k], iters[k], &ref[k], &worst[k]);
     int errors = 0;
     int order[3] = { M_PROCESS, M_THREAD, M_OMP };   /* PROCESS first: its forkserver before OpenMP's threads */
     for (int o = 0; o < 3; o++) {
@@ -233,11 +238,11 @@ int bench_metg_points(const char *list, int reps)
             }
         if (sys == M_THREAD) ptolua_metg_teardown();
     }
-    for (int k = 0; k < nd; k++)
-        for (int r = 0; r < 2; r++) {
-            double t = ref_run(n[k], iters[k]);   /* after: only to see whether the machine's speed moved */
-            if (t > worst[k]) worst[k] = t;
-        }
+    /* After: only to see whether the machine's speed moved (the best, taken before, stays). */
+    for (int k = 0; k < nd; k++) {
+        double after = 0;
+        time_ref(n[k], iters[k], &after, &worst[k]);
+    }
     printf("efficiency (%% of %d plain threads running the same work; best of %d runs; spin kernel %.3f ns per "
            "iteration)\n%-22s %-15s", BENCH_THREADS, reps, ns, "shape", "system");
     for (int k = 0; k < nd; k++) printf(" %7.1fus", durs[k]);

@@ -60,6 +60,13 @@ static inline void bench_stencil_deps(int t, int i, int deps[3])
 int ptolua_metg_setup(int32_t mode);
 void ptolua_metg_teardown(void);
 double ptolua_metg(int32_t mode, int shape, int n, uint64_t iters);
+/* The floors under PROCESS mode (floor_procs.c): BENCH_THREADS child
+ * processes forked at setup run the tasks with no runtime, the parent
+ * relaying every dependency (relay = 1) or the children waiting for their
+ * producers themselves (relay = 0). */
+int floor_metg_setup(void);
+void floor_metg_teardown(void);
+double floor_metg(int relay, int shape, int n, uint64_t iters);
 #ifdef PTO_BENCH_HAVE_OPENMP
 double omp_metg(int shape, int n, uint64_t iters);
 #endif

@@ -12,6 +12,7 @@
  *
  *   pto_bench [--quick] [--shapes=LIST] [--systems=LIST] [--reps=N] [--metg|--metg-only]
  *   pto_bench --efficiency=2,4,8 [--reps=N]
+ * Both print the floors under PROCESS mode beside the systems (floor_procs.c).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -29,13 +29,15 @@
 #include "pto.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { M_THREAD, M_PROCESS, M_OMP, M_STARPU, M_NSYS };
-static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "openmp", "starpu" };
+enum { M_THREAD, M_PROCESS, M_RELAY, M_DIRECT, M_OMP, M_STARPU, M_NSYS };
+static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "floor: relay", "floor: direct",
+                                            "openmp", "starpu" };
 static const char *const shape_name[METG_NSHAPES] = { "W1 independent", "stencil 1-D, 3 deps" };
 
 #define METG_POINTS 12   /* 0.5 us .. 1024 us */
@@ -52,6 +54,8 @@ static double run_sys(int sys, int shape, int n, uint64_t iters)
     switch (sys) {
     case M_THREAD: return ptolua_metg(PTO_MODE_THREAD, shape, n, iters);
     case M_PROCESS: return ptolua_metg(PTO_MODE_PROCESS, shape, n, iters);
+    case M_RELAY: return floor_metg(1, shape, n, iters);
+    case M_DIRECT: return floor_metg(0, shape, n, iters);
 #ifdef PTO_BENCH_HAVE_OPENMP
     case M_OMP: return omp_metg(shape, n, iters);
 #endif
@@ -180,6 +184,21 @@ static void fmt_metg(char *out, size_t cap, const metg_row *r)
     else snprintf(out, cap, "%.1f", r->metg_us);
 }
 
+static bool is_ptolua(int sys) { return sys == M_PROCESS || sys == M_THREAD; }
+
+/* Whether this build has the system (the baselines are optional). */
+static bool has_sys(int sys)
+{
+#ifndef PTO_BENCH_HAVE_OPENMP
+    if (sys == M_OMP) return false;
+#endif
+#ifndef PTO_BENCH_HAVE_STARPU
+    if (sys == M_STARPU) return false;
+#endif
+    (void)sys;
+    return true;
+}
+
 /* --efficiency=LIST: each system's efficiency at the task durations of
  * LIST (us), on both shapes, the best of reps runs per point, with the ideal
  * timed before and after as for METG. Where METG reads one crossing off a
@@ -213,13 +232,15 @@ int bench_metg_points(const char *list, int reps)
     for (int pass = 0; pass < 2; pass++)
         for (int k = 0; k < nd; k++) time_ref(n[k], iters[k], &ref[k], &worst[k]);
     int errors = 0;
-    int order[3] = { M_PROCESS, M_THREAD, M_OMP };   /* PROCESS first: its forkserver before OpenMP's threads */
-    for (int o = 0; o < 3; o++) {
+    /* The floors' children and PROCESS mode's forkserver before OpenMP's threads. */
+    enum { NORDER = 5 };
+    int order[NORDER] = { M_RELAY, M_DIRECT, M_PROCESS, M_THREAD, M_OMP };
+    bool floors = floor_metg_setup() == 0;
+    if (!floors) errors++;
+    for (int o = 0; o < NORDER; o++) {
         int sys = order[o];
-#ifndef PTO_BENCH_HAVE_OPENMP
-        if (sys == M_OMP) continue;
-#endif
-        if (sys != M_OMP && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+        if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) continue;
+        if (is_ptolua(sys) && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
             errors++;
             continue;
         }
@@ -238,6 +259,7 @@ int bench_metg_points(const char *list, int reps)
             }
         if (sys == M_THREAD) ptolua_metg_teardown();
     }
+    floor_metg_teardown();
     /* After: only to see whether the machine's speed moved (the best, taken before, stays). */
     for (int k = 0; k < nd; k++) {
         double after = 0;
@@ -248,17 +270,48 @@ int bench_metg_points(const char *list, int reps)
     for (int k = 0; k < nd; k++) printf(" %7.1fus", durs[k]);
     printf("\n");
     for (int sh = 0; sh < METG_NSHAPES; sh++)
-        for (int o = 0; o < 3; o++) {
+        for (int o = 0; o < NORDER; o++) {
             int sys = order[o];
-#ifndef PTO_BENCH_HAVE_OPENMP
-            if (sys == M_OMP) continue;
-#endif
+            if (!has_sys(sys)) continue;
             printf("%-22s %-15s", shape_name[sh], m_name[sys]);
             for (int k = 0; k < nd; k++) printf(" %8.1f%%", 100.0 * eff[sys][sh][k]);
             printf("\n");
         }
     print_drift(ref, worst, nd);
     return errors;
+}
+
+static void ratio(char *out, size_t cap, const metg_row *a, const metg_row *b)
+{
+    if (a->metg_us > 0 && b->metg_us > 0) snprintf(out, cap, "%.2fx", a->metg_us / b->metg_us);
+    else snprintf(out, cap, "-");
+}
+
+/* The floors beside ptolua's PROCESS mode and OpenMP: what the aim
+ * process/omp <= 2 leaves to a design that relays every dependency
+ * through the parent, and what one whose children wait for each other
+ * would have. */
+static void print_floors(metg_row rows[M_NSYS][METG_NSHAPES])
+{
+    printf("\nfloors of PROCESS mode, METG(50%%) in us, same run: %d child processes, no runtime, the DAG known "
+           "ahead\n(relay: the parent posts each task once its producers are done, as any design whose children "
+           "cannot\nread the DAG; direct: each child waits for its own tasks' producers in shared memory)\n",
+           BENCH_THREADS);
+    printf("%-22s %12s %13s %14s %10s %14s\n", "shape", "floor: relay", "floor: direct", "process/relay",
+           "relay/omp", "direct/omp");
+    for (int sh = 0; sh < METG_NSHAPES; sh++) {
+        char c[3][32], r[3][32];
+        fmt_metg(c[0], sizeof c[0], &rows[M_RELAY][sh]);
+        fmt_metg(c[1], sizeof c[1], &rows[M_DIRECT][sh]);
+        ratio(r[0], sizeof r[0], &rows[M_PROCESS][sh], &rows[M_RELAY][sh]);
+        ratio(r[1], sizeof r[1], &rows[M_RELAY][sh], &rows[M_OMP][sh]);
+        ratio(r[2], sizeof r[2], &rows[M_DIRECT][sh], &rows[M_OMP][sh]);
+        printf("%-22s %12s %13s %14s %10s %14s\n", shape_name[sh], c[0], c[1], r[0], r[1], r[2]);
+        const metg_row *rl = &rows[M_RELAY][sh], *om = &rows[M_OMP][sh];
+        if (rl->metg_us > 0 && om->metg_us > 0 && rl->metg_us > 2.0 * om->metg_us)
+            printf("  %s: the relay floor alone is above 2x openmp here: no design that relays each dependency "
+                   "through the parent meets the aim on this machine\n", shape_name[sh]);
+    }
 }
 
 int bench_metg_main(int quick)
@@ -268,26 +321,21 @@ int bench_metg_main(int quick)
     metg_row rows[M_NSYS][METG_NSHAPES];
     memset(rows, 0, sizeof rows);
     int errors = 0;
-    /* PROCESS mode first: its forkserver is forked before OpenMP or StarPU
-     * start threads of their own. */
     time_refs(ns, work_ms);
     double om[2] = { 0, 0 }, of[2] = { 0, 0 };
     for (int m = 1; m >= 0; m--)
         if (ptolua_onesub(m ? PTO_MODE_PROCESS : PTO_MODE_THREAD, &om[m], &of[m]) != 0) errors++;
-    int order[M_NSYS] = { M_PROCESS, M_THREAD, M_OMP, M_STARPU };
+    /* The floors' children and PROCESS mode's forkserver are forked before
+     * OpenMP or StarPU start threads of their own. */
+    int order[M_NSYS] = { M_RELAY, M_DIRECT, M_PROCESS, M_THREAD, M_OMP, M_STARPU };
+    bool floors = floor_metg_setup() == 0;
+    if (!floors) errors++;
     for (int k = 0; k < M_NSYS; k++) {
         int sys = order[k];
-#ifndef PTO_BENCH_HAVE_OPENMP
-        if (sys == M_OMP) continue;
-#endif
-#ifndef PTO_BENCH_HAVE_STARPU
-        if (sys == M_STARPU) continue;
-#endif
-        if (sys == M_PROCESS || sys == M_THREAD) {
-            if (ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
-                errors++;
-                continue;
-            }
+        if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) continue;
+        if (is_ptolua(sys) && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+            errors++;
+            continue;
         }
 #ifdef PTO_BENCH_HAVE_STARPU
         if (sys == M_STARPU && starpu_bench_setup() != 0) {
@@ -297,11 +345,13 @@ int bench_metg_main(int quick)
 #endif
         for (int sh = 0; sh < METG_NSHAPES; sh++)
             if (sweep(sys, sh, ns, work_ms, &rows[sys][sh]) != 0) errors++;
+        if (sys == M_DIRECT) floor_metg_teardown();
         if (sys == M_THREAD) ptolua_metg_teardown();
 #ifdef PTO_BENCH_HAVE_STARPU
         if (sys == M_STARPU) starpu_bench_teardown();
 #endif
     }
+    floor_metg_teardown();
     time_refs(ns, work_ms);
     printf("\nMETG(50%%): smallest task duration (us) at which %d workers stay 50%% efficient; lower is better\n"
            "(efficiency against %d plain threads running the same work, best before and after; calibrated\n"
@@ -310,17 +360,18 @@ int bench_metg_main(int quick)
     printf("%-22s %14s %15s %10s %10s %12s %12s %12s\n", "shape", "ptolua thread", "ptolua process", "openmp",
            "starpu", "process/omp", "process/spu", "thread/omp");
     for (int sh = 0; sh < METG_NSHAPES; sh++) {
-        char c[M_NSYS][32], r1[32] = "-", r2[32] = "-", r3[32] = "-";
+        char c[M_NSYS][32], r1[32], r2[32], r3[32];
         for (int s = 0; s < M_NSYS; s++) fmt_metg(c[s], sizeof c[s], &rows[s][sh]);
         const metg_row *p = &rows[M_PROCESS][sh], *t = &rows[M_THREAD][sh], *o = &rows[M_OMP][sh],
                        *u = &rows[M_STARPU][sh];
-        if (p->metg_us > 0 && o->metg_us > 0) snprintf(r1, sizeof r1, "%.2fx", p->metg_us / o->metg_us);
-        if (p->metg_us > 0 && u->metg_us > 0) snprintf(r2, sizeof r2, "%.2fx", p->metg_us / u->metg_us);
-        if (t->metg_us > 0 && o->metg_us > 0) snprintf(r3, sizeof r3, "%.2fx", t->metg_us / o->metg_us);
+        ratio(r1, sizeof r1, p, o);
+        ratio(r2, sizeof r2, p, u);
+        ratio(r3, sizeof r3, t, o);
         printf("%-22s %14s %15s %10s %10s %12s %12s %12s\n", shape_name[sh], c[M_THREAD], c[M_PROCESS], c[M_OMP],
                c[M_STARPU], r1, r2, r3);
     }
     printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
+    print_floors(rows);
     print_drift(g_ref, g_ref_worst, METG_POINTS);
     printf("\none no-op sub child, C API (the engine without Lua)   thread    process  proc/thr\n");
     printf("marginal cost per task (us)                       %9.2f %10.2f %8.2fx\n", om[0], om[1],

@@ -521,12 +521,27 @@ static inline bool diag_fields(const pto_call_config *c)
  * bigger than the cache, so each lookup and insert misses: start the loads
  * now and let the rest of the submit overlap them (pto_bench's W1, 200k
  * such tasks: 6% and 15% faster in the medians of two sets of 10
- * alternating pairs, docs/performance.md). */
+ * alternating pairs, docs/performance.md). The rest of one submit is too
+ * short to hide a miss (`perf annotate`: 78% of the insert's samples
+ * still on the first load of its cell), so the cell the next submit will
+ * want is loaded too, a whole submit ahead: such tasks are mostly
+ * submitted in address order (an array of buffers, a heap ring's slabs),
+ * so a tensor's base is predicted one stride past its base in the submit
+ * before. A wrong guess costs one load nobody waits for. */
 static void prefetch_bases(pto_orch *o, const submit_req *q)
 {
+    int32_t pos = 0;
     for (int32_t m = 0; m < q->n; m++)
-        for (int32_t i = 0; i < q->args[m].tensor_count; i++)
-            if (q->args[m].tensors[i].base) pto_tm_prefetch(&o->tm, q->args[m].tensors[i].base);
+        for (int32_t i = 0; i < q->args[m].tensor_count; i++) {
+            uint64_t base = q->args[m].tensors[i].base;
+            if (!base) continue;
+            pto_tm_prefetch(&o->tm, base);
+            if (pos < PTO_ORCH_PREDICT) {
+                uint64_t last = o->last_base[pos];
+                if (last && last != base) pto_tm_prefetch(&o->tm, base + (base - last));
+                o->last_base[pos++] = base;
+            }
+        }
 }
 
 static int64_t submit(pto_orch *o, const submit_req *q)

@@ -19,6 +19,8 @@
 struct pto_worker;
 struct pto_scheduler;
 
+#define PTO_ORCH_PREDICT 4            /* tensor positions whose next base the submit predicts */
+
 struct pto_orch {
     struct pto_worker *w;
     struct pto_scheduler *sched;
@@ -55,6 +57,9 @@ struct pto_orch {
 
     pto_ref *tmp_refs;               /* submit scratch */
     int32_t ntmp, tmp_cap;
+    /* The base of the last submit's first tensors, by position: the next
+     * submit's bases are predicted a stride on (prefetch_bases). */
+    uint64_t last_base[PTO_ORCH_PREDICT];
 
     /* What a reclaimed task was (orch_inspect.c): its slot is gone, but
      * views of the open run (orch:dot colours by callable) still need its

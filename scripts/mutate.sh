@@ -108,6 +108,14 @@ mutant group_done_early src/engine/scheduler.c \
   'if (x->group_size > 1 && ++x->members_done < x->group_size) return;' \
   'if (x->group_size > 1 && ++x->members_done < x->group_size - 1) return;' \
   'a group completes before its last member returns'
+mutant event_no_heavy_barrier src/engine/event.c \
+  'static bool heavy_barrier(void) { return membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0; }' \
+  'static bool heavy_barrier(void) { return true; }' \
+  'an asymmetric event sleeps without the membarrier its light notifiers rely on'
+mutant event_notify_no_fence src/engine/event.c \
+  '     * work, or we see it sleeping (Dekker). */\n    atomic_thread_fence(memory_order_seq_cst);' \
+  '     * work, or we see it sleeping (Dekker). */\n    atomic_signal_fence(memory_order_seq_cst);' \
+  'pto_event_notify drops its half of the Dekker pairing'
 
 usage() { sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -41,6 +42,39 @@ void pto_event_notify(pto_event *e)
     wake_if_sleeping(e);
 }
 
+void pto_event_notify_light(pto_event *e)
+{
+    /* Asymmetric: the waiter's membarrier stands in for our fence (see
+     * heavy_barrier); the compiler must still keep the caller's store
+     * before our load. */
+    if (atomic_load_explicit(&e->asym, memory_order_relaxed)) atomic_signal_fence(memory_order_seq_cst);
+    else atomic_thread_fence(memory_order_seq_cst);
+    wake_if_sleeping(e);
+}
+
+static int membarrier(int cmd) { return (int)syscall(SYS_membarrier, cmd, 0, 0); }
+
+/* Registration is per process (an mm): a forked child that makes an event
+ * asymmetric registers again. */
+bool pto_event_make_asymmetric(pto_event *e)
+{
+    int cmds = membarrier(MEMBARRIER_CMD_QUERY);
+    if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) ||
+        membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0)
+        return false;
+    atomic_store_explicit(&e->asym, 1, memory_order_seq_cst);
+    return true;
+}
+
+/* Every running thread of this process executes a full barrier before
+ * this returns, so a light notifier's store before its load of `sleeping`
+ * is either seen by our re-check or its load sees our sleeping = 1. */
+static bool heavy_barrier(void) { return membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0; }
+
+/* A light notifier may have missed us when the barrier failed: sleep no
+ * longer than this, so it costs a delay, never a hang. */
+#define UNFENCED_SLEEP_NS 1000000
+
 void pto_event_notify_pair(pto_event *a, pto_event *b)
 {
     atomic_thread_fence(memory_order_seq_cst);
@@ -67,6 +101,7 @@ bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t s
     uint32_t seq = atomic_load_explicit(&e->seq, memory_order_seq_cst);
     atomic_store_explicit(&e->sleeping, 1, memory_order_seq_cst);
     atomic_thread_fence(memory_order_seq_cst);
+    bool unfenced = atomic_load_explicit(&e->asym, memory_order_relaxed) && !heavy_barrier();
     bool work = has_work(arg);
     if (!work) {
         int64_t left = -1;
@@ -74,6 +109,7 @@ bool pto_event_wait(pto_event *e, bool (*has_work)(void *), void *arg, int64_t s
             left = timeout_ns - (int64_t)(pto_now_ns() - t0);
             if (left < 0) left = 0;
         }
+        if (unfenced && (left < 0 || left > UNFENCED_SLEEP_NS)) left = UNFENCED_SLEEP_NS;
         if (left != 0) futex_wait(&e->seq, seq, left);
         work = has_work(arg);
     }

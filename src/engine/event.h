@@ -1,7 +1,16 @@
 /* A wake-up channel for one waiting thread: spin while work is likely to
  * arrive, then block on a futex. Notifiers pay one fence and one load when
  * the waiter is awake, and a syscall only when it sleeps. Works across
- * processes when the event lives in MAP_SHARED memory. */
+ * processes when the event lives in MAP_SHARED memory.
+ *
+ * The fence is what keeps a notifier and a waiter going to sleep from
+ * missing each other (Dekker: each stores, fences, then loads the other's
+ * word). A notifier that pays it per task (the orchestrator's submit:
+ * 15% of pto_bench W1's samples) can hand it to the waiter instead: an
+ * asymmetric event's waiter, before it sleeps, makes every thread of its
+ * process execute a full barrier (membarrier(2)), so a notifier of the
+ * same process may use pto_event_notify_light, which only loads. Other
+ * processes' notifiers keep the fence. */
 #ifndef PTO_EVENT_H
 #define PTO_EVENT_H
 
@@ -12,10 +21,20 @@
 typedef struct pto_event {
     _Atomic uint32_t seq;
     _Atomic uint32_t sleeping;
+    _Atomic uint32_t asym;           /* the waiter issues membarrier before it sleeps (pto_event_make_asymmetric) */
 } pto_event;
 
 /* Wake the waiter if it sleeps; call after publishing the work. */
 void pto_event_notify(pto_event *e);
+
+/* Let threads of this process notify e with pto_event_notify_light; by
+ * e's waiter's process, before such a notifier runs. False, and e is left
+ * as it was, where membarrier(2) cannot be used. */
+bool pto_event_make_asymmetric(pto_event *e);
+
+/* pto_event_notify, without the fence when e is asymmetric: only for a
+ * thread of the process that made it so. */
+void pto_event_notify_light(pto_event *e);
 
 /* pto_event_notify of a and of b (NULL: none) with one fence between them
  * and the work, for a waker that pays it on every task. */

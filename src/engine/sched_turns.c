@@ -52,7 +52,7 @@
 void pto_sched_submit(pto_scheduler *s, pto_slot *slot)
 {
     pto_wq_push(&s->wire, slot);
-    pto_event_notify(s->ev);
+    pto_event_notify_light(s->ev);   /* the orchestrator: a thread of the scheduler's process */
     /* A run that goes on submitting after a short help gets the parked
      * scheduler thread back now rather than at its next timeout. */
     if (++s->unhelped_submits == SCHED_UNPARK_SUBMITS) pto_event_notify(&s->park);
@@ -311,6 +311,9 @@ bool pto_sched_help(pto_scheduler *s, bool (*done)(void *), void *arg, int64_t i
 
 bool pto_sched_start(pto_scheduler *s)
 {
+    /* The submit's wake check then costs a load, not a fence: the
+     * scheduler thread pays a membarrier when it goes to sleep instead. */
+    (void)pto_event_make_asymmetric(s->ev);
     if (s->wm->mode == PTO_MODE_THREAD) {   /* PROCESS mode's turns pump the children: the scheduler's own */
         s->wm->idle_turn = worker_turn;
         s->wm->idle_ctx = s;

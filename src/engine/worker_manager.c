@@ -263,7 +263,7 @@ static void wt_run_one(pto_worker_thread *wt, pto_slot *s, int32_t member, pto_s
     pto_worker_manager *wm = wt->wm;
     wt->long_runs = c.t1 - c.t0 < PTO_WT_TURN_MIN_NS ? 0 : wt->long_runs < 2 ? wt->long_runs + 1 : 2;
     if (!(wm->idle_turn && wt->long_runs >= 2 && !unclaimed(wt) && wm->idle_turn(wm->idle_ctx)))
-        pto_event_notify(wm->sched_ev);
+        pto_event_notify_light(wm->sched_ev);   /* this thread is of the scheduler's process */
 }
 
 /* ---- THREAD mode, a leaf that overlaps its tasks (leaf.begin: a Worker
@@ -305,7 +305,7 @@ static void overlap_done(wt_overlap *o, pto_completion c)
     pto_worker_thread *wt = o->wt;
     if (o->len) started(wt, o->q[o->head].slot, o->q[o->head].member, o->q[o->head].t0);
     complete(wt, c);
-    pto_event_notify(wt->wm->sched_ev);
+    pto_event_notify_light(wt->wm->sched_ev);
 }
 
 /* Begin s, or finish it at once if it must not run or its begin failed. */
@@ -725,6 +725,8 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev)
     for (int k = 0; k < PTO_KINDS; k++) {
         for (int32_t i = 0; i < wm->count[k]; i++) {
             pto_worker_thread *wt = wm->threads[k][i];
+            /* Dispatch wakes it with a load, not a fence (pto_wt_send). */
+            (void)pto_event_make_asymmetric(&wt->ev);
             int rc = pthread_create(&wt->thread, NULL, wt_main, wt);
             if (rc != 0) {
                 pto_set_error("cannot start a worker thread: %s", strerror(rc));
@@ -808,9 +810,11 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
     atomic_store_explicit(&qu->tail, t + 1, memory_order_release);
     wt->inflight++;
     /* PROCESS mode has no thread to wake: the turn that staged it pumps it
-     * (a notify is a full fence, on every task of the turn). */
+     * (a notify would be a full fence, on every task of the turn). THREAD
+     * mode: the turn's holder is a thread of this process, and wt->ev is
+     * asymmetric (pto_wm_start). */
     if (wt->wm->mode != PTO_MODE_THREAD) return;
-    pto_event_notify(&wt->ev);
+    pto_event_notify_light(&wt->ev);
     /* Staged behind a running task: an idle thread of the kind may have gone
      * to sleep already, and only this wakes it to steal. (The scheduler's
      * inflight counts tasks by the queue they were staged on, so a thread
@@ -818,7 +822,7 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
     if (stealable && owner_busy(wt)) {
         pto_worker_manager *wm = wt->wm;
         for (int32_t k = 0; k < wm->count[wt->kind]; k++)
-            if (wm->threads[wt->kind][k] != wt) pto_event_notify(&wm->threads[wt->kind][k]->ev);
+            if (wm->threads[wt->kind][k] != wt) pto_event_notify_light(&wm->threads[wt->kind][k]->ev);
     }
 }
 

@@ -297,7 +297,7 @@ static void print_floors(metg_row rows[M_NSYS][METG_NSHAPES])
            "ahead\n(relay: the parent posts each task once its producers are done, as any design whose children "
            "cannot\nread the DAG; direct: each child waits for its own tasks' producers in shared memory)\n",
            BENCH_THREADS);
-    printf("%-22s %12s %13s %14s %10s %14s\n", "shape", "floor: relay", "floor: direct", "process/relay",
+    printf("%-22s %13s %14s %14s %10s %11s\n", "shape", "floor: relay", "floor: direct", "process/relay",
            "relay/omp", "direct/omp");
     for (int sh = 0; sh < METG_NSHAPES; sh++) {
         char c[3][32], r[3][32];
@@ -306,7 +306,7 @@ static void print_floors(metg_row rows[M_NSYS][METG_NSHAPES])
         ratio(r[0], sizeof r[0], &rows[M_PROCESS][sh], &rows[M_RELAY][sh]);
         ratio(r[1], sizeof r[1], &rows[M_RELAY][sh], &rows[M_OMP][sh]);
         ratio(r[2], sizeof r[2], &rows[M_DIRECT][sh], &rows[M_OMP][sh]);
-        printf("%-22s %12s %13s %14s %10s %14s\n", shape_name[sh], c[0], c[1], r[0], r[1], r[2]);
+        printf("%-22s %13s %14s %14s %10s %11s\n", shape_name[sh], c[0], c[1], r[0], r[1], r[2]);
         const metg_row *rl = &rows[M_RELAY][sh], *om = &rows[M_OMP][sh];
         if (rl->metg_us > 0 && om->metg_us > 0 && rl->metg_us > 2.0 * om->metg_us)
             printf("  %s: the relay floor alone is above 2x openmp here: no design that relays each dependency "

@@ -81,7 +81,13 @@ static void futex_wake(_Atomic uint32_t *a) { syscall(SYS_futex, (uint32_t *)a, 
  * every look: 2 us stencil 40-42% either way.) */
 static void look_pause(void)
 {
-    for (int k = 0; k < 4; k++) __builtin_ia32_pause();
+    for (int k = 0; k < 4; k++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
     sched_yield();
 }
 
@@ -136,10 +142,12 @@ static void child_direct(fl_shared *s, int me)
     end_run(s);
 }
 
-/* seen: the gen at the fork (a child may first look after a run began). */
-static void child_main(fl_shared *s, int me, uint32_t seen)
+/* seen: the gen at the fork (a child may first look after a run began).
+ * A benchmark killed mid-run leaves no spinner: the child dies with its
+ * parent, or exits at once if the parent went before it could ask. */
+static void child_main(fl_shared *s, int me, uint32_t seen, pid_t parent)
 {
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(1);   /* a benchmark killed mid-run leaves no spinner */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
     for (;;) {
         uint32_t g;
         while ((g = atomic_load_explicit(&s->gen, memory_order_acquire)) == seen) futex_wait(&s->gen, seen);
@@ -158,6 +166,7 @@ int floor_metg_setup(void)
         return -1;
     }
     g_fl = p;
+    pid_t parent = getpid();
     for (int i = 0; i < BENCH_THREADS; i++) {
         fflush(NULL);
         pid_t pid = fork();
@@ -165,7 +174,7 @@ int floor_metg_setup(void)
             perror("floor: fork");
             return -1;
         }
-        if (pid == 0) child_main(g_fl, i, 0);
+        if (pid == 0) child_main(g_fl, i, 0, parent);
         g_pid[i] = pid;
     }
     return 0;

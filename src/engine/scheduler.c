@@ -605,15 +605,44 @@ static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     finish_all(s, wt);
 }
 
+/* Start loading what finish_all reads of x's lines beyond the first: its
+ * consumers and references, written at its wiring and submit long ago. */
+static void prefetch_finish(const pto_slot *x)
+{
+    __builtin_prefetch(&x->consumers);
+    __builtin_prefetch(&x->refs);
+}
+
+/* ... and the arrays they point to (x's lines loaded by now). */
+static void prefetch_edges(const pto_slot *x)
+{
+    if (x->nconsumers) __builtin_prefetch(x->consumers);
+    if (x->nrefs) __builtin_prefetch(x->refs);
+}
+
+/* Completions taken from a worker's queue at once. finish_all's samples
+ * sat on the loads of each slot's consumer and reference arrays, cold by
+ * the time its task ends; a batch loads them all first and the next
+ * one's arrays while one finishes (pto_bench W3: finish_all 11.7% -> 7.7%
+ * of the samples). */
+#define COMPLETE_BATCH 8
+
 static bool complete_all(pto_scheduler *s)
 {
     bool any = false;
-    pto_completion c;
+    pto_completion b[COMPLETE_BATCH];
     for (int32_t kind = 0; kind < PTO_KINDS; kind++) {
         for (int32_t i = 0; i < s->wm->count[kind]; i++) {
             pto_worker_thread *wt = s->wm->threads[kind][i];
-            while (pto_wt_poll(wt, &c)) {
-                on_completion(s, wt, &c);
+            for (;;) {
+                int n = 0;
+                while (n < COMPLETE_BATCH && pto_wt_poll(wt, &b[n])) prefetch_finish(b[n++].slot);
+                if (!n) break;
+                if (n > 1) prefetch_edges(b[0].slot);
+                for (int k = 0; k < n; k++) {
+                    if (k + 1 < n) prefetch_edges(b[k + 1].slot);
+                    on_completion(s, wt, &b[k]);
+                }
                 any = true;
             }
         }

@@ -184,8 +184,6 @@ static void fmt_metg(char *out, size_t cap, const metg_row *r)
     else snprintf(out, cap, "%.1f", r->metg_us);
 }
 
-static bool is_ptolua(int sys) { return sys == M_PROCESS || sys == M_THREAD; }
-
 /* Whether this build has the system (the baselines are optional). */
 static bool has_sys(int sys)
 {
@@ -196,6 +194,21 @@ static bool has_sys(int sys)
     if (sys == M_STARPU) return false;
 #endif
     (void)sys;
+    return true;
+}
+
+/* Ready sys to run (floors: whether the floors' children started):
+ * true to run it; false to pass it by, counting an error in *errors if it
+ * should have run. A ptolua Worker made here is closed by
+ * ptolua_metg_teardown. */
+static bool open_sys(int sys, bool floors, int *errors)
+{
+    if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) return false;
+    if ((sys == M_PROCESS || sys == M_THREAD) &&
+        ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+        ++*errors;
+        return false;
+    }
     return true;
 }
 
@@ -239,11 +252,7 @@ int bench_metg_points(const char *list, int reps)
     if (!floors) errors++;
     for (int o = 0; o < NORDER; o++) {
         int sys = order[o];
-        if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) continue;
-        if (is_ptolua(sys) && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
-            errors++;
-            continue;
-        }
+        if (!open_sys(sys, floors, &errors)) continue;
         for (int sh = 0; sh < METG_NSHAPES; sh++)
             for (int k = 0; k < nd; k++) {
                 double best = -1;
@@ -332,11 +341,7 @@ int bench_metg_main(int quick)
     if (!floors) errors++;
     for (int k = 0; k < M_NSYS; k++) {
         int sys = order[k];
-        if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) continue;
-        if (is_ptolua(sys) && ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
-            errors++;
-            continue;
-        }
+        if (!open_sys(sys, floors, &errors)) continue;
 #ifdef PTO_BENCH_HAVE_STARPU
         if (sys == M_STARPU && starpu_bench_setup() != 0) {
             errors++;
@@ -345,7 +350,6 @@ int bench_metg_main(int quick)
 #endif
         for (int sh = 0; sh < METG_NSHAPES; sh++)
             if (sweep(sys, sh, ns, work_ms, &rows[sys][sh]) != 0) errors++;
-        if (sys == M_DIRECT) floor_metg_teardown();
         if (sys == M_THREAD) ptolua_metg_teardown();
 #ifdef PTO_BENCH_HAVE_STARPU
         if (sys == M_STARPU) starpu_bench_teardown();

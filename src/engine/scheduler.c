@@ -250,14 +250,37 @@ static void wire(pto_scheduler *s, pto_slot *c)
     }
 }
 
-/* How far ahead of the slot being wired wire_all starts the next one's
- * miss: a wire takes about as long as one miss here. */
-#define WIRE_AHEAD 2
+/* Every slot in the wire queue was just written on the orchestrator's
+ * core, and wire() reads three of its lines and then each producer's:
+ * the slot's first line, the one with refs/nrefs, the refs array (inline,
+ * further on), then the producers' state and consumer lists. Each load
+ * depends on the one before, so wire_all starts them in stages, a wire
+ * apart (about one miss here): the slot's lines WIRE_AHEAD slots ahead,
+ * its refs array one closer, its producers' lines one closer still. */
+#define WIRE_AHEAD 3
+
+static void prefetch_producers(const pto_slot *c)
+{
+    for (int32_t i = 0; i < c->nrefs && i < PTO_SLOT_INLINE_REFS; i++) {
+        const pto_slot *p = c->refs[i].slot;
+        __builtin_prefetch(p);
+        __builtin_prefetch(&p->nconsumers);
+    }
+}
 
 static bool wire_all(pto_scheduler *s)
 {
     bool any = false;
-    for (pto_slot *c; (c = pto_wq_pop_prefetch(&s->wire, WIRE_AHEAD)); any = true) wire(s, c);
+    for (pto_slot *c; (c = pto_wq_pop(&s->wire)); any = true) {
+        const pto_slot *n;
+        if ((n = pto_wq_ahead(&s->wire, WIRE_AHEAD - 1))) {
+            __builtin_prefetch(n);
+            __builtin_prefetch(&n->nrefs);
+        }
+        if ((n = pto_wq_ahead(&s->wire, WIRE_AHEAD - 2)) && n->nrefs) __builtin_prefetch(n->refs);
+        if ((n = pto_wq_ahead(&s->wire, 0))) prefetch_producers(n);
+        wire(s, c);
+    }
     return any;
 }
 

@@ -66,11 +66,13 @@ void pto_wq_push(pto_wire_queue *q, struct pto_slot *s);
 /* Consumer: the oldest slot not taken yet, or NULL. */
 struct pto_slot *pto_wq_pop(pto_wire_queue *q);
 /* Consumer: the slot pto_wq_pop would return n calls from now, if it is
- * in the head block already; NULL otherwise (a hint, for prefetching). */
+ * in the head block already; NULL otherwise (a hint, for prefetching).
+ * Acquire, as pto_wq_pop's: a caller may read the slot's fields to
+ * prefetch what they point to. */
 static inline struct pto_slot *pto_wq_ahead(const pto_wire_queue *q, uint32_t n)
 {
     uint32_t i = q->head_i + n;
-    return i < PTO_WQ_BLOCK ? (struct pto_slot *)atomic_load_explicit(&q->head->e[i], memory_order_relaxed) : NULL;
+    return i < PTO_WQ_BLOCK ? (struct pto_slot *)atomic_load_explicit(&q->head->e[i], memory_order_acquire) : NULL;
 }
 /* Consumer: pto_wq_pop, and a prefetch of the slot `ahead` places on: every
  * slot in the queue was just written on another core, so each is a miss,

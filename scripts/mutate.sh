@@ -116,6 +116,18 @@ mutant event_notify_no_fence src/engine/event.c \
   '     * work, or we see it sleeping (Dekker). */\n    atomic_thread_fence(memory_order_seq_cst);' \
   '     * work, or we see it sleeping (Dekker). */\n    atomic_signal_fence(memory_order_seq_cst);' \
   'pto_event_notify drops its half of the Dekker pairing'
+mutant early_no_wait src/engine/mailbox.c \
+  'if (n > PTO_DONE_WAITS || !mb->done_pages) return false;' \
+  'if (n > PTO_DONE_WAITS || !mb->done_pages) return false;\n    n = 0;' \
+  'a task posted early runs without waiting for its producers on other children'
+mutant early_no_settle src/engine/done_words.c \
+  '    _Atomic uint64_t *w = &d->page->w[r->word];' \
+  '    if (r) return;\n    _Atomic uint64_t *w = &d->page->w[r->word];' \
+  'the parent never answers for a producer lost with its child: its early consumers wait forever'
+mutant early_no_defer src/engine/scheduler.c \
+  '        if (x->fanin_released < x->fanin_count) {\n            defer_completion(s, wt, c);' \
+  '        if (0) {\n            defer_completion(s, wt, c);' \
+  'an early task that finished before its producer did here is finished first, out of DAG order'
 
 usage() { sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//'; }
 

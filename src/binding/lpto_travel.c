@@ -328,7 +328,7 @@ static void push_record(lua_State *L, const stats_rec *recs, int n, int *i)
     lua_createtable(L, 0, 16);
 #define F(name) lpto_set_int(L, #name, (lua_Integer)r->s.name)
     F(tasks_submitted); F(tasks_completed); F(tasks_failed); F(allocs); F(runs); F(tasks_live_hwm);
-    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live);
+    F(ready_hwm); F(tensormap_hwm); F(tensormap_live); F(tasks_live); F(tasks_early);
 #undef F
     push_ring_stats(L, &r->s);
     lpto_set_int(L, "chips", r->chips);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #define SPIN_FLOOR_NS 2000u    /* a budget below this would catch nothing */
 
@@ -127,6 +128,8 @@ int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_arg
     c->load_addr = (uint64_t)(uintptr_t)load;
     c->load_len = load ? load_len : 0;
     c->after_prev = after_prev;
+    c->done_stamp = 0;
+    c->nwaits = 0;
     /* Mostly POSTED already (finish): a store would cost the line. */
     if (atomic_load_explicit(&c->claim, memory_order_relaxed) != PTO_CELL_POSTED)
         atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);
@@ -135,6 +138,15 @@ int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_arg
     c->posted_ns = atomic_load_explicit(&mb->done, memory_order_relaxed) == seq ? pto_now_ns() : 0;
     cfg_copy(&c->cfg, cfg);
     return 0;
+}
+
+void pto_mb_set_deps(pto_mailbox *mb, uint32_t seq, const pto_mb_deps *deps)
+{
+    pto_mb_cell *c = pto_mb_cell_of(mb, seq);
+    c->done_word = deps->own.word;
+    c->done_stamp = deps->own.stamp;
+    c->nwaits = deps->nwaits;
+    for (uint32_t i = 0; i < deps->nwaits; i++) c->waits[i] = deps->waits[i];
 }
 
 void pto_mb_publish(pto_mailbox *mb, uint32_t posted)
@@ -317,7 +329,8 @@ static int serve(pto_mailbox *mb, pto_mb_cell *c, const pto_leaf *leaf)
 /* Begin cell seq at start_ns: tell the parent, and claim the cell against
  * a revocation. false: it is not to run (revoked, or chained behind a
  * failure), and goes back skipped. */
-static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_ns, bool prev_failed)
+static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_ns, bool prev_failed,
+                 bool producer_failed)
 {
     /* The claim first: a locked CAS waits for every store before it, and
      * the two below go to lines the parent reads, so each would cost it a
@@ -329,7 +342,7 @@ static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_n
                                                             memory_order_acquire);
     c->start_ns = start_ns;
     atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
-    c->skipped = revoked || (c->after_prev && prev_failed);
+    c->skipped = revoked || (c->after_prev && prev_failed) || producer_failed;
     if (!c->skipped) return true;
     c->rc = 0;
     c->loaded = 0;
@@ -337,9 +350,62 @@ static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_n
     return false;
 }
 
+/* Early posts: how long a wait for a producer on another child spins, and
+ * then yields, before it sleeps between looks (growing up to
+ * AWAIT_NAP_MAX_NS): a producer that runs long must not cost a core. */
+#define AWAIT_SPIN_LOOKS 16
+#define AWAIT_YIELD_NS 200000
+#define AWAIT_NAP_MIN_NS 20000
+#define AWAIT_NAP_MAX_NS 1000000
+
+/* Wait until every producer cell c names has ended. false if one did not
+ * succeed, or the wait was called off (c revoked, the child told to shut
+ * down, a word that cannot be: the parent's cell was overwritten); *waited
+ * says whether it had to wait at all. */
+static bool await_producers(pto_mailbox *mb, pto_mb_cell *c, bool *waited)
+{
+    uint32_t n = c->nwaits;
+    if (n > PTO_DONE_WAITS || !mb->done_pages) return false;
+    uint64_t t0 = 0, nap = AWAIT_NAP_MIN_NS;
+    for (uint32_t i = 0; i < n; i++) {
+        pto_done_ref r = c->waits[i];
+        if (r.child < 0 || r.child >= mb->ndone_pages || r.word >= PTO_DONE_WORDS) return false;
+        const _Atomic uint64_t *w = &mb->done_pages[r.child]->w[r.word];
+        const uint64_t good = pto_done_value(r.stamp, false), bad = pto_done_value(r.stamp, true);
+        for (uint32_t k = 0;; k++) {
+            /* Acquire: what the producer wrote is visible once its word is. */
+            uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+            if (v == good) break;
+            if (v == bad) return false;
+            if (atomic_load_explicit(&c->claim, memory_order_relaxed) == PTO_CELL_REVOKED ||
+                pto_mb_state(mb) == PTO_MB_SHUTDOWN)
+                return false;
+            if (!*waited) {
+                *waited = true;
+                t0 = pto_now_ns();
+            }
+            if (k < AWAIT_SPIN_LOOKS) {
+                for (int j = 0; j < 4; j++) pto_cpu_relax();
+            } else if ((k & 15) || (int64_t)(pto_now_ns() - t0) < AWAIT_YIELD_NS) {
+                sched_yield();   /* the producer may be waiting for this core */
+            } else {
+                struct timespec ts = {0, (long)nap};
+                nanosleep(&ts, NULL);
+                if (nap < AWAIT_NAP_MAX_NS) nap *= 2;
+            }
+        }
+    }
+    return true;
+}
+
 /* Cell *seq (c)'s result is written: hand it back. */
 static void finish(pto_mailbox *mb, pto_mb_cell *c, uint32_t *seq)
 {
+    /* Before done: the parent, when it collects this cell, finds its word
+     * final, and a consumer waiting on another child starts now. */
+    if (c->done_stamp && mb->own_done && c->done_word < PTO_DONE_WORDS)
+        atomic_store_explicit(&mb->own_done->w[c->done_word], pto_done_value(c->done_stamp, c->skipped || c->rc != 0),
+                              memory_order_release);
     /* The claim is left as the next post of this cell wants it, from here,
      * where the line is this child's already (its result): a post that
      * wrote it would pull the line over to the parent and back once more
@@ -372,7 +438,7 @@ typedef struct overlap {
 
 static bool runs_alone(const pto_mailbox *mb, const pto_mb_cell *c)
 {
-    return c->after_prev || mb->check || pto_diag_wanted(&c->cfg);
+    return c->after_prev || c->nwaits || mb->check || pto_diag_wanted(&c->cfg);
 }
 
 /* Whether cell o->next may be begun now. */
@@ -402,8 +468,9 @@ static void begin_next(overlap *o)
     pto_mb_cell *c = pto_mb_cell_of(mb, o->next);
     void **token = &o->token[o->next & (PTO_MB_CELLS - 1)];
     *token = NULL;
-    bool alone = runs_alone(mb, c);
-    if (take(mb, c, o->next, pto_now_ns(), o->prev_rc != 0)) {
+    bool alone = runs_alone(mb, c), waited = false;
+    bool ok = !c->nwaits || await_producers(mb, c, &waited);
+    if (take(mb, c, o->next, pto_now_ns(), o->prev_rc != 0, !ok)) {
         if (alone) {
             c->rc = serve(mb, c, leaf);
         } else {
@@ -493,7 +560,12 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
          * 0) was waiting when that one ended; one posted after (stamped)
          * starts now, even if this child was slow to look: a stale start
          * would cut into its deadline. */
-        if (take(mb, c, seq, waited || c->posted_ns || !last_done ? pto_now_ns() : last_done, prev_rc != 0))
+        /* A cell posted ahead of its producers elsewhere waits for them
+         * here, and starts when it saw the last of them end, which may be
+         * after the cell before it here ended even if it did not wait. */
+        bool ok = !c->nwaits || await_producers(mb, c, &waited);
+        if (take(mb, c, seq, waited || c->nwaits || c->posted_ns || !last_done ? pto_now_ns() : last_done, prev_rc != 0,
+                 !ok))
             c->rc = serve(mb, c, leaf);
         prev_rc = c->skipped ? 1 : c->rc;
         c->done_ns = last_done = pto_now_ns();

@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "diag.h"
+#include "done_words.h"
 #include "event.h"
 #include "pto.h"
 
@@ -99,8 +100,17 @@ typedef struct pto_mb_cell {
     uint64_t posted_ns;              /* pto_now_ns() at the post (CLOCK_MONOTONIC is system-wide), 0 if the
                                       * child was still busy with earlier cells then */
     pto_call_config cfg;
+    /* Early posts (done_words.h): the word of this child's page its end
+     * writes (stamp 0: none), and the producers on any child it waits for
+     * before it begins; it is skipped if one of them did not succeed. One
+     * line, the parent's like the rest of the task. */
+    _Alignas(64) uint32_t done_word;
+    uint32_t nwaits;
+    uint64_t done_stamp;
+    pto_done_ref waits[PTO_DONE_WAITS];
     /* The result: written by the child before it advances done. */
-    uint64_t start_ns, done_ns;      /* pto_now_ns() when the child began it (the cell before it ended,
+    _Alignas(64) uint64_t start_ns;
+    uint64_t done_ns;      /* pto_now_ns() when the child began it (the cell before it ended,
                                       * if it was waiting) and posted the result */
     int32_t rc;
     uint32_t loaded;                 /* 1 if load_addr was installed */
@@ -135,6 +145,11 @@ typedef struct pto_mailbox {
      * event in another shared mapping, set before the fork; NULL if none.
      * The child and the zygote ring it with to_parent. */
     pto_event *bell;
+    /* Every child's page of task-end words (done_words.h), set before the
+     * fork: this child's own is writable, the others read-only. NULL: none. */
+    pto_done_page *const *done_pages;
+    int32_t ndone_pages;
+    pto_done_page *own_done;
     /* The start's failure: written by the child before it exits (or by the zygote when fork fails). */
     int32_t rc;
     char err[PTO_MB_ERR_CAP];
@@ -198,6 +213,15 @@ int pto_mb_post(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args
  * sees it (and every cell written before it) at pto_mb_publish. */
 int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_args_view *args,
                  const pto_call_config *cfg, const void *load, uint64_t load_len, bool after_prev);
+/* What a cell's task says to and waits for from other children (done_words.h). */
+typedef struct pto_mb_deps {
+    pto_done_ref own;                /* stamp 0: its end writes no word */
+    uint32_t nwaits;
+    pto_done_ref waits[PTO_DONE_WAITS];
+} pto_mb_deps;
+/* After pto_mb_write of cell seq, before the publish: its task's word and
+ * the producers it waits for (pto_mb_write clears both). */
+void pto_mb_set_deps(pto_mailbox *mb, uint32_t seq, const pto_mb_deps *deps);
 /* Hand the cells below posted (the parent's count) to the child, waking it
  * if it sleeps. */
 void pto_mb_publish(pto_mailbox *mb, uint32_t posted);

@@ -379,7 +379,7 @@ void pto_proc_batch(pto_child *c, bool on)
 }
 
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                      bool after_prev, char *err, size_t errlen)
+                      bool after_prev, const pto_mb_deps *deps, char *err, size_t errlen)
 {
     assert(c->posted - c->collected < PTO_MB_CELLS);
     pto_proc *p = c->proc;
@@ -441,6 +441,7 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
             if (c->ship[k & (PTO_MB_CELLS - 1)] == e) return 1;
         int r = pto_mb_write(mb, c->posted, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0, after_prev);
         if (r == 0) {
+            if (deps) pto_mb_set_deps(mb, c->posted, deps);
             c->ship[c->posted & (PTO_MB_CELLS - 1)] = sh ? e : -1;
             c->posted++;
             /* Every cell handed over came back: the child may be waiting. (The
@@ -651,9 +652,13 @@ pto_mailbox *pto_proc_own_mailbox(void) { return pto_zyg_own_mailbox; }
 
 static void proc_free(pto_proc *p)
 {
-    for (int32_t i = 0; i < p->n; i++) pto_mb_unmap(p->mbs[i]);
+    for (int32_t i = 0; i < p->n; i++) {
+        pto_mb_unmap(p->mbs[i]);
+        pto_done_unmap(p->done_pages[i]);
+    }
     if (p->closing) munmap(p->closing, sizeof *p->closing);
     free(p->mbs);
+    free(p->done_pages);
     free(p->children);
     free(p->leaves);
     free(p->zpids);
@@ -753,18 +758,23 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg)
         return NULL;
     }
     p->mbs = pto_xcalloc((size_t)p->n, sizeof *p->mbs);
+    p->done_pages = pto_xcalloc((size_t)p->n, sizeof *p->done_pages);
     p->children = pto_xcalloc((size_t)p->n, sizeof *p->children);
     p->leaves = pto_xcalloc((size_t)p->n, sizeof *p->leaves);
     p->zpids = pto_xcalloc((size_t)p->n, sizeof *p->zpids);
     for (int32_t i = 0; i < p->n; i++) {
-        if (!(p->mbs[i] = pto_mb_map())) {
+        if (!(p->mbs[i] = pto_mb_map()) || !(p->done_pages[i] = pto_done_map())) {
             proc_free(p);
             return NULL;
         }
         p->leaves[i] = cfg->leaves[i];
         p->mbs[i]->bell = cfg->bell;
+        p->mbs[i]->done_pages = p->done_pages;
+        p->mbs[i]->ndone_pages = p->n;
+        p->mbs[i]->own_done = p->done_pages[i];
         pto_child *c = &p->children[i];
         *c = (pto_child){.proc = p, .mb = p->mbs[i], .slot = i, .kind = cfg->kinds[i], .name = cfg->names[i]};
+        pto_done_init(&c->done, p->done_pages[i]);
     }
     pthread_sigmask(SIG_SETMASK, NULL, &p->child_mask);
     p->zygote_pid = fork_zygote(p);

@@ -78,6 +78,7 @@ typedef struct pto_child {
     uint32_t timed_out_ms;                   /* its task ran past this deadline and is being killed, or 0 */
     bool corrupt;                            /* killed for an impossible mailbox state: awaiting its DEAD */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
+    pto_done_words done;                     /* its page of task-end words: which are in use (done_words.h) */
 } pto_child;
 
 typedef struct pto_proc_config {
@@ -110,11 +111,12 @@ pto_child *pto_proc_child(pto_proc *p, int32_t slot);
 
 /* Hand a task to c's child, into its next cell (the caller keeps c->posted -
  * c->collected below PTO_MB_CELLS; after_prev: run it only if the cell
- * posted just before it succeeds): 0 posted; 1 not yet (a child is starting
+ * posted just before it succeeds; deps, if not NULL: its task-end word and
+ * the producers on other children it waits for, done_words.h): 0 posted; 1 not yet (a child is starting
  * for it: call again when the bell rings); -1 failed, the reason in err (no
  * live child, a failed start, arguments too big for the mailbox). */
 int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args, const pto_call_config *cfg,
-                      bool after_prev, char *err, size_t errlen);
+                      bool after_prev, const pto_mb_deps *deps, char *err, size_t errlen);
 
 typedef struct pto_proc_result {
     int rc;                  /* the leaf's result; 1 when the child died running it */

@@ -28,6 +28,7 @@ struct pto_proc {
     int32_t n;
     pto_child *children;
     pto_mailbox **mbs;
+    pto_done_page **done_pages;   /* each child's task-end words (done_words.h), beside its mailbox */
     const pto_leaf **leaves;
     uint32_t start_timeout_ms;
     const _Atomic bool *stopping;

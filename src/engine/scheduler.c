@@ -42,6 +42,7 @@ void pto_sched_destroy(pto_scheduler *s)
 {
     if (s->wire.head) pto_wq_destroy(&s->wire);
     free(s->work);
+    free(s->deferred);
     free(s->caught);
     free(s->first_failure);
     for (int32_t i = 0; i < s->nnames; i++) free(s->names[i].name);
@@ -133,6 +134,7 @@ static void running_add(pto_scheduler *s, int64_t d)
 }
 
 static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated, bool ahead);
+static void try_early(pto_scheduler *s, pto_slot *c);
 
 /* A worker of wt's kind other than wt with nothing staged, while wt has. */
 static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
@@ -165,6 +167,24 @@ static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
     return true;
 }
 
+/* x is finished here, or its word is void (a caught failure, an early
+ * task run again): let go of its task-end word, saying how it ended if its
+ * child did not (settle), and of the producers' words it waited for. */
+static void drop_done_words(pto_scheduler *s, pto_slot *x, bool settle, bool failed)
+{
+    pto_worker_manager *wm = s->wm;
+    if (atomic_load_explicit(&wm->proc, memory_order_relaxed)) {
+        if (x->done.stamp) {
+            pto_done_words *d = pto_wm_done_words(wm, x->done.child);
+            if (settle && !x->done_said) pto_done_settle(d, &x->done, failed);
+            pto_done_release(d, &x->done);
+        }
+        for (int32_t i = 0; i < x->nwaits; i++) pto_done_release(pto_wm_done_words(wm, x->waits[i].child), &x->waits[i]);
+    }
+    x->done.stamp = 0;
+    x->nwaits = 0;
+}
+
 /* Terminal transition of every slot on the worklist, cascading to consumers
  * that become terminal through poisoning. A slot is never touched after its
  * own self-release: that may hand it to reclamation. */
@@ -193,8 +213,11 @@ static void finish_all(pto_scheduler *s, pto_worker_thread *cont)
                 if (c->poisoned) work_push(s, c);
                 else if (cont && send_next(s, cont, c)) cont = NULL;
                 else make_ready(s, c);
+            } else if (PTO_UNLIKELY(c->early) && c->fanin_released == c->fanin_count) {
+                c->ready_by = x->id;   /* posted already: in this view x ended last of those it waits for */
             }
         }
+        if (PTO_UNLIKELY(x->done.stamp || x->nwaits)) drop_done_words(s, x, true, failed);
         /* Before its releases, which may recycle x; before `finished`, so a
          * drained session has no hook left to run. */
         if (x->run) pto_run_task_finished(x->run, x, failed);
@@ -247,6 +270,8 @@ static void wire(pto_scheduler *s, pto_slot *c)
         } else {
             make_ready(s, c);
         }
+    } else if (s->wm->early) {
+        try_early(s, c);
     }
 }
 
@@ -429,6 +454,164 @@ static void sweep_cancelled_runs(pto_scheduler *s)
     finish_all(s, NULL);
 }
 
+/* ---- early posts (PROCESS mode) ----
+ * A dependency between tasks on two children costs, relayed, the parent's
+ * collection of the producer's result, its turn, the consumer's post and
+ * the child's look at its mailbox: with the parent one of three runnable
+ * processes on two cores, a 1-D stencil of 2 us tasks ran at 40-44%
+ * efficiency, where children that wait for each other's words reach
+ * 87-98% (pto_bench --metg's floors). So a consumer whose unfinished
+ * producers are all posted already, each with its task-end word
+ * (done_words.h), is posted too, to the child that runs most of them,
+ * carrying their words: the child waits for them itself and skips the
+ * task if one did not succeed. The parent still collects every result and
+ * finishes each task in dependency order (a consumer's result that comes
+ * back first waits in `deferred`), so profiles, failures and reclamation
+ * are as for any task.
+ * Only for kinds whose recent tasks are known to be short, onto a worker
+ * with little staged (a cell waits behind what was posted before it, and a
+ * waiting cell holds its child: behind a long task it would keep work
+ * waiting that another worker could run), single tasks without a deadline (the deadline's clock runs while the
+ * cell waits), and not while the gate is shut, failures are caught, the
+ * run is interrupted, or check mode or diagnostics watch the task.
+ * Deadlock-free: a task waits only for tasks posted before it, and each
+ * child runs its cells in order. */
+#define EARLY_MAX_TASK_NS 50000
+#define EARLY_MAX_STOCK_NS 200000
+
+typedef struct pto_deferred {
+    pto_worker_thread *wt;
+    pto_completion c;
+} pto_deferred;
+
+static bool early_allowed(pto_scheduler *s, const pto_slot *c)
+{
+    const pto_worker_manager *wm = s->wm;
+    return c->group_size == 1 && c->kind >= 0 && wm->count[c->kind] > 0 && !c->poisoned && !c->chained &&
+           !c->timeout_ms && c->fanin_released < c->fanin_count &&
+           (wm->early_always || (wm->task_ns[c->kind] > 0 && wm->task_ns[c->kind] <= EARLY_MAX_TASK_NS)) &&
+           !pto_gate_shut(s) && !atomic_load_explicit(&s->catch_on, memory_order_relaxed) &&
+           !atomic_load_explicit(&s->cancel, memory_order_relaxed) &&
+           !atomic_load_explicit(&wm->check, memory_order_relaxed) && !(c->run && pto_run_cancelled(c->run)) &&
+           !(c->cfg && pto_diag_wanted(&c->cfg->cfg));
+}
+
+/* Whether wt may take an early task: room, and little staged ahead of it. */
+static bool early_room(const pto_worker_manager *wm, const pto_worker_thread *wt)
+{
+    return wt->inflight < PTO_WT_QCAP &&
+           (wm->early_always || (int64_t)wt->inflight * wm->task_ns[wt->kind] <= EARLY_MAX_STOCK_NS);
+}
+
+/* The worker of c's kind that runs most of its producers ps (ties: the
+ * less loaded), or its pinned one; NULL if that one has no room. */
+static pto_worker_thread *early_worker(pto_scheduler *s, const pto_slot *c, pto_slot *const *ps, int32_t n)
+{
+    pto_worker_manager *wm = s->wm;
+    if (c->member0.pin >= 0) {
+        pto_worker_thread *wt = wm->threads[c->kind][c->member0.pin];
+        return early_room(wm, wt) ? wt : NULL;
+    }
+    pto_worker_thread *best = NULL;
+    int32_t best_votes = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (ps[i]->kind != c->kind) continue;
+        int32_t w = atomic_load_explicit(&ps[i]->worker, memory_order_relaxed), votes = 0;
+        if (w < 0 || w >= wm->count[c->kind]) continue;
+        for (int32_t k = 0; k < n; k++)
+            votes += ps[k]->kind == c->kind && atomic_load_explicit(&ps[k]->worker, memory_order_relaxed) == w;
+        pto_worker_thread *wt = wm->threads[c->kind][w];
+        if (!early_room(wm, wt)) continue;
+        if (!best || votes > best_votes || (votes == best_votes && wt->inflight < best->inflight)) {
+            best = wt;
+            best_votes = votes;
+        }
+    }
+    return best;
+}
+
+static void try_early(pto_scheduler *s, pto_slot *c)
+{
+    if (!early_allowed(s, c)) return;
+    pto_slot *ps[PTO_DONE_WAITS];
+    int32_t n = 0;
+    for (int32_t i = 0; i < c->nrefs; i++) {
+        if (!c->refs[i].dep) continue;
+        pto_slot *p = c->refs[i].slot;
+        int32_t st = atomic_load_explicit(&p->state, memory_order_relaxed);
+        if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) continue;
+        if (!p->done.stamp || n == PTO_DONE_WAITS) return;   /* not posted (or no word): relayed */
+        ps[n++] = p;
+    }
+    if (n != c->fanin_count - c->fanin_released) return;
+    pto_worker_thread *wt = early_worker(s, c, ps, n);
+    if (!wt) return;
+    for (int32_t k = 0; k < n; k++) {
+        c->waits[k] = ps[k]->done;
+        pto_done_hold(pto_wm_done_words(s->wm, ps[k]->done.child), &ps[k]->done);
+    }
+    c->nwaits = (int8_t)n;
+    c->early = c->chained = true;
+    atomic_store_explicit(&s->early_total, atomic_load_explicit(&s->early_total, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    c->ready_by = -1;
+    atomic_store_explicit(&c->state, PTO_TASK_RUNNING, memory_order_relaxed);
+    running_add(s, 1);
+    pto_wt_send(wt, c, 0, false, NULL, false);
+}
+
+/* The pump just posted these with their words: their consumers may go too. */
+static void early_after_posts(pto_scheduler *s)
+{
+    pto_worker_manager *wm = s->wm;
+    for (int32_t i = 0; i < wm->nposted_now; i++) {
+        pto_slot *p = wm->posted_now[i];
+        for (int32_t k = 0; k < p->nconsumers; k++)
+            if (!p->consumers[k]->chained) try_early(s, p->consumers[k]);
+    }
+    wm->nposted_now = 0;
+}
+
+/* An early task came back unrun although none of its producers failed
+ * here (a caught failure retried, a producer run again): it runs again,
+ * now that its producers are done, as a ready task with a new word. */
+static void early_again(pto_scheduler *s, pto_slot *x)
+{
+    drop_done_words(s, x, false, false);   /* its child said "failed" in its word: whoever waits runs again too */
+    x->early = x->chained = false;
+    running_add(s, -1);
+    make_ready(s, x);
+}
+
+static void defer_completion(pto_scheduler *s, pto_worker_thread *wt, const pto_completion *c)
+{
+    pto_grow((void **)&s->deferred, &s->deferred_cap, s->ndeferred + 1, sizeof *s->deferred);
+    s->deferred[s->ndeferred++] = (pto_deferred){wt, *c};
+}
+
+static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c);
+
+/* Finish the deferred completions whose producers are finished now. */
+static bool run_deferred(pto_scheduler *s)
+{
+    bool any = false;
+    for (bool again = true; again;) {
+        again = false;
+        for (int32_t i = 0; i < s->ndeferred;) {
+            pto_slot *x = s->deferred[i].c.slot;
+            if (x->fanin_released < x->fanin_count) {
+                i++;
+                continue;
+            }
+            pto_deferred d = s->deferred[i];
+            s->deferred[i] = s->deferred[--s->ndeferred];
+            on_completion(s, d.wt, &d.c);
+            any = again = true;
+        }
+    }
+    return any;
+}
+
 static void dispatch_ready(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
@@ -529,6 +712,8 @@ static bool catch_failure(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     free(x->error);
     x->error = describe_failure(s, x, wt, c->error);
     free(c->error);
+    /* Its word says it failed; a retry posts it with a new one. */
+    if (x->done.stamp) drop_done_words(s, x, false, true);
     pto_grow((void **)&s->caught, &s->caught_cap, s->ncaught + 1, sizeof *s->caught);
     s->caught[s->ncaught++] = x;
     /* Neither failed nor terminal: a consumer submitted meanwhile waits for it instead of being poisoned.
@@ -595,6 +780,17 @@ int pto_sched_retry(pto_scheduler *s, int64_t id, int32_t kind, uint64_t callabl
 static void on_completion(pto_scheduler *s, pto_worker_thread *wt, pto_completion *c)
 {
     pto_slot *x = c->slot;
+    if (PTO_UNLIKELY(x->early)) {
+        /* Back before a producer's own result: finished after it. */
+        if (x->fanin_released < x->fanin_count) {
+            defer_completion(s, wt, c);
+            return;
+        }
+        if (c->status == PTO_DONE_UNRUN && !x->poisoned) {
+            early_again(s, x);
+            return;
+        }
+    }
     if (c->t1) {
         int64_t ran = (int64_t)(c->t1 - c->t0), capped = ran < 2 * PTO_WT_TURN_MIN_NS ? ran : 2 * PTO_WT_TURN_MIN_NS;
         s->wm->task_ns[wt->kind] += (ran - s->wm->task_ns[wt->kind]) / 8;
@@ -670,6 +866,7 @@ static bool complete_all(pto_scheduler *s)
             }
         }
     }
+    if (PTO_UNLIKELY(s->ndeferred)) any |= run_deferred(s);
     /* The orchestrator sleeps in drain until every task finished; wake it
      * only then, not on every batch. */
     if (any && s->orch_ev && atomic_load_explicit(s->orch_waiting, memory_order_seq_cst) == ORCH_WAIT_FINISH &&
@@ -688,6 +885,13 @@ bool pto_sched_turn(pto_scheduler *s)
     if (PTO_UNLIKELY(s->ncaught || atomic_load_explicit(&s->retry_req, memory_order_relaxed) >= 0)) serve_caught(s);
     dispatch_ready(s);
     bool pumped = pto_wm_pump(s->wm);   /* PROCESS mode: into the children and back */
+    /* What was just posted lets its consumers go early, whose posts let
+     * theirs go: as far as the children's rings take them, in this turn
+     * (one step per turn would fall behind children that need no turn). */
+    while (s->wm->nposted_now) {
+        early_after_posts(s);
+        pumped |= pto_wm_pump(s->wm);
+    }
     bool done = complete_all(s);
     if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
     if (wired || done || pumped) return true;

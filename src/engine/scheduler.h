@@ -44,6 +44,10 @@ typedef struct pto_scheduler {
 
     struct pto_slot **work;                 /* finish worklist (poison cascades) */
     int32_t nwork, work_cap;
+    /* PROCESS mode: completions of early tasks that came back before those
+     * of their producers on other children (scheduler.c, early posts) */
+    struct pto_deferred *deferred;
+    int32_t ndeferred, deferred_cap;
 
     /* Reclamation hand-off: retire is called with each slot the turn
      * consumed, then retire_flush once after a batch of them (finish_all),
@@ -58,6 +62,7 @@ typedef struct pto_scheduler {
     _Atomic int64_t finish_target;
 
     _Atomic int64_t finished;               /* tasks COMPLETED or FAILED this run */
+    _Atomic int64_t early_total;            /* tasks posted early (scheduler.c), since init; the turn's */
     _Atomic int64_t completed_total, failed_total;
     /* Dispatched, not finished (written by the turn's holder only). Beside
      * the other counters the turn writes per task, not on cancel's line:

@@ -138,6 +138,10 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->nconsumers = 0;
     s->members_done = 0;
     s->chained = false;
+    s->early = false;
+    s->done_said = false;
+    s->nwaits = 0;
+    s->done.stamp = 0;
     atomic_store_explicit(&s->group_failed, false, memory_order_relaxed);
     atomic_store_explicit(&s->ran_ok, false, memory_order_relaxed);
     free(s->error);

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "done_words.h"
 #include "pto.h"
 
 typedef struct pto_slot pto_slot;
@@ -92,7 +93,13 @@ struct pto_slot {
     int32_t nconsumers, consumers_cap;
     pto_slot **consumers;
     int32_t members_done;
-    bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain) */
+    bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain), or early */
+    bool early;                       /* PROCESS mode: staged before its producers ended, which it waits for in
+                                       * its child (scheduler.c, early posts) */
+    bool done_said;                   /* PROCESS mode: its child's result came back, so its word is final */
+    int8_t nwaits;                    /* early: the producers' words it holds */
+    pto_done_ref done;                /* PROCESS mode: its task-end word while posted (stamp 0: none) */
+    pto_done_ref waits[PTO_DONE_WAITS];
     int64_t ready_by;                 /* the producer whose completion made it ready, -1 if none (profile.h) */
     _Atomic bool group_failed;
     _Atomic bool ran_ok;              /* worker: a single task ran and returned 0 */

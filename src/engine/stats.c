@@ -20,6 +20,7 @@ void pto_worker_stats_get(pto_worker *w, pto_stats *st)
     st->ready_hwm = atomic_load(&w->sched.ready_hwm);
     st->tensormap_hwm = o->tm.hwm;
     st->tensormap_live = o->tm.live;
+    st->tasks_early = atomic_load(&w->sched.early_total);
     for (int r = 0; r < PTO_MAX_RING_DEPTH; r++) {
         const pto_heap_ring *ring = &w->rings[r];
         st->rings[r] = (pto_ring_stats){ring->stalls, ring->stall_ns, ring->hwm, ring->size, ring->used,

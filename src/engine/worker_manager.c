@@ -496,7 +496,8 @@ static void pump_finish(pto_worker_thread *wt, const pto_proc_result *r, const c
          * and that time is exact: a hand-off belongs to its task, and the
          * ring's waiting does not. */
         uint64_t t0 = r->t0, t1 = r->t1, head = atomic_load_explicit(&wt->task_started_ns, memory_order_relaxed);
-        if (!t0 || (wt->head_exact && head < t0)) t0 = head;
+        /* Not an early task's: it was waiting for its producers meanwhile. */
+        if (!t0 || (wt->head_exact && head < t0 && !e->slot->early)) t0 = head;
         if (t1 < t0) t1 = pto_now_ns();
         ran(wt, &c, t0, t1, r->rc, err);
     }
@@ -554,6 +555,7 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         }
         moved = true;
         if (k == PTO_PROC_DONE) {
+            staged_at(wt, 0)->slot->done_said = true;   /* the child wrote its word before its result */
             pump_finish(wt, &r, err);
             continue;
         }
@@ -565,6 +567,30 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
     }
     return moved;
+}
+
+pto_done_words *pto_wm_done_words(pto_worker_manager *wm, int32_t child)
+{
+    return &pto_proc_child(atomic_load_explicit(&wm->proc, memory_order_relaxed), child)->done;
+}
+
+/* s's word (taken at its first post and kept for a repost to a replacement
+ * child, so whoever waits for it is answered by that one) and, if it is
+ * early, the producers' words it waits for. */
+static pto_mb_deps *post_deps(pto_worker_thread *wt, pto_slot *s, pto_mb_deps *d)
+{
+    if (!s->done.stamp) (void)pto_done_take(&wt->child->done, wt->child->slot, &wt->wm->done_stamps, &s->done);
+    s->done_said = false;
+    d->own = s->done;
+    d->nwaits = s->early ? (uint32_t)s->nwaits : 0;
+    for (uint32_t i = 0; i < d->nwaits; i++) d->waits[i] = s->waits[i];
+    return d;
+}
+
+static void posted_now(pto_worker_manager *wm, pto_slot *s)
+{
+    pto_grow((void **)&wm->posted_now, &wm->posted_now_cap, wm->nposted_now + 1, sizeof *wm->posted_now);
+    wm->posted_now[wm->nposted_now++] = s;
 }
 
 /* Post what fits into wt's child's cells; true if anything moved. */
@@ -614,7 +640,9 @@ static bool pump_post(pto_worker_thread *wt)
             started(wt, s, e->member, now);
             wt->head_exact = exact;
         }
-        int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, err, sizeof err);
+        pto_mb_deps deps, *dp = NULL;
+        if (wt->wm->early && s->group_size == 1) dp = post_deps(wt, s, &deps);
+        int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, dp, err, sizeof err);
         if (r != 0 && i == 0) atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
         if (r > 0) break;   /* its child is starting: the bell rings when it is up */
         moved = true;
@@ -626,6 +654,7 @@ static bool pump_post(pto_worker_thread *wt)
             continue;
         }
         if (i > 0 && e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
+        if (dp && s->done.stamp) posted_now(wt->wm, s);
         wt->staged_posted++;
         wt->wm->posts++;
         wt->staged_alone = alone;
@@ -711,8 +740,18 @@ static bool start_children(pto_worker_manager *wm)
     free(kinds);
     if (!p) return false;
     slot = 0;
+    /* Early posts need children that run one task after the other: a
+     * Worker child overlaps its tasks (leaf.begin). PTO_EARLY_POSTS=0
+     * turns them off (benchmarks compare the two); =always posts early
+     * whatever the tasks' times (tests, which must not depend on them). */
+    const char *env = getenv("PTO_EARLY_POSTS");
+    wm->early = !(env && strcmp(env, "0") == 0);
+    wm->early_always = env && strcmp(env, "always") == 0;
     for (int k = 0; k < PTO_KINDS; k++)
-        for (int32_t i = 0; i < wm->count[k]; i++, slot++) wm->threads[k][i]->child = pto_proc_child(p, slot);
+        for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
+            wm->threads[k][i]->child = pto_proc_child(p, slot);
+            if (wm->threads[k][i]->leaf.begin) wm->early = false;
+        }
     atomic_store(&wm->proc, p);
     return true;
 }
@@ -794,6 +833,7 @@ void pto_wm_destroy(pto_worker_manager *wm)
     pto_ship_destroy(&wm->ships);
     pto_trace_free(atomic_load(&wm->trace));
     pto_diag_free(wm);
+    free(wm->posted_now);
     memset(wm, 0, sizeof *wm);
 }
 

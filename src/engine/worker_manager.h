@@ -154,6 +154,16 @@ typedef struct pto_worker_manager {
     int64_t turn_ns[PTO_KINDS];        /* scheduler-only: the same with each task counted at most 2 x PTO_WT_TURN_MIN_NS
                                         * (a preempted short task does not make its kind look long) */
     int64_t diag_run;                  /* diag.c: the run its files are named after */
+    /* PROCESS mode, the turn's: early posts (scheduler.c). `early`: every
+     * child runs one task at a time (no leaf.begin), so a posted task gets a
+     * task-end word and a consumer may be posted before it ends; the tasks
+     * the last pump posted with a word, for the scheduler to look at their
+     * consumers. */
+    bool early;
+    bool early_always;                 /* PTO_EARLY_POSTS=always: whatever the tasks' times (tests) */
+    uint64_t done_stamps;
+    struct pto_slot **posted_now;
+    int32_t nposted_now, posted_now_cap;
 } pto_worker_manager;
 
 void pto_wm_init(pto_worker_manager *wm, int32_t mode, int32_t depth, uint32_t start_timeout_ms);
@@ -167,6 +177,8 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
  * collect results as completions, move replacements along. true if
  * anything moved. */
 bool pto_wm_pump(pto_worker_manager *wm);
+/* PROCESS mode: the parent side of global child index child's task-end words. */
+pto_done_words *pto_wm_done_words(pto_worker_manager *wm, int32_t child);
 /* Tasks staged on wt that nothing has begun yet: in THREAD mode its queue,
  * in PROCESS mode the cells posted to its child (scheduler's turn; a hint). */
 uint32_t pto_wm_unbegun(const pto_worker_thread *wt);

@@ -206,8 +206,15 @@ static _Noreturn void child_main(pto_proc *p, int32_t slot)
     for (int32_t i = 0; i < p->n; i++)
         if (i != slot) pto_mb_unmap(p->mbs[i]);
     munmap(p->closing, sizeof *p->closing);
-    /* Nor the mailbox of the process hosting this Worker, one level up. */
-    if (pto_zyg_own_mailbox) pto_mb_unmap(pto_zyg_own_mailbox);
+    /* Its siblings' task-end words it may only read (done_words.h). */
+    for (int32_t i = 0; i < p->n; i++)
+        if (i != slot) pto_done_protect(p->done_pages[i]);
+    /* Nor the mailbox of the process hosting this Worker, one level up, nor
+     * its words there. */
+    if (pto_zyg_own_mailbox) {
+        pto_done_unmap(pto_zyg_own_mailbox->own_done);
+        pto_mb_unmap(pto_zyg_own_mailbox);
+    }
     pto_mailbox *mb = p->mbs[slot];
     pto_zyg_own_mailbox = mb;
     atomic_store(&mb->pid, (int32_t)getpid());

@@ -204,6 +204,8 @@ typedef struct pto_stats {
     int64_t tensormap_live;
     int64_t tasks_live;          /* submitted and not yet reclaimed, now */
     pto_ring_stats rings[4];
+    int64_t tasks_early;         /* PROCESS mode: tasks posted to a child before their producers on other
+                                  * children had ended, which they waited for there */
 } pto_stats;
 
 typedef struct pto_task_info {

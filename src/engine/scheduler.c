@@ -468,7 +468,10 @@ static void sweep_cancelled_runs(pto_scheduler *s)
  * finishes each task in dependency order (a consumer's result that comes
  * back first waits in `deferred`), so profiles, failures and reclamation
  * are as for any task.
- * Only for kinds whose recent tasks are known to be short, onto a worker
+ * Only for kinds whose recent tasks are known to be short, but not so
+ * short that the parent's own work per task is all there is (a fan of
+ * no-op tasks ran at 0.71x with early posts: the waiting children took
+ * the parent's core), onto a worker
  * with little staged (a cell waits behind what was posted before it, and a
  * waiting cell holds its child: behind a long task it would keep work
  * waiting that another worker could run), single tasks without a deadline (the deadline's clock runs while the
@@ -476,7 +479,6 @@ static void sweep_cancelled_runs(pto_scheduler *s)
  * run is interrupted, or check mode or diagnostics watch the task.
  * Deadlock-free: a task waits only for tasks posted before it, and each
  * child runs its cells in order. */
-#define EARLY_MAX_TASK_NS 50000
 #define EARLY_MAX_STOCK_NS 200000
 
 typedef struct pto_deferred {
@@ -489,7 +491,7 @@ static bool early_allowed(pto_scheduler *s, const pto_slot *c)
     const pto_worker_manager *wm = s->wm;
     return c->group_size == 1 && c->kind >= 0 && wm->count[c->kind] > 0 && !c->poisoned && !c->chained &&
            !c->timeout_ms && c->fanin_released < c->fanin_count &&
-           (wm->early_always || (wm->task_ns[c->kind] > 0 && wm->task_ns[c->kind] <= EARLY_MAX_TASK_NS)) &&
+           pto_wm_early_kind(wm, c->kind) &&
            !pto_gate_shut(s) && !atomic_load_explicit(&s->catch_on, memory_order_relaxed) &&
            !atomic_load_explicit(&s->cancel, memory_order_relaxed) &&
            !atomic_load_explicit(&wm->check, memory_order_relaxed) && !(c->run && pto_run_cancelled(c->run)) &&
@@ -503,8 +505,12 @@ static bool early_room(const pto_worker_manager *wm, const pto_worker_thread *wt
            (wm->early_always || (int64_t)wt->inflight * wm->task_ns[wt->kind] <= EARLY_MAX_STOCK_NS);
 }
 
-/* The worker of c's kind that runs most of its producers ps (ties: the
- * less loaded), or its pinned one; NULL if that one has no room. */
+/* Where early task c goes: its pinned worker, or among the workers of its
+ * kind with room and not much more staged than the least loaded of them
+ * (2 tasks and half of its), the one that runs most of its producers ps (ties: the less
+ * loaded). The producers' child saves the consumer a wait across
+ * children, but all eight readers of one producer on its child would
+ * leave the other idle. NULL if none has room. */
 static pto_worker_thread *early_worker(pto_scheduler *s, const pto_slot *c, pto_slot *const *ps, int32_t n)
 {
     pto_worker_manager *wm = s->wm;
@@ -512,17 +518,20 @@ static pto_worker_thread *early_worker(pto_scheduler *s, const pto_slot *c, pto_
         pto_worker_thread *wt = wm->threads[c->kind][c->member0.pin];
         return early_room(wm, wt) ? wt : NULL;
     }
+    int32_t least = PTO_WT_QCAP;
+    for (int32_t w = 0; w < wm->count[c->kind]; w++) {
+        const pto_worker_thread *wt = wm->threads[c->kind][w];
+        if (early_room(wm, wt) && wt->inflight < least) least = wt->inflight;
+    }
     pto_worker_thread *best = NULL;
-    int32_t best_votes = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (ps[i]->kind != c->kind) continue;
-        int32_t w = atomic_load_explicit(&ps[i]->worker, memory_order_relaxed), votes = 0;
-        if (w < 0 || w >= wm->count[c->kind]) continue;
+    int32_t best_votes = -1;
+    for (int32_t w = 0; w < wm->count[c->kind]; w++) {
+        pto_worker_thread *wt = wm->threads[c->kind][w];
+        if (!early_room(wm, wt) || wt->inflight > least + 2 + least / 2) continue;
+        int32_t votes = 0;
         for (int32_t k = 0; k < n; k++)
             votes += ps[k]->kind == c->kind && atomic_load_explicit(&ps[k]->worker, memory_order_relaxed) == w;
-        pto_worker_thread *wt = wm->threads[c->kind][w];
-        if (!early_room(wm, wt)) continue;
-        if (!best || votes > best_votes || (votes == best_votes && wt->inflight < best->inflight)) {
+        if (votes > best_votes || (votes == best_votes && wt->inflight < best->inflight)) {
             best = wt;
             best_votes = votes;
         }

@@ -641,7 +641,10 @@ static bool pump_post(pto_worker_thread *wt)
             wt->head_exact = exact;
         }
         pto_mb_deps deps, *dp = NULL;
-        if (wt->wm->early && s->group_size == 1) dp = post_deps(wt, s, &deps);
+        /* A word only where a consumer may wait for it: a task of a kind
+         * whose tasks are posted early now, or one kept from a first post. */
+        if (s->group_size == 1 && (s->done.stamp || s->early || pto_wm_early_kind(wt->wm, s->kind)))
+            dp = post_deps(wt, s, &deps);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, dp, err, sizeof err);
         if (r != 0 && i == 0) atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);
         if (r > 0) break;   /* its child is starting: the bell rings when it is up */
@@ -654,7 +657,7 @@ static bool pump_post(pto_worker_thread *wt)
             continue;
         }
         if (i > 0 && e->member == 0) atomic_store_explicit(&s->worker, wt->index, memory_order_relaxed);
-        if (dp && s->done.stamp) posted_now(wt->wm, s);
+        if (dp && s->done.stamp && s->nconsumers) posted_now(wt->wm, s);
         wt->staged_posted++;
         wt->wm->posts++;
         wt->staged_alone = alone;

@@ -177,6 +177,16 @@ bool pto_wm_start(pto_worker_manager *wm, pto_event *sched_ev);
  * collect results as completions, move replacements along. true if
  * anything moved. */
 bool pto_wm_pump(pto_worker_manager *wm);
+/* PROCESS mode: early posts (scheduler.c) for tasks of kind, by its recent
+ * mean task time: not below the parent's own work per task, not so long
+ * that a waiting cell would hold its child from other work. */
+#define PTO_EARLY_MIN_TASK_NS 500
+#define PTO_EARLY_MAX_TASK_NS 50000
+static inline bool pto_wm_early_kind(const pto_worker_manager *wm, int32_t kind)
+{
+    return wm->early && (wm->early_always || (wm->task_ns[kind] >= PTO_EARLY_MIN_TASK_NS &&
+                                              wm->task_ns[kind] <= PTO_EARLY_MAX_TASK_NS));
+}
 /* PROCESS mode: the parent side of global child index child's task-end words. */
 pto_done_words *pto_wm_done_words(pto_worker_manager *wm, int32_t child);
 /* Tasks staged on wt that nothing has begun yet: in THREAD mode its queue,

@@ -1,4 +1,4 @@
-/* Early posts (scheduler.c, done_words.h): in PROCESS mode a consumer whose
+/* Early posts (scheduler.c, done_words.h; opt-in, PTO_EARLY_POSTS=1): in PROCESS mode a consumer whose
  * producers on other children are posted already is posted too, and its
  * child waits for them. Results of a stencil whose every task reads three
  * producers, two of them on the other child, are exact (with early posts
@@ -75,7 +75,7 @@ static int leaf_run(void *ctx, uint64_t callable, const pto_args_view *a, const 
 
 /* mode: "always" posts early whatever the tasks' times (the tests must not
  * depend on them: this machine may be loaded, and a task preempted midway
- * looks long), NULL as by default (only while tasks are short), "0" never. */
+ * looks long), "1" only while tasks are short, NULL as by default (never). */
 static pto_worker *started_worker(const char *mode)
 {
     pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20};
@@ -87,6 +87,7 @@ static pto_worker *started_worker(const char *mode)
         pto_worker_add_next_level(w, &l);
     }
     if (mode) setenv("PTO_EARLY_POSTS", mode, 1);
+    else unsetenv("PTO_EARLY_POSTS");
     int rc = pto_worker_init(w);
     unsetenv("PTO_EARLY_POSTS");
     if (rc != 0) { fprintf(stderr, "pto_worker_init: %s\n", pto_errmsg()); exit(2); }
@@ -221,7 +222,7 @@ static int profile_wrong(pto_worker *w)
 static void test_stencil_exact(void)
 {
     uint64_t *cells = pto_shm_alloc(SW * ST * 8);
-    const char *modes[] = {"always", NULL, "0"};
+    const char *modes[] = {"always", "1", NULL};
     for (int m = 0; m < 3; m++) {
         pto_worker *w = started_worker(modes[m]);
         for (int r = 0; r < 3; r++) {

@@ -569,16 +569,19 @@ static void try_early(pto_scheduler *s, pto_slot *c)
     pto_wt_send(wt, c, 0, false, NULL, false);
 }
 
-/* The pump just posted these with their words: their consumers may go too. */
-static void early_after_posts(pto_scheduler *s)
+/* The pump just posted these with their words: their consumers may go
+ * too. Whether any did (the pump then posts them in the same turn). */
+static bool early_after_posts(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
+    int64_t before = atomic_load_explicit(&s->early_total, memory_order_relaxed);
     for (int32_t i = 0; i < wm->nposted_now; i++) {
         pto_slot *p = wm->posted_now[i];
         for (int32_t k = 0; k < p->nconsumers; k++)
             if (!p->consumers[k]->chained) try_early(s, p->consumers[k]);
     }
     wm->nposted_now = 0;
+    return atomic_load_explicit(&s->early_total, memory_order_relaxed) != before;
 }
 
 /* An early task came back unrun although none of its producers failed
@@ -897,10 +900,7 @@ bool pto_sched_turn(pto_scheduler *s)
     /* What was just posted lets its consumers go early, whose posts let
      * theirs go: as far as the children's rings take them, in this turn
      * (one step per turn would fall behind children that need no turn). */
-    while (s->wm->nposted_now) {
-        early_after_posts(s);
-        pumped |= pto_wm_pump(s->wm);
-    }
+    while (s->wm->nposted_now && early_after_posts(s)) pumped |= pto_wm_pump(s->wm);
     bool done = complete_all(s);
     if (sync != atomic_load_explicit(&s->sync_ack, memory_order_relaxed)) atomic_store(&s->sync_ack, sync);
     if (wired || done || pumped) return true;

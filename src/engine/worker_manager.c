@@ -743,12 +743,13 @@ static bool start_children(pto_worker_manager *wm)
     free(kinds);
     if (!p) return false;
     slot = 0;
-    /* Early posts need children that run one task after the other: a
-     * Worker child overlaps its tasks (leaf.begin). PTO_EARLY_POSTS=0
-     * turns them off (benchmarks compare the two); =always posts early
-     * whatever the tasks' times (tests, which must not depend on them). */
+    /* Early posts are off unless PTO_EARLY_POSTS=1 (=always: whatever the
+     * tasks' times, for tests, which must not depend on them): on, the
+     * main BGEMM in PROCESS mode ran 20-30% slower (docs/performance.md).
+     * They need children that run one task after the other: a Worker child
+     * overlaps its tasks (leaf.begin). */
     const char *env = getenv("PTO_EARLY_POSTS");
-    wm->early = !(env && strcmp(env, "0") == 0);
+    wm->early = env && (strcmp(env, "1") == 0 || strcmp(env, "always") == 0);
     wm->early_always = env && strcmp(env, "always") == 0;
     for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {

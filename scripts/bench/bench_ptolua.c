@@ -298,7 +298,7 @@ double ptolua_w4(int d, int reps)
  * The leaf spins the task's one scalar (iterations). In PROCESS mode it runs
  * in the two forked children; the tensors are only tags there, never read. */
 
-static pto_worker *g_metg[2];
+static pto_worker *g_metg[PTOLUA_METG_NWORKERS];
 
 static int spin_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
                      const pto_call_config *cfg, char *err, size_t errlen)
@@ -308,8 +308,9 @@ static int spin_leaf(void *ctx, uint64_t callable, const pto_args_view *args,
     return 0;
 }
 
-int ptolua_metg_setup(int32_t mode)
+int ptolua_metg_setup(int which)
 {
+    int32_t mode = which == PTOLUA_METG_THREAD ? PTO_MODE_THREAD : PTO_MODE_PROCESS;
     pto_worker_config wc;
     memset(&wc, 0, sizeof wc);
     wc.level = 3;
@@ -323,27 +324,35 @@ int ptolua_metg_setup(int32_t mode)
     pto_leaf leaf = {.run = spin_leaf, .name = "spin"};
     for (int i = 0; i < BENCH_THREADS; i++)
         pto_worker_add_next_level(w, &leaf);
-    if (pto_worker_init(w) != 0) {
+    const char *was = getenv("PTO_EARLY_POSTS");
+    char keep[16] = "";
+    if (was) snprintf(keep, sizeof keep, "%s", was);
+    if (which == PTOLUA_METG_EARLY) setenv("PTO_EARLY_POSTS", "1", 1);
+    else unsetenv("PTO_EARLY_POSTS");
+    int rc = pto_worker_init(w);
+    if (was) setenv("PTO_EARLY_POSTS", keep, 1);
+    else unsetenv("PTO_EARLY_POSTS");
+    if (rc != 0) {
         fprintf(stderr, "ptolua: pto_worker_init (%s mode) failed: %s\n",
                 mode == PTO_MODE_PROCESS ? "process" : "thread", pto_errmsg());
         pto_worker_close(w);
         return -1;
     }
-    g_metg[mode == PTO_MODE_PROCESS] = w;
+    g_metg[which] = w;
     return 0;
 }
 
 void ptolua_metg_teardown(void)
 {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < PTOLUA_METG_NWORKERS; i++) {
         pto_worker_close(g_metg[i]);
         g_metg[i] = NULL;
     }
 }
 
-double ptolua_metg(int32_t mode, int shape, int n, uint64_t iters)
+double ptolua_metg(int which, int shape, int n, uint64_t iters)
 {
-    pto_worker *w = g_metg[mode == PTO_MODE_PROCESS];
+    pto_worker *w = g_metg[which];
     if (!w)
         return -1.0;
     char *buf = bench_slots((size_t)n);

@@ -35,9 +35,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { M_THREAD, M_PROCESS, M_RELAY, M_DIRECT, M_OMP, M_STARPU, M_NSYS };
-static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "floor: relay", "floor: direct",
-                                            "openmp", "starpu" };
+enum { M_THREAD, M_PROCESS, M_EARLY, M_RELAY, M_DIRECT, M_OMP, M_STARPU, M_NSYS };
+static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "process, early", "floor: relay",
+                                            "floor: direct", "openmp", "starpu" };
 static const char *const shape_name[METG_NSHAPES] = { "W1 independent", "stencil 1-D, 3 deps" };
 
 #define METG_POINTS 12   /* 0.5 us .. 1024 us */
@@ -52,8 +52,9 @@ typedef struct metg_row {
 static double run_sys(int sys, int shape, int n, uint64_t iters)
 {
     switch (sys) {
-    case M_THREAD: return ptolua_metg(PTO_MODE_THREAD, shape, n, iters);
-    case M_PROCESS: return ptolua_metg(PTO_MODE_PROCESS, shape, n, iters);
+    case M_THREAD: return ptolua_metg(PTOLUA_METG_THREAD, shape, n, iters);
+    case M_PROCESS: return ptolua_metg(PTOLUA_METG_PROCESS, shape, n, iters);
+    case M_EARLY: return ptolua_metg(PTOLUA_METG_EARLY, shape, n, iters);
     case M_RELAY: return floor_metg(1, shape, n, iters);
     case M_DIRECT: return floor_metg(0, shape, n, iters);
 #ifdef PTO_BENCH_HAVE_OPENMP
@@ -204,8 +205,9 @@ static bool has_sys(int sys)
 static bool open_sys(int sys, bool floors, int *errors)
 {
     if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) return false;
-    if ((sys == M_PROCESS || sys == M_THREAD) &&
-        ptolua_metg_setup(sys == M_PROCESS ? PTO_MODE_PROCESS : PTO_MODE_THREAD) != 0) {
+    if ((sys == M_PROCESS || sys == M_EARLY || sys == M_THREAD) &&
+        ptolua_metg_setup(sys == M_PROCESS ? PTOLUA_METG_PROCESS
+                          : sys == M_EARLY ? PTOLUA_METG_EARLY : PTOLUA_METG_THREAD) != 0) {
         ++*errors;
         return false;
     }
@@ -246,8 +248,8 @@ int bench_metg_points(const char *list, int reps)
         for (int k = 0; k < nd; k++) time_ref(n[k], iters[k], &ref[k], &worst[k]);
     int errors = 0;
     /* The floors' children and PROCESS mode's forkserver before OpenMP's threads. */
-    enum { NORDER = 5 };
-    int order[NORDER] = { M_RELAY, M_DIRECT, M_PROCESS, M_THREAD, M_OMP };
+    enum { NORDER = 6 };
+    int order[NORDER] = { M_RELAY, M_DIRECT, M_PROCESS, M_EARLY, M_THREAD, M_OMP };
     bool floors = floor_metg_setup() == 0;
     if (!floors) errors++;
     for (int o = 0; o < NORDER; o++) {
@@ -336,7 +338,7 @@ int bench_metg_main(int quick)
         if (ptolua_onesub(m ? PTO_MODE_PROCESS : PTO_MODE_THREAD, &om[m], &of[m]) != 0) errors++;
     /* The floors' children and PROCESS mode's forkserver are forked before
      * OpenMP or StarPU start threads of their own. */
-    int order[M_NSYS] = { M_RELAY, M_DIRECT, M_PROCESS, M_THREAD, M_OMP, M_STARPU };
+    int order[M_NSYS] = { M_RELAY, M_DIRECT, M_PROCESS, M_EARLY, M_THREAD, M_OMP, M_STARPU };
     bool floors = floor_metg_setup() == 0;
     if (!floors) errors++;
     for (int k = 0; k < M_NSYS; k++) {
@@ -375,6 +377,14 @@ int bench_metg_main(int quick)
                c[M_STARPU], r1, r2, r3);
     }
     printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
+    printf("with early posts (PTO_EARLY_POSTS=1, off by default):");
+    for (int sh = 0; sh < METG_NSHAPES; sh++) {
+        char c[32], r[32];
+        fmt_metg(c, sizeof c, &rows[M_EARLY][sh]);
+        ratio(r, sizeof r, &rows[M_EARLY][sh], &rows[M_OMP][sh]);
+        printf("%s %s %s us (early/omp %s)", sh ? ";" : "", shape_name[sh], c, r);
+    }
+    printf("\n");
     print_floors(rows);
     print_drift(g_ref, g_ref_worst, METG_POINTS);
     printf("\none no-op sub child, C API (the engine without Lua)   thread    process  proc/thr\n");

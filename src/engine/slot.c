@@ -139,9 +139,9 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->members_done = 0;
     s->chained = false;
     s->early = false;
-    s->done_said = false;
-    s->nwaits = 0;
-    s->done.stamp = 0;
+    /* Its task-end words were let go when it finished (scheduler.c), and
+     * calloc zeroed them first: the line they sit on stays cold here. */
+    assert(!s->done.stamp && !s->nwaits);
     atomic_store_explicit(&s->group_failed, false, memory_order_relaxed);
     atomic_store_explicit(&s->ran_ok, false, memory_order_relaxed);
     free(s->error);

@@ -96,10 +96,6 @@ struct pto_slot {
     bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain), or early */
     bool early;                       /* PROCESS mode: staged before its producers ended, which it waits for in
                                        * its child (scheduler.c, early posts) */
-    bool done_said;                   /* PROCESS mode: its child's result came back, so its word is final */
-    int8_t nwaits;                    /* early: the producers' words it holds */
-    pto_done_ref done;                /* PROCESS mode: its task-end word while posted (stamp 0: none) */
-    pto_done_ref waits[PTO_DONE_WAITS];
     int64_t ready_by;                 /* the producer whose completion made it ready, -1 if none (profile.h) */
     _Atomic bool group_failed;
     _Atomic bool ran_ok;              /* worker: a single task ran and returned 0 */
@@ -122,6 +118,13 @@ struct pto_slot {
     uint64_t inl_scalars[PTO_SLOT_INLINE_SCALARS];
     uint8_t inl_tags[PTO_SLOT_INLINE_TENSORS];
     pto_ref inl_refs[PTO_SLOT_INLINE_REFS];
+
+    /* PROCESS mode, the turn's, early posts only (scheduler.c): last, so
+     * the lines every task touches stay as they were without them. */
+    pto_done_ref done;                /* its task-end word while posted (stamp 0: none) */
+    pto_done_ref waits[PTO_DONE_WAITS];
+    int8_t nwaits;                    /* early: the producers' words it holds */
+    bool done_said;                   /* its child's result came back, so its word is final */
 };
 
 static inline uint64_t pto_fanout_pack(uint32_t total, uint32_t released)

@@ -555,7 +555,8 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         }
         moved = true;
         if (k == PTO_PROC_DONE) {
-            staged_at(wt, 0)->slot->done_said = true;   /* the child wrote its word before its result */
+            pto_slot *s0 = staged_at(wt, 0)->slot;
+            if (s0->done.stamp) s0->done_said = true;   /* the child wrote its word before its result */
             pump_finish(wt, &r, err);
             continue;
         }

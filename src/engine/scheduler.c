@@ -454,7 +454,7 @@ static void sweep_cancelled_runs(pto_scheduler *s)
     finish_all(s, NULL);
 }
 
-/* ---- early posts (PROCESS mode) ----
+/* ---- early posts (PROCESS mode, opt-in: PTO_EARLY_POSTS=1) ----
  * A dependency between tasks on two children costs, relayed, the parent's
  * collection of the producer's result, its turn, the consumer's post and
  * the child's look at its mailbox: with the parent one of three runnable
@@ -462,21 +462,20 @@ static void sweep_cancelled_runs(pto_scheduler *s)
  * efficiency, where children that wait for each other's words reach
  * 87-98% (pto_bench --metg's floors). So a consumer whose unfinished
  * producers are all posted already, each with its task-end word
- * (done_words.h), is posted too, to the child that runs most of them,
- * carrying their words: the child waits for them itself and skips the
- * task if one did not succeed. The parent still collects every result and
- * finishes each task in dependency order (a consumer's result that comes
- * back first waits in `deferred`), so profiles, failures and reclamation
- * are as for any task.
- * Only for kinds whose recent tasks are known to be short, but not so
- * short that the parent's own work per task is all there is (a fan of
- * no-op tasks ran at 0.71x with early posts: the waiting children took
- * the parent's core), onto a worker
- * with little staged (a cell waits behind what was posted before it, and a
- * waiting cell holds its child: behind a long task it would keep work
- * waiting that another worker could run), single tasks without a deadline (the deadline's clock runs while the
- * cell waits), and not while the gate is shut, failures are caught, the
- * run is interrupted, or check mode or diagnostics watch the task.
+ * (done_words.h), is posted too, carrying their words: its child waits
+ * for them itself and skips the task if one did not succeed. The parent
+ * still collects every result and finishes each task in dependency order
+ * (a consumer's result that comes back first waits in `deferred`), so
+ * profiles, failures and reclamation are as for any task.
+ * Only for kinds whose recent tasks take 0.5-50 us (pto_wm_early_kind:
+ * below, the parent's own work per task is all there is, and a fan of
+ * no-op tasks ran 0.71x with early posts, the waiting children taking the
+ * parent's core), onto a worker with little staged (a waiting cell holds
+ * its child, and work behind it waits too), for single tasks without a
+ * deadline (its clock would run while the cell waits), and not while the
+ * gate is shut, failures are caught, the run is interrupted, or check
+ * mode or diagnostics watch the task. Off by default: the main BGEMM in
+ * PROCESS mode ran about 20% slower with them (docs/performance.md).
  * Deadlock-free: a task waits only for tasks posted before it, and each
  * child runs its cells in order. */
 #define EARLY_MAX_STOCK_NS 200000
@@ -507,10 +506,10 @@ static bool early_room(const pto_worker_manager *wm, const pto_worker_thread *wt
 
 /* Where early task c goes: its pinned worker, or among the workers of its
  * kind with room and not much more staged than the least loaded of them
- * (2 tasks and half of its), the one that runs most of its producers ps (ties: the less
- * loaded). The producers' child saves the consumer a wait across
- * children, but all eight readers of one producer on its child would
- * leave the other idle. NULL if none has room. */
+ * (2 tasks and half of its), the one that runs most of its producers ps
+ * (ties: the less loaded). The producers' child saves the consumer a wait
+ * across children, but all eight readers of one producer on its child
+ * would leave the other idle. NULL if none has room. */
 static pto_worker_thread *early_worker(pto_scheduler *s, const pto_slot *c, pto_slot *const *ps, int32_t n)
 {
     pto_worker_manager *wm = s->wm;

@@ -130,6 +130,17 @@ static int64_t early_count(pto_worker *w)
     return st.tasks_early;
 }
 
+/* The Worker is usable after what a test did to it: a producer on chip 1
+ * and its consumer on chip 2 run as they should. */
+static void next_run_normal(pto_worker *w, uint64_t *x, uint64_t *y)
+{
+    pto_orch *o = pto_run_begin(w);
+    submit_set(o, x, 2000000, 0);
+    submit_copy(o, x, y, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(*y, 42);
+}
+
 /* Poll until task id failed (its error in info) or 5 s passed. */
 static bool wait_failed(pto_orch *o, int64_t id, pto_task_info *info)
 {
@@ -250,7 +261,7 @@ static void test_stencil_exact(void)
 static void test_producer_fails(void)
 {
     pto_worker *w = started_worker("always");
-    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *z = pto_shm_alloc(8), *s = pto_shm_alloc(16);
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *z = pto_shm_alloc(8);
     *y = 5;
     *z = 6;
     atomic_store(&SH->copies, 0);
@@ -275,17 +286,12 @@ static void test_producer_fails(void)
     CHECK_EQ(atomic_load(&SH->copies), 0);
     /* The next run is normal, early posts included. */
     e0 = early_count(w);
-    o = pto_run_begin(w);
-    submit_set(o, x, 2000000, 0);
-    submit_copy(o, x, y, 1);
-    CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(*y, 42);
+    next_run_normal(w, x, y);
     CHECK_EQ(early_count(w), e0 + 1);
     pto_worker_close(w);
     pto_shm_free(x);
     pto_shm_free(y);
     pto_shm_free(z);
-    pto_shm_free(s);
 }
 
 /* A's child (chip 1) is killed while B waits for A on chip 2: A fails
@@ -294,7 +300,7 @@ static void test_producer_fails(void)
 static void test_producer_killed(void)
 {
     pto_worker *w = started_worker("always");
-    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *s = pto_shm_alloc(16);
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8);
     *y = 5;
     atomic_store(&SH->copies, 0);
     atomic_store(&SH->hang_pid, 0);
@@ -321,16 +327,11 @@ static void test_producer_killed(void)
     CHECK_EQ(*y, 5);
     CHECK_EQ(atomic_load(&SH->copies), 0);
     CHECK_EQ(pto_worker_child_pid(w, PTO_NEXT_LEVEL, 1), pid1);
-    o = pto_run_begin(w);
-    submit_set(o, x, 2000000, 0);
-    submit_copy(o, x, y, 1);
-    CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(*y, 42);
+    next_run_normal(w, x, y);
     CHECK(pto_worker_child_pid(w, PTO_NEXT_LEVEL, 0) != pid0);
     pto_worker_close(w);
     pto_shm_free(x);
     pto_shm_free(y);
-    pto_shm_free(s);
 }
 
 /* B's own child (chip 2) is killed while B waits for A: B had not begun, so
@@ -338,7 +339,7 @@ static void test_producer_killed(void)
 static void test_waiting_consumer_killed(void)
 {
     pto_worker *w = started_worker("always");
-    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *s = pto_shm_alloc(16);
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8);
     *x = 0;
     *y = 5;
     atomic_store(&SH->copies, 0);
@@ -358,7 +359,6 @@ static void test_waiting_consumer_killed(void)
     pto_worker_close(w);
     pto_shm_free(x);
     pto_shm_free(y);
-    pto_shm_free(s);
 }
 
 typedef struct later {
@@ -379,7 +379,7 @@ static void *interrupt_later(void *arg)
 static void test_interrupt_while_waiting(void)
 {
     pto_worker *w = started_worker("always");
-    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *s = pto_shm_alloc(16);
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8);
     *y = 5;
     atomic_store(&SH->copies, 0);
     int64_t e0 = early_count(w);
@@ -397,15 +397,10 @@ static void test_interrupt_while_waiting(void)
     CHECK(tu_now_ms() - t0 < 2000);
     CHECK_EQ(*y, 5);
     CHECK_EQ(atomic_load(&SH->copies), 0);
-    o = pto_run_begin(w);
-    submit_set(o, x, 2000000, 0);
-    submit_copy(o, x, y, 1);
-    CHECK_EQ(pto_run_end(w), 0);
-    CHECK_EQ(*y, 42);
+    next_run_normal(w, x, y);
     pto_worker_close(w);
     pto_shm_free(x);
     pto_shm_free(y);
-    pto_shm_free(s);
 }
 
 /* Words go back when their tasks and waiters finish: after 400 runs (about

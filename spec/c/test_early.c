@@ -194,7 +194,7 @@ static int stencil_wrong(const uint64_t *cells)
 
 /* The run's profile, against the DAG: every task's result was taken in
  * after its producers' (completion order), it began after they ended, and
- * the one that made it ready is one of them. Stencil task (t, i) has id
+ * the one that made it ready, if any, is one of them. Stencil task (t, i) has id
  * (t - 1) * SW + i; step 0 is no task. */
 static int profile_wrong(pto_worker *w)
 {
@@ -214,7 +214,9 @@ static int profile_wrong(pto_worker *w)
         int64_t t = id / SW, i = id % SW, p[3] = {(t - 1) * SW + (i + SW - 1) % SW, (t - 1) * SW + i,
                                                   (t - 1) * SW + (i + 1) % SW};
         const pto_profile_task *r = by_id[id];
-        bool by_producer = false;
+        /* -1: all its producers had ended by the time it was wired (a slow
+         * orchestrator: under TSan the first steps drain that fast). */
+        bool by_producer = r->ready_by == -1;
         for (int k = 0; k < 3; k++) {
             if (pos[id] < pos[p[k]]) printf("  task %lld: its result was taken in before producer %lld's\n", (long long)id, (long long)p[k]);
             if (r->start_ns < by_id[p[k]]->end_ns)

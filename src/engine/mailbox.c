@@ -128,10 +128,6 @@ int pto_mb_write(pto_mailbox *mb, uint32_t seq, uint64_t callable, const pto_arg
     c->load_addr = (uint64_t)(uintptr_t)load;
     c->load_len = load ? load_len : 0;
     c->after_prev = after_prev;
-    /* Mostly 0 already (no early posts): a store would move the line to
-     * this core and back to the child at every post. */
-    if (c->done_stamp) c->done_stamp = 0;
-    if (c->nwaits) c->nwaits = 0;
     /* Mostly POSTED already (finish): a store would cost the line. */
     if (atomic_load_explicit(&c->claim, memory_order_relaxed) != PTO_CELL_POSTED)
         atomic_store_explicit(&c->claim, PTO_CELL_POSTED, memory_order_relaxed);

@@ -220,7 +220,10 @@ typedef struct pto_mb_deps {
     pto_done_ref waits[PTO_DONE_WAITS];
 } pto_mb_deps;
 /* After pto_mb_write of cell seq, before the publish: its task's word and
- * the producers it waits for (pto_mb_write clears both). */
+ * the producers it waits for. pto_mb_write leaves them as the cell's last
+ * task had them (zero in a fresh mailbox): writing them at every post
+ * would move their line to the parent's core and back to the child's, so
+ * the caller clears them only where it set them (pto_proc_try_post). */
 void pto_mb_set_deps(pto_mailbox *mb, uint32_t seq, const pto_mb_deps *deps);
 /* Hand the cells below posted (the parent's count) to the child, waking it
  * if it sleeps. */

@@ -441,7 +441,14 @@ int pto_proc_try_post(pto_child *c, uint64_t callable, const pto_args_view *args
             if (c->ship[k & (PTO_MB_CELLS - 1)] == e) return 1;
         int r = pto_mb_write(mb, c->posted, callable, args, cfg, sh ? sh->blob : NULL, sh ? sh->len : 0, after_prev);
         if (r == 0) {
-            if (deps) pto_mb_set_deps(mb, c->posted, deps);
+            uint32_t bit = 1u << (c->posted & (PTO_MB_CELLS - 1));
+            if (deps) {
+                pto_mb_set_deps(mb, c->posted, deps);
+                c->deps_cells |= bit;
+            } else if (c->deps_cells & bit) {
+                pto_mb_set_deps(mb, c->posted, &(pto_mb_deps){0});
+                c->deps_cells &= ~bit;
+            }
             c->ship[c->posted & (PTO_MB_CELLS - 1)] = sh ? e : -1;
             c->posted++;
             /* Every cell handed over came back: the child may be waiting. (The

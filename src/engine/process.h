@@ -79,6 +79,7 @@ typedef struct pto_child {
     bool corrupt;                            /* killed for an impossible mailbox state: awaiting its DEAD */
     uint8_t loaded[PTO_MAX_SHIPPED / 8];     /* ship entries the current child installed */
     pto_done_words done;                     /* its page of task-end words: which are in use (done_words.h) */
+    uint32_t deps_cells;                     /* cells (bit seq % PTO_MB_CELLS) whose deps are set (pto_mb_set_deps) */
 } pto_child;
 
 typedef struct pto_proc_config {
@@ -102,6 +103,8 @@ pto_proc *pto_proc_start(const pto_proc_config *cfg);
 void pto_proc_stop(pto_proc *p);
 
 pto_child *pto_proc_child(pto_proc *p, int32_t slot);
+
+_Static_assert(PTO_MB_CELLS <= 32, "pto_child.deps_cells has a bit per cell");
 
 /* While a child runs a task or starts, its dispatcher looks this often
  * whether the forkserver is still there and a start is late: nothing else

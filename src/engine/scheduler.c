@@ -134,7 +134,7 @@ static void running_add(pto_scheduler *s, int64_t d)
 }
 
 static void send_single(pto_scheduler *s, pto_worker_thread *wt, pto_slot *slot, bool gated, bool ahead);
-static void try_early(pto_scheduler *s, pto_slot *c);
+static bool try_early(pto_scheduler *s, pto_slot *c);
 
 /* A worker of wt's kind other than wt with nothing staged, while wt has. */
 static bool sibling_idle(const pto_scheduler *s, const pto_worker_thread *wt)
@@ -165,24 +165,6 @@ static bool send_next(pto_scheduler *s, pto_worker_thread *wt, pto_slot *c)
         return false;
     send_single(s, wt, c, false, true);   /* its chain, if any, behind it */
     return true;
-}
-
-/* x is finished here, or its word is void (a caught failure, an early
- * task run again): let go of its task-end word, saying how it ended if its
- * child did not (settle), and of the producers' words it waited for. */
-static void drop_done_words(pto_scheduler *s, pto_slot *x, bool settle, bool failed)
-{
-    pto_worker_manager *wm = s->wm;
-    if (atomic_load_explicit(&wm->proc, memory_order_relaxed)) {
-        if (x->done.stamp) {
-            pto_done_words *d = pto_wm_done_words(wm, x->done.child);
-            if (settle && !x->done_said) pto_done_settle(d, &x->done, failed);
-            pto_done_release(d, &x->done);
-        }
-        for (int32_t i = 0; i < x->nwaits; i++) pto_done_release(pto_wm_done_words(wm, x->waits[i].child), &x->waits[i]);
-    }
-    x->done.stamp = 0;
-    x->nwaits = 0;
 }
 
 /* Terminal transition of every slot on the worklist, cascading to consumers
@@ -217,7 +199,7 @@ static void finish_all(pto_scheduler *s, pto_worker_thread *cont)
                 c->ready_by = x->id;   /* posted already: in this view x ended last of those it waits for */
             }
         }
-        if (PTO_UNLIKELY(s->wm->early) && (x->done.stamp || x->nwaits)) drop_done_words(s, x, true, failed);
+        if (PTO_UNLIKELY(s->wm->early) && (x->done.stamp || x->nwaits)) pto_early_drop_words(s, x, true, failed);
         /* Before its releases, which may recycle x; before `finished`, so a
          * drained session has no hook left to run. */
         if (x->run) pto_run_task_finished(x->run, x, failed);
@@ -454,118 +436,23 @@ static void sweep_cancelled_runs(pto_scheduler *s)
     finish_all(s, NULL);
 }
 
-/* ---- early posts (PROCESS mode, opt-in: PTO_EARLY_POSTS=1) ----
- * A dependency between tasks on two children costs, relayed, the parent's
- * collection of the producer's result, its turn, the consumer's post and
- * the child's look at its mailbox: with the parent one of three runnable
- * processes on two cores, a 1-D stencil of 2 us tasks ran at 40-44%
- * efficiency, where children that wait for each other's words reach
- * 87-98% (pto_bench --metg's floors). So a consumer whose unfinished
- * producers are all posted already, each with its task-end word
- * (done_words.h), is posted too, carrying their words: its child waits
- * for them itself and skips the task if one did not succeed. The parent
- * still collects every result and finishes each task in dependency order
- * (a consumer's result that comes back first waits in `deferred`), so
- * profiles, failures and reclamation are as for any task.
- * Only for kinds whose recent tasks take 0.5-50 us (pto_wm_early_kind:
- * below, the parent's own work per task is all there is, and a fan of
- * no-op tasks ran 0.71x with early posts, the waiting children taking the
- * parent's core), onto a worker with little staged (a waiting cell holds
- * its child, and work behind it waits too), for single tasks without a
- * deadline (its clock would run while the cell waits), and not while the
- * gate is shut, failures are caught, the run is interrupted, or check
- * mode or diagnostics watch the task. Off by default: the main BGEMM in
- * PROCESS mode ran about 20% slower with them (docs/performance.md).
- * Deadlock-free: a task waits only for tasks posted before it, and each
- * child runs its cells in order. */
-#define EARLY_MAX_STOCK_NS 200000
-
+/* An early task's completion that came back before its producers' (sched_early.c). */
 typedef struct pto_deferred {
     pto_worker_thread *wt;
     pto_completion c;
 } pto_deferred;
 
-static bool early_allowed(pto_scheduler *s, const pto_slot *c)
+/* Post c early if sched_early.c finds it a worker: staged like any
+ * dispatch, unstealable, marked chained so its producers' ends do not make
+ * it ready again. Whether it went. */
+static bool try_early(pto_scheduler *s, pto_slot *c)
 {
-    const pto_worker_manager *wm = s->wm;
-    return c->group_size == 1 && c->kind >= 0 && wm->count[c->kind] > 0 && !c->poisoned && !c->chained &&
-           !c->timeout_ms && c->fanin_released < c->fanin_count &&
-           pto_wm_early_kind(wm, c->kind) &&
-           !pto_gate_shut(s) && !atomic_load_explicit(&s->catch_on, memory_order_relaxed) &&
-           !atomic_load_explicit(&s->cancel, memory_order_relaxed) &&
-           !atomic_load_explicit(&wm->check, memory_order_relaxed) && !(c->run && pto_run_cancelled(c->run)) &&
-           !(c->cfg && pto_diag_wanted(&c->cfg->cfg));
-}
-
-/* Whether wt may take an early task: room, and little staged ahead of it. */
-static bool early_room(const pto_worker_manager *wm, const pto_worker_thread *wt)
-{
-    return wt->inflight < PTO_WT_QCAP &&
-           (wm->early_always || (int64_t)wt->inflight * wm->task_ns[wt->kind] <= EARLY_MAX_STOCK_NS);
-}
-
-/* Where early task c goes: its pinned worker, or among the workers of its
- * kind with room and not much more staged than the least loaded of them
- * (2 tasks and half of its), the one that runs most of its producers ps
- * (ties: the less loaded). The producers' child saves the consumer a wait
- * across children, but all eight readers of one producer on its child
- * would leave the other idle. NULL if none has room. */
-static pto_worker_thread *early_worker(pto_scheduler *s, const pto_slot *c, pto_slot *const *ps, int32_t n)
-{
-    pto_worker_manager *wm = s->wm;
-    if (c->member0.pin >= 0) {
-        pto_worker_thread *wt = wm->threads[c->kind][c->member0.pin];
-        return early_room(wm, wt) ? wt : NULL;
-    }
-    int32_t least = PTO_WT_QCAP;
-    for (int32_t w = 0; w < wm->count[c->kind]; w++) {
-        const pto_worker_thread *wt = wm->threads[c->kind][w];
-        if (early_room(wm, wt) && wt->inflight < least) least = wt->inflight;
-    }
-    pto_worker_thread *best = NULL;
-    int32_t best_votes = -1;
-    for (int32_t w = 0; w < wm->count[c->kind]; w++) {
-        pto_worker_thread *wt = wm->threads[c->kind][w];
-        if (!early_room(wm, wt) || wt->inflight > least + 2 + least / 2) continue;
-        int32_t votes = 0;
-        for (int32_t k = 0; k < n; k++)
-            votes += ps[k]->kind == c->kind && atomic_load_explicit(&ps[k]->worker, memory_order_relaxed) == w;
-        if (votes > best_votes || (votes == best_votes && wt->inflight < best->inflight)) {
-            best = wt;
-            best_votes = votes;
-        }
-    }
-    return best;
-}
-
-static void try_early(pto_scheduler *s, pto_slot *c)
-{
-    if (!early_allowed(s, c)) return;
-    pto_slot *ps[PTO_DONE_WAITS];
-    int32_t n = 0;
-    for (int32_t i = 0; i < c->nrefs; i++) {
-        if (!c->refs[i].dep) continue;
-        pto_slot *p = c->refs[i].slot;
-        int32_t st = atomic_load_explicit(&p->state, memory_order_relaxed);
-        if (st == PTO_TASK_COMPLETED || st == PTO_TASK_FAILED || st == PTO_TASK_CONSUMED) continue;
-        if (!p->done.stamp || n == PTO_DONE_WAITS) return;   /* not posted (or no word): relayed */
-        ps[n++] = p;
-    }
-    if (n != c->fanin_count - c->fanin_released) return;
-    pto_worker_thread *wt = early_worker(s, c, ps, n);
-    if (!wt) return;
-    for (int32_t k = 0; k < n; k++) {
-        c->waits[k] = ps[k]->done;
-        pto_done_hold(pto_wm_done_words(s->wm, ps[k]->done.child), &ps[k]->done);
-    }
-    c->nwaits = (int8_t)n;
-    c->early = c->chained = true;
-    atomic_store_explicit(&s->early_total, atomic_load_explicit(&s->early_total, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    c->ready_by = -1;
+    pto_worker_thread *wt = pto_early_place(s, c);
+    if (!wt) return false;
     atomic_store_explicit(&c->state, PTO_TASK_RUNNING, memory_order_relaxed);
     running_add(s, 1);
     pto_wt_send(wt, c, 0, false, NULL, false);
+    return true;
 }
 
 /* The pump just posted these with their words: their consumers may go
@@ -573,14 +460,14 @@ static void try_early(pto_scheduler *s, pto_slot *c)
 static bool early_after_posts(pto_scheduler *s)
 {
     pto_worker_manager *wm = s->wm;
-    int64_t before = atomic_load_explicit(&s->early_total, memory_order_relaxed);
+    bool any = false;
     for (int32_t i = 0; i < wm->nposted_now; i++) {
         pto_slot *p = wm->posted_now[i];
         for (int32_t k = 0; k < p->nconsumers; k++)
-            if (!p->consumers[k]->chained) try_early(s, p->consumers[k]);
+            if (!p->consumers[k]->chained) any |= try_early(s, p->consumers[k]);
     }
     wm->nposted_now = 0;
-    return atomic_load_explicit(&s->early_total, memory_order_relaxed) != before;
+    return any;
 }
 
 /* An early task came back unrun although none of its producers failed
@@ -588,7 +475,7 @@ static bool early_after_posts(pto_scheduler *s)
  * now that its producers are done, as a ready task with a new word. */
 static void early_again(pto_scheduler *s, pto_slot *x)
 {
-    drop_done_words(s, x, false, false);   /* its child said "failed" in its word: whoever waits runs again too */
+    pto_early_drop_words(s, x, false, false);   /* its child said "failed" in its word: whoever waits runs again too */
     x->early = x->chained = false;
     running_add(s, -1);
     make_ready(s, x);
@@ -724,7 +611,7 @@ static bool catch_failure(pto_scheduler *s, pto_worker_thread *wt, pto_completio
     x->error = describe_failure(s, x, wt, c->error);
     free(c->error);
     /* Its word says it failed; a retry posts it with a new one. */
-    if (x->done.stamp) drop_done_words(s, x, false, true);
+    if (x->done.stamp) pto_early_drop_words(s, x, false, true);
     pto_grow((void **)&s->caught, &s->caught_cap, s->ncaught + 1, sizeof *s->caught);
     s->caught[s->ncaught++] = x;
     /* Neither failed nor terminal: a consumer submitted meanwhile waits for it instead of being poisoned.

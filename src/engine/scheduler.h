@@ -145,6 +145,15 @@ typedef struct pto_break {
 
 /* false with pto_errmsg set (the event's mapping failed). */
 bool pto_sched_init(pto_scheduler *s, pto_worker_manager *wm);
+/* ---- early posts (sched_early.c), the turn's ---- */
+/* Where c goes early, with its producers' words held and c marked early
+ * and chained; NULL (nothing changed) if it is not to go early now. */
+struct pto_worker_thread *pto_early_place(pto_scheduler *s, struct pto_slot *c);
+/* x is finished here, or its word is void (a caught failure, an early task
+ * run again): let go of its task-end word, saying how it ended if its child
+ * did not (settle), and of the producers' words it waited for. */
+void pto_early_drop_words(pto_scheduler *s, struct pto_slot *x, bool settle, bool failed);
+
 /* Start the scheduler thread (sched_turns.c); false with pto_errmsg set. */
 bool pto_sched_start(pto_scheduler *s);
 void pto_sched_stop(pto_scheduler *s);

@@ -128,6 +128,14 @@ mutant early_no_defer src/engine/scheduler.c \
   '        if (x->fanin_released < x->fanin_count) {\n            defer_completion(s, wt, c);' \
   '        if (0) {\n            defer_completion(s, wt, c);' \
   'an early task that finished before its producer did here is finished first, out of DAG order'
+mutant early_over_backlog src/engine/sched_early.c \
+  '    if (s->ready[c->kind].head) return true;' \
+  '    if (0 && s->ready[c->kind].head) return true;' \
+  'a consumer goes early while ready tasks of its kind wait for a worker, and takes a child from them'
+mutant early_behind_other_work src/engine/sched_early.c \
+  '(wt->last_sent == (uintptr_t)ps[k] || wt->last_sent_early)' \
+  '1' \
+  'an early consumer goes to its producer'"'"'s child behind an unrelated long task while the other child idles'
 
 usage() { sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -254,6 +254,74 @@ static void test_stencil_exact(void)
     pto_shm_free(cells);
 }
 
+/* ---- placement ---- */
+
+/* Where each task of the last run began and ended, by id (n at most 8). */
+static void spans(pto_worker *w, pto_profile_task *by_id, int n)
+{
+    pto_profile_task rec[8];
+    int64_t got = pto_profile_get(w, NULL, rec, 8);
+    CHECK_EQ(got, n);
+    for (int64_t k = 0; k < got && k < n; k++)
+        if (rec[k].id >= 0 && rec[k].id < n) by_id[rec[k].id] = rec[k];
+}
+
+/* P, then a long task L, on chip 2; C reads P. C goes early, but not to
+ * P's child, where it would wait behind L while chip 1 idles. */
+static void test_not_behind_other_work(void)
+{
+    pto_worker *w = started_worker("always");
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8), *z = pto_shm_alloc(8);
+    int64_t e0 = early_count(w);
+    pto_orch *o = pto_run_begin(w);
+    submit_set(o, x, 20000000, 1);    /* P: 20 ms */
+    submit_set(o, z, 400000000, 1);   /* L: 400 ms */
+    submit_copy(o, x, y, -1);         /* C */
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(*y, 42);
+    CHECK_EQ(early_count(w), e0 + 1);
+    pto_profile_task t[3] = {{0}};
+    spans(w, t, 3);
+    printf("  C ran on chip %d at %.1f ms; L on chip %d from %.1f to %.1f ms\n", t[2].worker + 1,
+           (double)(t[2].start_ns - t[0].start_ns) / 1e6, t[1].worker + 1, (double)(t[1].start_ns - t[0].start_ns) / 1e6,
+           (double)(t[1].end_ns - t[0].start_ns) / 1e6);
+    CHECK(t[2].start_ns < t[1].end_ns - 200000000ull);
+    pto_worker_close(w);
+    pto_shm_free(x);
+    pto_shm_free(y);
+    pto_shm_free(z);
+}
+
+/* While ready tasks of C's kind wait for a worker, C (whose producer P is
+ * posted) does not go early: it would take a child from them. Unpinned:
+ * four 100 ms tasks, P among them, fill both chips' queue depth (2), a
+ * fifth waits in the ready queue, then C. Pinned to chip 1: P on chip 2,
+ * two tasks on chip 1 fill its depth, a third waits in its pinned queue,
+ * then C. */
+static void test_no_early_over_backlog(void)
+{
+    pto_worker *w = started_worker("always");
+    uint64_t *b = pto_shm_alloc(8 * 8), *y = pto_shm_alloc(8);
+    for (int pinned = 0; pinned < 2; pinned++) {
+        int pin = pinned ? 0 : -1;
+        int64_t e0 = early_count(w);
+        pto_orch *o = pto_run_begin(w);
+        submit_set(o, &b[0], 100000000, pinned ? 1 : -1);   /* P */
+        for (int i = 1; i < (pinned ? 3 : 4); i++) submit_set(o, &b[i], 100000000, pin);
+        tu_sleep_ms(20);   /* wired and dispatched: chip 1 has 2 */
+        submit_set(o, &b[4], 100000000, pin);   /* waits for a worker */
+        submit_copy(o, &b[0], y, pin);          /* C */
+        CHECK_EQ(pto_run_end(w), 0);
+        CHECK_EQ(*y, 42);
+        printf("  %s: %lld posted early\n", pinned ? "pinned" : "unpinned", (long long)(early_count(w) - e0));
+        CHECK_EQ(early_count(w), e0);
+    }
+    next_run_normal(w, &b[0], y);
+    pto_worker_close(w);
+    pto_shm_free(b);
+    pto_shm_free(y);
+}
+
 /* ---- failures ---- */
 
 /* A fails on chip 2 after B (chip 1) and B's consumer C were posted early:
@@ -448,6 +516,8 @@ int main(void)
     if (pto_shm_init(0) != 0) { fprintf(stderr, "%s\n", pto_errmsg()); return 2; }
     SH = pto_shm_alloc(sizeof *SH);
     RUN(test_stencil_exact);
+    RUN(test_not_behind_other_work);
+    RUN(test_no_early_over_backlog);
     RUN(test_producer_fails);
     RUN(test_producer_killed);
     RUN(test_waiting_consumer_killed);

@@ -856,6 +856,8 @@ void pto_wt_send(pto_worker_thread *wt, pto_slot *slot, int32_t member, bool ste
     atomic_store_explicit(&e->stealable, stealable, memory_order_relaxed);
     atomic_store_explicit(&qu->tail, t + 1, memory_order_release);
     wt->inflight++;
+    wt->last_sent = (uintptr_t)slot;
+    wt->last_sent_early = slot->early;
     /* PROCESS mode has no thread to wake: the turn that staged it pumps it
      * (a notify would be a full fence, on every task of the turn). THREAD
      * mode: the turn's holder is a thread of this process, and wt->ev is

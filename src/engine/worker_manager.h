@@ -110,6 +110,10 @@ typedef struct pto_worker_thread {
     pto_completion cq[PTO_WT_CQCAP];
     /* scheduler-only */
     int32_t inflight;                       /* staged here and not completed, wherever it runs */
+    /* The task pto_wt_send staged here last, as a number (its slot may be
+     * gone since: only compared, sched_early.c), and whether it went early. */
+    uintptr_t last_sent;
+    bool last_sent_early;
     pto_ready_queue pinned;                 /* ready tasks pinned here */
     _Atomic int64_t current_task;           /* -1 when idle */
     _Atomic int64_t tasks_run;

@@ -57,9 +57,9 @@ static inline void bench_stencil_deps(int t, int i, int deps[3])
 }
 /* Per system: seconds to run shape with n tasks of iters iterations each
  * (n a multiple of BENCH_STENCIL_W), or < 0 on error. */
-/* ptolua's METG Workers: THREAD mode, PROCESS mode, PROCESS mode with
- * early posts (PTO_EARLY_POSTS=1 at init). */
-enum { PTOLUA_METG_THREAD, PTOLUA_METG_PROCESS, PTOLUA_METG_EARLY, PTOLUA_METG_NWORKERS };
+/* ptolua's METG Workers: THREAD mode, PROCESS mode (as by default: early
+ * posts on), PROCESS mode without early posts (PTO_EARLY_POSTS=0 at init). */
+enum { PTOLUA_METG_THREAD, PTOLUA_METG_PROCESS, PTOLUA_METG_NOEARLY, PTOLUA_METG_NWORKERS };
 int ptolua_metg_setup(int which);
 void ptolua_metg_teardown(void);
 double ptolua_metg(int which, int shape, int n, uint64_t iters);

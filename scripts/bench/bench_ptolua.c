@@ -327,7 +327,7 @@ int ptolua_metg_setup(int which)
     const char *was = getenv("PTO_EARLY_POSTS");
     char keep[16] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);
-    if (which == PTOLUA_METG_EARLY) setenv("PTO_EARLY_POSTS", "1", 1);
+    if (which == PTOLUA_METG_NOEARLY) setenv("PTO_EARLY_POSTS", "0", 1);
     else unsetenv("PTO_EARLY_POSTS");
     int rc = pto_worker_init(w);
     if (was) setenv("PTO_EARLY_POSTS", keep, 1);

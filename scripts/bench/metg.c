@@ -35,8 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { M_THREAD, M_PROCESS, M_EARLY, M_RELAY, M_DIRECT, M_OMP, M_STARPU, M_NSYS };
-static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "process, early", "floor: relay",
+enum { M_THREAD, M_PROCESS, M_NOEARLY, M_RELAY, M_DIRECT, M_OMP, M_STARPU, M_NSYS };
+static const char *const m_name[M_NSYS] = { "ptolua thread", "ptolua process", "process, no early", "floor: relay",
                                             "floor: direct", "openmp", "starpu" };
 static const char *const shape_name[METG_NSHAPES] = { "W1 independent", "stencil 1-D, 3 deps" };
 
@@ -54,7 +54,7 @@ static double run_sys(int sys, int shape, int n, uint64_t iters)
     switch (sys) {
     case M_THREAD: return ptolua_metg(PTOLUA_METG_THREAD, shape, n, iters);
     case M_PROCESS: return ptolua_metg(PTOLUA_METG_PROCESS, shape, n, iters);
-    case M_EARLY: return ptolua_metg(PTOLUA_METG_EARLY, shape, n, iters);
+    case M_NOEARLY: return ptolua_metg(PTOLUA_METG_NOEARLY, shape, n, iters);
     case M_RELAY: return floor_metg(1, shape, n, iters);
     case M_DIRECT: return floor_metg(0, shape, n, iters);
 #ifdef PTO_BENCH_HAVE_OPENMP
@@ -160,7 +160,7 @@ static int sweep(int sys, int shape, double ns_per_iter, double work_ms, metg_ro
         double e = g_ref[p] / best;
         row->eff[p] = e;
         row->npoints = p + 1;
-        fprintf(stderr, "  %-15s %-20s %7.1f us  %6ld tasks  %5.1f%% (of the machine: %.1f%%)\n", m_name[sys],
+        fprintf(stderr, "  %-17s %-20s %7.1f us  %6ld tasks  %5.1f%% (of the machine: %.1f%%)\n", m_name[sys],
                 shape_name[shape], real_us, n, 100.0 * e, 100.0 * (double)n * real_us * 1e-6 / (BENCH_THREADS * best));
         if (e >= 0.5) {
             if (p == 0) {
@@ -205,9 +205,9 @@ static bool has_sys(int sys)
 static bool open_sys(int sys, bool floors, int *errors)
 {
     if (!has_sys(sys) || ((sys == M_RELAY || sys == M_DIRECT) && !floors)) return false;
-    if ((sys == M_PROCESS || sys == M_EARLY || sys == M_THREAD) &&
+    if ((sys == M_PROCESS || sys == M_NOEARLY || sys == M_THREAD) &&
         ptolua_metg_setup(sys == M_PROCESS ? PTOLUA_METG_PROCESS
-                          : sys == M_EARLY ? PTOLUA_METG_EARLY : PTOLUA_METG_THREAD) != 0) {
+                          : sys == M_NOEARLY ? PTOLUA_METG_NOEARLY : PTOLUA_METG_THREAD) != 0) {
         ++*errors;
         return false;
     }
@@ -249,7 +249,7 @@ int bench_metg_points(const char *list, int reps)
     int errors = 0;
     /* The floors' children and PROCESS mode's forkserver before OpenMP's threads. */
     enum { NORDER = 6 };
-    int order[NORDER] = { M_RELAY, M_DIRECT, M_PROCESS, M_EARLY, M_THREAD, M_OMP };
+    int order[NORDER] = { M_RELAY, M_DIRECT, M_PROCESS, M_NOEARLY, M_THREAD, M_OMP };
     bool floors = floor_metg_setup() == 0;
     if (!floors) errors++;
     for (int o = 0; o < NORDER; o++) {
@@ -277,14 +277,14 @@ int bench_metg_points(const char *list, int reps)
         time_ref(n[k], iters[k], &after, &worst[k]);
     }
     printf("efficiency (%% of %d plain threads running the same work; best of %d runs; spin kernel %.3f ns per "
-           "iteration)\n%-22s %-15s", BENCH_THREADS, reps, ns, "shape", "system");
+           "iteration)\n%-22s %-17s", BENCH_THREADS, reps, ns, "shape", "system");
     for (int k = 0; k < nd; k++) printf(" %7.1fus", durs[k]);
     printf("\n");
     for (int sh = 0; sh < METG_NSHAPES; sh++)
         for (int o = 0; o < NORDER; o++) {
             int sys = order[o];
             if (!has_sys(sys)) continue;
-            printf("%-22s %-15s", shape_name[sh], m_name[sys]);
+            printf("%-22s %-17s", shape_name[sh], m_name[sys]);
             for (int k = 0; k < nd; k++) printf(" %8.1f%%", 100.0 * eff[sys][sh][k]);
             printf("\n");
         }
@@ -338,7 +338,7 @@ int bench_metg_main(int quick)
         if (ptolua_onesub(m ? PTO_MODE_PROCESS : PTO_MODE_THREAD, &om[m], &of[m]) != 0) errors++;
     /* The floors' children and PROCESS mode's forkserver are forked before
      * OpenMP or StarPU start threads of their own. */
-    int order[M_NSYS] = { M_RELAY, M_DIRECT, M_PROCESS, M_EARLY, M_THREAD, M_OMP, M_STARPU };
+    int order[M_NSYS] = { M_RELAY, M_DIRECT, M_PROCESS, M_NOEARLY, M_THREAD, M_OMP, M_STARPU };
     bool floors = floor_metg_setup() == 0;
     if (!floors) errors++;
     for (int k = 0; k < M_NSYS; k++) {
@@ -377,12 +377,12 @@ int bench_metg_main(int quick)
                c[M_STARPU], r1, r2, r3);
     }
     printf("aims: ptolua process below starpu (process/spu < 1) and within 2x of openmp (process/omp <= 2)\n");
-    printf("with early posts (PTO_EARLY_POSTS=1, off by default):");
+    printf("without early posts (PTO_EARLY_POSTS=0):");
     for (int sh = 0; sh < METG_NSHAPES; sh++) {
         char c[32], r[32];
-        fmt_metg(c, sizeof c, &rows[M_EARLY][sh]);
-        ratio(r, sizeof r, &rows[M_EARLY][sh], &rows[M_OMP][sh]);
-        printf("%s %s %s us (early/omp %s)", sh ? ";" : "", shape_name[sh], c, r);
+        fmt_metg(c, sizeof c, &rows[M_NOEARLY][sh]);
+        ratio(r, sizeof r, &rows[M_NOEARLY][sh], &rows[M_OMP][sh]);
+        printf("%s %s %s us (no-early/omp %s)", sh ? ";" : "", shape_name[sh], c, r);
     }
     printf("\n");
     print_floors(rows);

@@ -1,4 +1,4 @@
-/* Early posts (scheduler.c, done_words.h; opt-in, PTO_EARLY_POSTS=1): in PROCESS mode a consumer whose
+/* Early posts (sched_early.c, done_words.h; on by default, PTO_EARLY_POSTS=0 turns them off): in PROCESS mode a consumer whose
  * producers on other children are posted already is posted too, and its
  * child waits for them. Results of a stencil whose every task reads three
  * producers, two of them on the other child, are exact (with early posts
@@ -7,7 +7,9 @@
  * nothing hangs; a consumer's child killed while it waits is replaced and
  * the consumer runs there; an interrupt revokes a waiting consumer; a
  * Worker keeps posting early over hundreds of runs (no word leaks). The
- * run profile of an early-posted stencil keeps the DAG's order. */
+ * run profile of an early-posted stencil keeps the DAG's order. A consumer
+ * does not go early behind an unrelated task, nor while ready tasks of its
+ * kind wait for a worker; a bad PTO_EARLY_POSTS fails the init. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -75,7 +77,8 @@ static int leaf_run(void *ctx, uint64_t callable, const pto_args_view *a, const 
 
 /* mode: "always" posts early whatever the tasks' times (the tests must not
  * depend on them: this machine may be loaded, and a task preempted midway
- * looks long), "1" only while tasks are short, NULL as by default (never). */
+ * looks long), "1" only while tasks are short, NULL as by default (as "1"),
+ * "0" never. */
 static pto_worker *started_worker(const char *mode)
 {
     pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20};
@@ -235,8 +238,8 @@ static int profile_wrong(pto_worker *w)
 static void test_stencil_exact(void)
 {
     uint64_t *cells = pto_shm_alloc(SW * ST * 8);
-    const char *modes[] = {"always", "1", NULL};
-    for (int m = 0; m < 3; m++) {
+    const char *modes[] = {"always", "1", NULL, "0"};
+    for (int m = 0; m < 4; m++) {
         pto_worker *w = started_worker(modes[m]);
         for (int r = 0; r < 3; r++) {
             memset(cells, 0, SW * ST * 8);
@@ -248,7 +251,7 @@ static void test_stencil_exact(void)
         printf("  PTO_EARLY_POSTS=%s: %lld of %d tasks posted early\n", modes[m] ? modes[m] : "(unset)", (long long)n,
                3 * SW * (ST - 1));
         if (m == 0) CHECK(n > SW * (ST - 1));   /* most of them: more than one run's worth */
-        if (m == 2) CHECK_EQ(n, 0);
+        if (m == 3) CHECK_EQ(n, 0);
         pto_worker_close(w);
     }
     pto_shm_free(cells);
@@ -509,6 +512,30 @@ static void test_words_reused(void)
     pto_shm_free(cells);
 }
 
+/* A PTO_EARLY_POSTS that is none of 0, 1, always fails the init, naming
+ * it; the Worker initialises once it is fixed. */
+static void test_bad_env(void)
+{
+    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20};
+    pto_worker *w = pto_worker_new(&cfg);
+    pto_leaf l = {.run = leaf_run, .name = "chip 1"};
+    pto_worker_add_next_level(w, &l);
+    pto_worker_add_next_level(w, &l);
+    setenv("PTO_EARLY_POSTS", "yes", 1);
+    CHECK_EQ(pto_worker_init(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "PTO_EARLY_POSTS must be 0 (no early posts), 1 (early posts, the default) or always");
+    CHECK_CONTAINS(pto_errmsg(), "got 'yes'");
+    setenv("PTO_EARLY_POSTS", "0", 1);
+    CHECK_EQ(pto_worker_init(w), 0);
+    unsetenv("PTO_EARLY_POSTS");
+    uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8);
+    next_run_normal(w, x, y);
+    CHECK_EQ(early_count(w), 0);
+    pto_worker_close(w);
+    pto_shm_free(x);
+    pto_shm_free(y);
+}
+
 int main(void)
 {
     struct rlimit nocore = {0, 0};
@@ -523,5 +550,6 @@ int main(void)
     RUN(test_waiting_consumer_killed);
     RUN(test_interrupt_while_waiting);
     RUN(test_words_reused);
+    RUN(test_bad_env);
     return tu_finish();
 }

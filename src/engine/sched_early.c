@@ -1,4 +1,4 @@
-/* sched_early.c - early posts (PROCESS mode, opt-in: PTO_EARLY_POSTS=1):
+/* sched_early.c - early posts (PROCESS mode; PTO_EARLY_POSTS=0 turns them off):
  * which consumer goes to a child before its producers have ended, where,
  * and the task-end words it holds meanwhile (done_words.h). The turn
  * (scheduler.c) stages what pto_early_place picks, finishes early tasks in
@@ -20,11 +20,12 @@
  * below, the parent's own work per task is all there is, and a fan of
  * no-op tasks ran 0.71x with early posts, the waiting children taking the
  * parent's core), onto a worker with little staged (a waiting cell holds
- * its child, and work behind it waits too), for single tasks without a
- * deadline (its clock would run while the cell waits), and not while the
- * gate is shut, failures are caught, the run is interrupted, or check
- * mode or diagnostics watch the task. Off by default: the main BGEMM in
- * PROCESS mode ran about 20% slower with them (docs/performance.md).
+ * its child, and work behind it waits too), not while ready tasks of the
+ * kind wait for a worker (they keep the children busy already: the main
+ * BGEMM ran 12% slower while its adds went early behind their gemms), for
+ * single tasks without a deadline (its clock would run while the cell
+ * waits), and not while the gate is shut, failures are caught, the run is
+ * interrupted, or check mode or diagnostics watch the task.
  * Deadlock-free: a task waits only for tasks posted before it, and each
  * child runs its cells in order. */
 #include "scheduler.h"

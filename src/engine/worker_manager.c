@@ -720,12 +720,28 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
     return false;
 }
 
+/* PTO_EARLY_POSTS: unset, empty or 1, early posts (sched_early.c) while
+ * the tasks are short; 0, none; always, whatever the tasks' times (for
+ * tests, which must not depend on them). False, with the error set, for
+ * anything else: a typo must not quietly leave them as they were. */
+static bool early_from_env(pto_worker_manager *wm)
+{
+    const char *env = getenv("PTO_EARLY_POSTS");
+    wm->early = !env || !*env || strcmp(env, "1") == 0 || strcmp(env, "always") == 0;
+    wm->early_always = env && strcmp(env, "always") == 0;
+    if (wm->early || strcmp(env, "0") == 0) return true;
+    pto_set_error("PTO_EARLY_POSTS must be 0 (no early posts), 1 (early posts, the default) or always (got '%s')",
+                  env);
+    return false;
+}
+
 /* PROCESS mode: the zygote and one child per worker, all started before
  * any thread of this Worker exists. */
 static bool start_children(pto_worker_manager *wm)
 {
     int32_t n = wm->count[0] + wm->count[1];
     if (n == 0) return true;
+    if (!early_from_env(wm)) return false;
     const pto_leaf **leaves = pto_xcalloc((size_t)n, sizeof *leaves);
     const char **names = pto_xcalloc((size_t)n, sizeof *names);
     int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);
@@ -746,14 +762,8 @@ static bool start_children(pto_worker_manager *wm)
     free(kinds);
     if (!p) return false;
     slot = 0;
-    /* Early posts are off unless PTO_EARLY_POSTS=1 (=always: whatever the
-     * tasks' times, for tests, which must not depend on them): on, the
-     * main BGEMM in PROCESS mode ran 20-30% slower (docs/performance.md).
-     * They need children that run one task after the other: a Worker child
-     * overlaps its tasks (leaf.begin). */
-    const char *env = getenv("PTO_EARLY_POSTS");
-    wm->early = env && (strcmp(env, "1") == 0 || strcmp(env, "always") == 0);
-    wm->early_always = env && strcmp(env, "always") == 0;
+    /* Early posts need children that run one task after the other: a
+     * Worker child overlaps its tasks (leaf.begin). */
     for (int k = 0; k < PTO_KINDS; k++)
         for (int32_t i = 0; i < wm->count[k]; i++, slot++) {
             wm->threads[k][i]->child = pto_proc_child(p, slot);

@@ -140,7 +140,7 @@ pto_slot *pto_slot_alloc(pto_slot_pool *p)
     s->chained = false;
     s->early = false;
     /* Its task-end words were let go when it finished (scheduler.c), and
-     * calloc zeroed them first: the line they sit on stays cold here. */
+     * calloc zeroed them first. */
     assert(!s->done.stamp && !s->nwaits);
     atomic_store_explicit(&s->group_failed, false, memory_order_relaxed);
     atomic_store_explicit(&s->ran_ok, false, memory_order_relaxed);

@@ -95,12 +95,18 @@ struct pto_slot {
     int32_t members_done;
     bool chained;                     /* staged behind its last unfinished producer (scheduler.c chain), or early */
     bool early;                       /* PROCESS mode: staged before its producers ended, which it waits for in
-                                       * its child (scheduler.c, early posts) */
+                                       * its child (sched_early.c) */
+    int8_t nwaits;                    /* early: the producers' words it holds (waits) */
+    bool done_said;                   /* its child's result came back, so its word is final */
     int64_t ready_by;                 /* the producer whose completion made it ready, -1 if none (profile.h) */
     _Atomic bool group_failed;
     _Atomic bool ran_ok;              /* worker: a single task ran and returned 0 */
-    char *error;                      /* malloc'ed; set before FAILED is published */
+    /* PROCESS mode: its task-end word while posted (stamp 0: none; sched_early.c). On this line, which
+     * the turn touches anyway: every post of a kind with early posts reads and writes it (on the
+     * slot's last line it cost a cache miss a post, 14% of the main BGEMM's turns). */
+    pto_done_ref done;
 
+    char *error;                      /* malloc'ed; set before FAILED is published */
     /* heap slab */
     uint64_t slab_off, slab_bytes;
     uint64_t slab_seq;                /* position in its ring's FIFO */
@@ -117,14 +123,10 @@ struct pto_slot {
     pto_tensor inl_tensors[PTO_SLOT_INLINE_TENSORS];
     uint64_t inl_scalars[PTO_SLOT_INLINE_SCALARS];
     uint8_t inl_tags[PTO_SLOT_INLINE_TENSORS];
-    pto_ref inl_refs[PTO_SLOT_INLINE_REFS];
-
-    /* PROCESS mode, the turn's, early posts only (scheduler.c): last, so
-     * the lines every task touches stay as they were without them. */
-    pto_done_ref done;                /* its task-end word while posted (stamp 0: none) */
+    /* PROCESS mode, the turn's, early tasks only (sched_early.c): few tasks
+     * go early. Here, inl_refs begins a line of its own. */
     pto_done_ref waits[PTO_DONE_WAITS];
-    int8_t nwaits;                    /* early: the producers' words it holds */
-    bool done_said;                   /* its child's result came back, so its word is final */
+    pto_ref inl_refs[PTO_SLOT_INLINE_REFS];
 };
 
 static inline uint64_t pto_fanout_pack(uint32_t total, uint32_t released)

@@ -556,9 +556,8 @@ static bool pump_collect(pto_worker_thread *wt, bool check_zygote)
         moved = true;
         if (k == PTO_PROC_DONE) {
             pto_slot *s0 = staged_at(wt, 0)->slot;
-            /* The child wrote its word before its result. (The fields sit on
-             * the slot's last line: not read at all without early posts.) */
-            if (wt->wm->early && s0->done.stamp) s0->done_said = true;
+            /* The child wrote its word before its result. */
+            if (s0->done.stamp) s0->done_said = true;
             pump_finish(wt, &r, err);
             continue;
         }
@@ -645,8 +644,9 @@ static bool pump_post(pto_worker_thread *wt)
         }
         pto_mb_deps deps, *dp = NULL;
         /* A word only where a consumer may wait for it: a task of a kind
-         * whose tasks are posted early now, or one kept from a first post. */
-        if (wt->wm->early && s->group_size == 1 && (s->done.stamp || s->early || pto_wm_early_kind(wt->wm, s->kind)))
+         * whose tasks are posted early now, or one kept from a first post;
+         * and an early task's waits, whatever its kind's times are now. */
+        if (wt->wm->early && s->group_size == 1 && (pto_wm_early_kind(wt->wm, s->kind) || s->early || s->done.stamp))
             dp = post_deps(wt, s, &deps);
         int r = pto_proc_try_post(ch, s->callable, &v, &s->cfg->cfg, at >= 0, dp, err, sizeof err);
         if (r != 0 && i == 0) atomic_store_explicit(&wt->current_task, -1, memory_order_relaxed);

@@ -484,6 +484,18 @@ static void test_spin_budget(void)
     CHECK_EQ(pto_mb_spin_budget(&s), 0);
     for (int i = 0; i < 50; i++) pto_mb_spin_observe(&s, 1000);      /* fast again: spin again */
     CHECK(pto_mb_spin_budget(&s) > 0 && pto_mb_spin_budget(&s) <= 20000);
+    /* Waits near zero, but a wake-up takes 40 us: spin about that long, not
+     * twice the mean wait, and still not at all once waits are long. */
+    pto_mb_spin_init(&s, 100000);
+    for (int i = 0; i < 50; i++) pto_mb_spin_observe(&s, 100);
+    for (int i = 0; i < 50; i++) pto_mb_spin_woke(&s, 1000);
+    CHECK(pto_mb_spin_budget(&s) < 5000);
+    for (int i = 0; i < 50; i++) pto_mb_spin_woke(&s, 40000);
+    CHECK(pto_mb_spin_budget(&s) >= 35000 && pto_mb_spin_budget(&s) <= 40000);
+    for (int i = 0; i < 50; i++) pto_mb_spin_woke(&s, 10000000);   /* clamped: never past max */
+    CHECK_EQ(pto_mb_spin_budget(&s), 100000);
+    for (int i = 0; i < 50; i++) pto_mb_spin_observe(&s, 1000000);
+    CHECK_EQ(pto_mb_spin_budget(&s), 0);
     pto_mb_spin_init(&s, 0);
     CHECK_EQ(pto_mb_spin_budget(&s), 0);
 }

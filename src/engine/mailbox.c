@@ -19,13 +19,21 @@ void pto_mb_spin_init(pto_mb_spin *s, uint32_t max_ns)
     /* Start optimistic: the first hand-offs of a run are usually short. */
     s->max_ns = max_ns;
     s->ewma_ns = max_ns / 4;
+    s->wake_ns = max_ns / 4;
 }
 
 int64_t pto_mb_spin_budget(const pto_mb_spin *s)
 {
     if (s->ewma_ns > s->max_ns) return 0;
     uint64_t b = 2ull * s->ewma_ns + SPIN_FLOOR_NS;
+    if (b < s->wake_ns) b = s->wake_ns;
     return (int64_t)(b < s->max_ns ? b : s->max_ns);
+}
+
+void pto_mb_spin_woke(pto_mb_spin *s, uint64_t woke_ns)
+{
+    uint64_t w = woke_ns < 4ull * s->max_ns ? woke_ns : 4ull * s->max_ns;
+    s->wake_ns = (uint32_t)((int64_t)s->wake_ns + ((int64_t)w - (int64_t)s->wake_ns) / 4);
 }
 
 void pto_mb_spin_observe(pto_mb_spin *s, uint64_t waited_ns)
@@ -523,6 +531,17 @@ static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spi
     }
 }
 
+/* Sleep until the parent posts cell seq (or shuts the mailbox), and learn
+ * from the post's stamp how long a wake-up took. */
+static void sleep_for_work(pto_mailbox *mb, pto_mb_spin *spin, uint32_t seq)
+{
+    uint64_t t0 = pto_now_ns();
+    pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
+    if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) return;
+    uint64_t now = pto_now_ns(), posted_ns = pto_mb_cell_of(mb, seq)->posted_ns;
+    if (posted_ns > t0 && now > posted_ns) pto_mb_spin_woke(spin, now - posted_ns);
+}
+
 void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns)
 {
     pto_mb_spin spin;
@@ -545,7 +564,7 @@ void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_
             t0 = pto_now_ns();
             int64_t b = pto_mb_spin_budget(&spin);
             if (!spin_for(child_has_work, mb, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
-                pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
+                sleep_for_work(mb, &spin, seq);
         }
         if (pto_mb_state(mb) == PTO_MB_SHUTDOWN) return;
         if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) continue;   /* a spurious wake-up */

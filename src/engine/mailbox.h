@@ -172,14 +172,24 @@ typedef struct pto_mailbox {
  * short, not at all when waits are long (a futex wake-up then costs little
  * next to the wait, and a spinner would take a core from the peer). A wait
  * is measured up to the peer's post timestamp, not to the wake-up, so
- * sleeping does not inflate it and spinning resumes when waits shrink. */
+ * sleeping does not inflate it and spinning resumes when waits shrink.
+ * While waits are short the spin lasts at least as long as a recent
+ * wake-up took (from the peer's post to running again): a wait that ends
+ * within that is cheaper caught spinning than asleep, for the waker too,
+ * whose FUTEX_WAKE is a system call. Waits are mostly near zero with a
+ * few of a parent's turn (tens of us): twice their mean (2-3 us) slept
+ * through those, and each cost both sides a wake-up (35-60 us on this
+ * 2-core VM; the main BGEMM in PROCESS mode ran 12% slower so). */
 typedef struct pto_mb_spin {
     uint32_t ewma_ns;     /* recent waits, 1/8 smoothing */
+    uint32_t wake_ns;     /* recent wake-ups: from the peer's post to running again after a sleep, 1/4 smoothing */
     uint32_t max_ns;      /* never spin longer than this */
 } pto_mb_spin;
 
 void pto_mb_spin_init(pto_mb_spin *s, uint32_t max_ns);
 int64_t pto_mb_spin_budget(const pto_mb_spin *s);
+/* After a sleep: the peer's post reached the sleeper woke_ns later. */
+void pto_mb_spin_woke(pto_mb_spin *s, uint64_t woke_ns);
 void pto_mb_spin_observe(pto_mb_spin *s, uint64_t waited_ns);
 
 /* A zero-filled mailbox in its own shared mapping; NULL with pto_errmsg. */

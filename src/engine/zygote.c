@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHILD_SPIN_MAX_NS 20000u    /* a child waiting for its next task */
+#define CHILD_SPIN_MAX_NS 100000u   /* a child waiting for its next task, at most (pto_mb_spin) */
 #define COLD_SPIN_NS 2000           /* while the orchestrator submits (pto_hot_spin) */
 /* Orphans the zygote adopted (subreaper) get this long to be reaped at its exit. */
 #define ORPHAN_REAP_MS 200

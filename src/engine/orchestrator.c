@@ -536,6 +536,15 @@ static void prefetch_bases(pto_orch *o, const submit_req *q)
             uint64_t base = q->args[m].tensors[i].base;
             if (!base) continue;
             pto_tm_prefetch(&o->tm, base);
+            /* And the writes as one stream, whatever their position: a
+             * fan's head, its readers and its join write consecutive
+             * buffers (W3: 10 a group), where by position the head's and
+             * the first reader's were guessed from another task's. */
+            uint8_t tag = q->args[m].tags[i];
+            if (tag == PTO_OUTPUT || tag == PTO_INOUT || tag == PTO_OUTPUT_EXISTING) {
+                if (o->last_out && o->last_out != base) pto_tm_prefetch(&o->tm, base + (base - o->last_out));
+                o->last_out = base;
+            }
             if (pos < PTO_ORCH_PREDICT) {
                 uint64_t last = o->last_base[pos];
                 if (last && last != base) pto_tm_prefetch(&o->tm, base + (base - last));

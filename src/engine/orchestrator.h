@@ -60,6 +60,7 @@ struct pto_orch {
     /* The base of the last submit's first tensors, by position: the next
      * submit's bases are predicted a stride on (prefetch_bases). */
     uint64_t last_base[PTO_ORCH_PREDICT];
+    uint64_t last_out;               /* the base the last submit wrote last: the same for the writes */
 
     /* What a reclaimed task was (orch_inspect.c): its slot is gone, but
      * views of the open run (orch:dot colours by callable) still need its

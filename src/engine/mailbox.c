@@ -510,11 +510,15 @@ static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spi
             uint64_t t0 = pto_now_ns();
             bool idle = o.seq == o.next;
             int64_t b = pto_mb_spin_budget(spin);
-            if (!spin_for(overlap_has_work, &o, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns)))
+            uint64_t slept = 0;
+            if (!spin_for(overlap_has_work, &o, pto_hot_spin(b, b < cold_spin_ns ? b : cold_spin_ns, &mb->hot_until_ns))) {
+                slept = pto_now_ns();
                 pto_event_wait(&mb->to_child, overlap_has_work, &o, 0, -1);
+            }
             if (idle && can_begin(&o)) {
-                uint64_t posted_ns = pto_mb_cell_of(mb, o.next)->posted_ns;
+                uint64_t posted_ns = pto_mb_cell_of(mb, o.next)->posted_ns, now = pto_now_ns();
                 pto_mb_spin_observe(spin, posted_ns > t0 ? posted_ns - t0 : 0);
+                if (slept && posted_ns > slept && now > posted_ns) pto_mb_spin_woke(spin, now - posted_ns);
             }
             continue;
         }

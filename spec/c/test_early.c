@@ -155,6 +155,21 @@ static bool wait_failed(pto_orch *o, int64_t id, pto_task_info *info)
     return false;
 }
 
+/* Poll until tasks 0..n-1 of o's run are dispatched (running), or 5 s:
+ * then a task submitted next is wired and dispatched on its own. */
+static bool wait_dispatched(pto_orch *o, int64_t n)
+{
+    uint64_t t0 = pto_now_ns();
+    for (int64_t id = 0; id < n; id++) {
+        pto_task_info info;
+        while (!(pto_task_info_get(o, id, &info) == 0 && info.state == PTO_TASK_RUNNING)) {
+            if (pto_now_ns() - t0 > 5000000000ull) return false;
+            tu_sleep_ms(1);
+        }
+    }
+    return true;
+}
+
 /* Poll until the Worker has posted n more tasks early than before, or 5 s. */
 static bool wait_early(pto_worker *w, int64_t before, int64_t n)
 {
@@ -300,7 +315,8 @@ static void test_not_behind_other_work(void)
  * four 100 ms tasks, P among them, fill both chips' queue depth (2), a
  * fifth waits in the ready queue, then C. Pinned to chip 1: P on chip 2,
  * two tasks on chip 1 fill its depth, a third waits in its pinned queue,
- * then C. */
+ * then C. Each waits until the tasks before it are dispatched, so the
+ * fifth is wired and dispatched on its own. */
 static void test_no_early_over_backlog(void)
 {
     pto_worker *w = started_worker("always");
@@ -309,9 +325,10 @@ static void test_no_early_over_backlog(void)
         int pin = pinned ? 0 : -1;
         int64_t e0 = early_count(w);
         pto_orch *o = pto_run_begin(w);
+        int n = pinned ? 3 : 4;
         submit_set(o, &b[0], 100000000, pinned ? 1 : -1);   /* P */
-        for (int i = 1; i < (pinned ? 3 : 4); i++) submit_set(o, &b[i], 100000000, pin);
-        tu_sleep_ms(20);   /* wired and dispatched: chip 1 has 2 */
+        for (int i = 1; i < n; i++) submit_set(o, &b[i], 100000000, pin);
+        CHECK(wait_dispatched(o, n));   /* chip 1 has 2 */
         submit_set(o, &b[4], 100000000, pin);   /* waits for a worker */
         submit_copy(o, &b[0], y, pin);          /* C */
         CHECK_EQ(pto_run_end(w), 0);

@@ -79,7 +79,7 @@ static int leaf_run(void *ctx, uint64_t callable, const pto_args_view *a, const 
  * depend on them: this machine may be loaded, and a task preempted midway
  * looks long), "1" only while tasks are short, NULL as by default (as "1"),
  * "0" never. */
-static pto_worker *started_worker(const char *mode)
+static pto_worker *new_worker(void)
 {
     pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20};
     pto_worker *w = pto_worker_new(&cfg);
@@ -89,11 +89,23 @@ static pto_worker *started_worker(const char *mode)
         pto_leaf l = {.run = leaf_run, .name = names[i]};
         pto_worker_add_next_level(w, &l);
     }
+    return w;
+}
+
+/* pto_worker_init with PTO_EARLY_POSTS set to mode (NULL: unset) meanwhile. */
+static int init_with(pto_worker *w, const char *mode)
+{
     if (mode) setenv("PTO_EARLY_POSTS", mode, 1);
     else unsetenv("PTO_EARLY_POSTS");
     int rc = pto_worker_init(w);
     unsetenv("PTO_EARLY_POSTS");
-    if (rc != 0) { fprintf(stderr, "pto_worker_init: %s\n", pto_errmsg()); exit(2); }
+    return rc;
+}
+
+static pto_worker *started_worker(const char *mode)
+{
+    pto_worker *w = new_worker();
+    if (init_with(w, mode) != 0) { fprintf(stderr, "pto_worker_init: %s\n", pto_errmsg()); exit(2); }
     return w;
 }
 
@@ -533,18 +545,11 @@ static void test_words_reused(void)
  * it; the Worker initialises once it is fixed. */
 static void test_bad_env(void)
 {
-    pto_worker_config cfg = {.level = 3, .mode = PTO_MODE_PROCESS, .heap_ring_size = 1 << 20};
-    pto_worker *w = pto_worker_new(&cfg);
-    pto_leaf l = {.run = leaf_run, .name = "chip 1"};
-    pto_worker_add_next_level(w, &l);
-    pto_worker_add_next_level(w, &l);
-    setenv("PTO_EARLY_POSTS", "yes", 1);
-    CHECK_EQ(pto_worker_init(w), -1);
+    pto_worker *w = new_worker();
+    CHECK_EQ(init_with(w, "yes"), -1);
     CHECK_CONTAINS(pto_errmsg(), "PTO_EARLY_POSTS must be 0 (no early posts), 1 (early posts, the default) or always");
     CHECK_CONTAINS(pto_errmsg(), "got 'yes'");
-    setenv("PTO_EARLY_POSTS", "0", 1);
-    CHECK_EQ(pto_worker_init(w), 0);
-    unsetenv("PTO_EARLY_POSTS");
+    CHECK_EQ(init_with(w, "0"), 0);
     uint64_t *x = pto_shm_alloc(8), *y = pto_shm_alloc(8);
     next_run_normal(w, x, y);
     CHECK_EQ(early_count(w), 0);

@@ -492,6 +492,14 @@ static void begin_next(overlap *o)
     o->next++;
 }
 
+/* A sleep that began at slept_ns (0: none) ended with a cell the parent
+ * stamped at posted_ns while it lasted: the wake-up took until now. */
+static void learn_wake(pto_mb_spin *spin, uint64_t slept_ns, uint64_t posted_ns)
+{
+    uint64_t now = pto_now_ns();
+    if (slept_ns && posted_ns > slept_ns && now > posted_ns) pto_mb_spin_woke(spin, now - posted_ns);
+}
+
 static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spin, int64_t cold_spin_ns)
 {
     overlap o = {.mb = mb, .leaf = leaf};
@@ -516,9 +524,9 @@ static void overlap_loop(pto_mailbox *mb, const pto_leaf *leaf, pto_mb_spin *spi
                 pto_event_wait(&mb->to_child, overlap_has_work, &o, 0, -1);
             }
             if (idle && can_begin(&o)) {
-                uint64_t posted_ns = pto_mb_cell_of(mb, o.next)->posted_ns, now = pto_now_ns();
+                uint64_t posted_ns = pto_mb_cell_of(mb, o.next)->posted_ns;
                 pto_mb_spin_observe(spin, posted_ns > t0 ? posted_ns - t0 : 0);
-                if (slept && posted_ns > slept && now > posted_ns) pto_mb_spin_woke(spin, now - posted_ns);
+                learn_wake(spin, slept, posted_ns);
             }
             continue;
         }
@@ -541,9 +549,7 @@ static void sleep_for_work(pto_mailbox *mb, pto_mb_spin *spin, uint32_t seq)
 {
     uint64_t t0 = pto_now_ns();
     pto_event_wait(&mb->to_child, child_has_work, mb, 0, -1);
-    if (atomic_load_explicit(&mb->posted, memory_order_acquire) == seq) return;
-    uint64_t now = pto_now_ns(), posted_ns = pto_mb_cell_of(mb, seq)->posted_ns;
-    if (posted_ns > t0 && now > posted_ns) pto_mb_spin_woke(spin, now - posted_ns);
+    if (atomic_load_explicit(&mb->posted, memory_order_acquire) != seq) learn_wake(spin, t0, pto_mb_cell_of(mb, seq)->posted_ns);
 }
 
 void pto_mb_child_loop(pto_mailbox *mb, const pto_leaf *leaf, uint32_t spin_max_ns, int64_t cold_spin_ns)

@@ -207,7 +207,7 @@ static void finish_all(pto_scheduler *s, pto_worker_thread *cont)
                 c->ready_by = x->id;   /* posted already: in this view x ended last of those it waits for */
             }
         }
-        if (PTO_UNLIKELY(s->wm->early) && (x->done.stamp || x->nwaits)) pto_early_drop_words(s, x, true, failed);
+        if (PTO_UNLIKELY(x->done.stamp || x->nwaits)) pto_early_drop_words(s, x, true, failed);   /* early posts only */
         /* Before its releases, which may recycle x; before `finished`, so a
          * drained session has no hook left to run. */
         if (x->run) pto_run_task_finished(x->run, x, failed);

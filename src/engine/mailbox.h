@@ -64,10 +64,12 @@
 #define PTO_MB_BLOB_CAP (256u * 1024u)   /* bytes of args blob a task may carry */
 #define PTO_MB_ERR_CAP 4096u             /* error message incl. a Lua traceback */
 /* Tasks a child may have posted, a power of two. The scheduler keeps only
- * as many posted as cover PTO_WM_STOCK_NS of work (worker_manager.h): a
- * ring of short tasks lets it nap, few long ones keep an idle sibling from
- * waiting while tasks sit here unstealable. */
-#define PTO_MB_CELLS 16u
+ * as many posted as cover PTO_WM_STOCK_NS of work, at most
+ * PTO_WM_MAX_POSTED (worker_manager.h): a ring of short tasks lets it nap,
+ * few long ones keep an idle sibling from waiting while tasks sit here
+ * unstealable. The rest of the ring is for chains, which no sibling could
+ * begin sooner. */
+#define PTO_MB_CELLS 32u
 enum { PTO_CELL_POSTED = 0, PTO_CELL_TAKEN = 1, PTO_CELL_REVOKED = 2 };
 
 enum {

@@ -488,18 +488,35 @@ uint32_t pto_wm_unbegun(const pto_worker_thread *wt)
 
 /* Cells to keep posted to wt's child: PTO_WM_STOCK_NS of work at its
  * kind's recent mean task time, at least PTO_WM_MIN_POSTED (also while that
- * time is unknown), at most the ring. */
+ * time is unknown), at most PTO_WM_MAX_POSTED; a chain goes on past it
+ * (chained_next). */
 static uint32_t post_cap(const pto_worker_thread *wt)
 {
     int64_t t = wt->wm->task_ns[wt->kind];
     if (t <= 0 || t >= PTO_WM_STOCK_NS / PTO_WM_MIN_POSTED) return PTO_WM_MIN_POSTED;
     int64_t n = PTO_WM_STOCK_NS / t;
-    return n >= PTO_MB_CELLS ? PTO_MB_CELLS : (uint32_t)n;
+    return n >= PTO_WM_MAX_POSTED ? PTO_WM_MAX_POSTED : (uint32_t)n;
 }
 
 static pto_staged *staged_at(pto_worker_thread *wt, uint32_t i)
 {
     return &wt->staged[(wt->staged_head + i) & (PTO_MB_CELLS - 1)];
+}
+
+/* Whether the task to post after the first i (i > 0) is chained behind the
+ * i-th: staged already, or at the head of wt's own queues, where
+ * pump_claim takes it (only the turn's holder claims in PROCESS mode). */
+static bool chained_next(pto_worker_thread *wt, uint32_t i)
+{
+    const pto_slot *prev = staged_at(wt, i - 1)->slot;
+    if (i < wt->staged_len) return staged_at(wt, i)->after == prev;
+    const pto_wt_queue *qs[2] = {&wt->pq, &wt->dq};   /* claim's order */
+    for (int q = 0; q < 2; q++) {
+        uint32_t h = atomic_load_explicit(&qs[q]->head, memory_order_relaxed);
+        if (h != atomic_load_explicit(&qs[q]->tail, memory_order_acquire))
+            return atomic_load_explicit(&qs[q]->e[h & (PTO_WT_QCAP - 1)].after, memory_order_relaxed) == prev;
+    }
+    return false;
 }
 
 /* Claim one more task for wt's child: its own queue's head, or a stealable
@@ -661,8 +678,9 @@ static bool pump_post(pto_worker_thread *wt)
     bool moved = false;
     uint32_t cap = post_cap(wt);
     pto_proc_batch(ch, true);
-    while (wt->staged_posted < cap && !wt->staged_alone && !ch->timed_out_ms) {
+    while (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone && !ch->timed_out_ms) {
         uint32_t i = wt->staged_posted;
+        if (i >= cap && !chained_next(wt, i)) break;
         if (i == wt->staged_len && !pump_claim(wt)) break;
         pto_staged *e = staged_at(wt, i);
         pto_slot *s = e->slot;
@@ -770,8 +788,9 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
             }
             if (wt->staged_posted < wt->staged_len || ch->replacing) {
                 if (!wt->staged_alone && pto_proc_actionable(ch)) return true;
-            } else if (wt->staged_posted < post_cap(wt) && !wt->staged_alone &&
-                       (unclaimed(wt) || steal(wt, true, NULL, NULL, NULL))) {
+            } else if (!wt->staged_alone && wt->staged_posted < PTO_MB_CELLS &&
+                       (wt->staged_posted < post_cap(wt) ? unclaimed(wt) || steal(wt, true, NULL, NULL, NULL)
+                                                         : chained_next(wt, wt->staged_posted))) {
                 return true;
             }
         }

@@ -43,6 +43,13 @@ typedef struct pto_ready_queue {
  * of its kind's mean time (task_ns), and never fewer tasks than this. */
 #define PTO_WM_STOCK_NS 200000
 #define PTO_WM_MIN_POSTED 4u
+/* ... and at most this many, except a chain: tasks each chained behind the
+ * cell before it (scheduler.c) fill the ring, PTO_MB_CELLS. A chain of
+ * no-op chip tasks refilled 16 cells at a time ran at 0.31-0.80 us a task
+ * in a Lua run, 32 at a time at 0.30-0.33; independent tasks posted that
+ * deep made a stencil of 2 us tasks slower (unstealable, early posts
+ * further ahead), so they keep 16. */
+#define PTO_WM_MAX_POSTED 16u
 /* A thread's completions include tasks it stole; it steals only while fewer
  * than PTO_WT_QCAP of them are unpolled, and its own stay below PTO_WT_QCAP. */
 #define PTO_WT_CQCAP (2 * PTO_WT_QCAP)

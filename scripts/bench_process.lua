@@ -119,8 +119,13 @@ end
 -- 1 and M tasks. A new Worker's first runs are slower: after the fork, every
 -- page the parent writes is copied once (the zygote and the children share
 -- them), so those runs are reported apart and the figures are taken after.
+-- Both modes' Workers live side by side and measure in alternating rounds,
+-- each round a fit from the medians of 200 one-task and 21 M-task runs;
+-- the figures are the medians over the rounds. A single round moved
+-- between about 2 and 6 us of fixed cost from one second to the next on
+-- this VM (both modes, any build), so one round read either.
 local function one_sub(mode)
-  local w <close> = pto.Worker{mode = mode, num_sub_workers = 1}
+  local w = pto.Worker{mode = mode, num_sub_workers = 1}
   local h = w:register(function() end, "noop")
   w:init()
   local function timed(n, runs)
@@ -135,15 +140,29 @@ local function one_sub(mode)
   local M = math.floor(2000 * scale)
   local first = timed(1, 100)
   timed(M, 5)
-  local t1, tm = timed(1, 200), timed(M, 21)
-  local marginal = (tm - t1) / (M - 1)
-  return marginal, t1 - marginal, first
+  return w, first, function()
+    local t1, tm = timed(1, 200), timed(M, 21)
+    local marginal = (tm - t1) / (M - 1)
+    return marginal, t1 - marginal
+  end
 end
 collectgarbage("collect")
 print()
 print(("%-36s %10s %10s %9s"):format("one sub child, no-op", "thread", "process", "proc/thr"))
-local mt, ft, rt = one_sub("thread")
-local mp, fp, rp = one_sub("process")
+local mt, ft, rt, mp, fp, rp
+do
+  local wt <close>, first_t, round_t = one_sub("thread")
+  local wp <close>, first_p, round_p = one_sub("process")
+  rt, rp = first_t, first_p
+  local xs = {mt = {}, ft = {}, mp = {}, fp = {}}
+  for _ = 1, math.max(3, math.floor(5 * scale)) do
+    local m, f = round_t()
+    xs.mt[#xs.mt + 1], xs.ft[#xs.ft + 1] = m, f
+    m, f = round_p()
+    xs.mp[#xs.mp + 1], xs.fp[#xs.fp + 1] = m, f
+  end
+  mt, ft, mp, fp = median(xs.mt), median(xs.ft), median(xs.mp), median(xs.fp)
+end
 print(("%-36s %10.2f %10.2f %8.2fx  (design reference: 8.08 us)"):format("marginal cost per task (us)", mt * 1e6,
   mp * 1e6, mp / mt))
 print(("%-36s %10.2f %10.2f %8.2fx  (design reference: 43.3 us)"):format("fixed cost per run (us)", ft * 1e6,

@@ -1,7 +1,9 @@
--- Process mode against thread mode, measured in the same run: the engine
--- benchmark's four DAG shapes with no-op chip kernels and no-op Lua subs,
--- then the marginal per-task cost and the fixed cost of one run with one
--- sub child. A benchmark, not a test. Run it through scripts/bench_process.sh.
+-- Process mode against thread mode, measured in the same run, each pair of
+-- Workers side by side with their runs alternating: the engine benchmark's
+-- four DAG shapes with no-op chip kernels and no-op Lua subs, then the
+-- marginal per-task cost and the fixed cost of one run with one sub child,
+-- then the README's main job. A benchmark, not a test. Run it through
+-- scripts/bench_process.sh.
 --   ptolua scripts/bench_process.lua [scale]   (scale 1 = default sizes)
 local pto = require "pto"
 local scale = tonumber(arg[1]) or 1

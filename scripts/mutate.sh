@@ -45,7 +45,7 @@ mutant merge_drops_dependency src/engine/orchestrator.c \
   '' \
   'a producer seen first as a slab hold loses its dependency when seen again'
 mutant no_poison_failed_producer src/engine/scheduler.c \
-  'if (atomic_load_explicit(&p->failed, memory_order_relaxed)) pto_slot_poison(c, p->id);' \
+  'if (failed) poison_consumer(c, p);' \
   '' \
   'wiring a consumer of an already-failed producer does not poison it'
 mutant running_producer_finished src/engine/scheduler.c \
@@ -73,16 +73,16 @@ mutant scope_end_keeps_hold src/engine/orchestrator.c \
   '' \
   'a closed scope still marks its slots as held (false heap deadlocks)'
 mutant tensormap_touching_overlap src/engine/tensormap.c \
-  'if (e->start < end && start < e->end)' \
-  'if (e->start <= end && start <= e->end)' \
+  'if (b->count && b->one.start < end && start < b->one.end) fn(b->one.producer, arg);' \
+  'if (b->count && b->one.start <= end && start <= b->one.end) fn(b->one.producer, arg);' \
   'adjacent byte ranges count as overlapping (false dependencies)'
 mutant mailbox_len_without_scalars src/engine/mailbox.c \
   'c->blob_len = (uint32_t)n;' \
   'c->blob_len = (uint32_t)(n - 8 * args->scalar_count);' \
   'a PROCESS-mode mailbox posts a blob length without the scalars'
 mutant ring_ignores_after_prev src/engine/mailbox.c \
-  'c->skipped = revoked || (c->after_prev && prev_rc != 0);' \
-  'c->skipped = revoked || (c->after_prev && prev_rc != 0 && false);' \
+  'c->skipped = revoked || (c->after_prev && prev_failed) || producer_failed;' \
+  'c->skipped = revoked || (c->after_prev && prev_failed && false) || producer_failed;' \
   'a child runs a chained cell although the cell before it (its producer) failed'
 mutant interrupt_revokes_nothing src/engine/worker_manager.c \
   'if (cancelled(wt, staged_at(wt, k)->slot)) pto_proc_revoke(wt->child, k);' \
@@ -92,7 +92,7 @@ mutant respawn_skips_dead_child src/engine/process.c \
   'if (st == PTO_MB_DEAD || st == PTO_MB_EMPTY) {' \
   'if (st == PTO_MB_EMPTY) {' \
   'a child that died while idle is not replaced before the next task'
-mutant dispatch_held_unclassified src/engine/orchestrator.c \
+mutant dispatch_held_unclassified src/engine/orch_heap.c \
   'pto_set_error_code(PTO_ERR_DISPATCH_HELD,' \
   'pto_set_error_code(PTO_ERR_FAILED,' \
   'a ring full while dispatch is held is not classified, so Lua users get no :step / :release advice'

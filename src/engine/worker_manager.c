@@ -519,6 +519,14 @@ static bool chained_next(pto_worker_thread *wt, uint32_t i)
     return false;
 }
 
+/* Whether a task may go into wt's child's cell after the first i posted,
+ * cap being post_cap(): the one rule pump_post follows and
+ * pto_wm_pump_ready predicts. */
+static bool may_post(pto_worker_thread *wt, uint32_t i, uint32_t cap)
+{
+    return i < PTO_MB_CELLS && (i < cap || chained_next(wt, i));
+}
+
 /* Claim one more task for wt's child: its own queue's head, or a stealable
  * one behind a busy child of its kind. */
 static bool pump_claim(pto_worker_thread *wt)
@@ -678,9 +686,8 @@ static bool pump_post(pto_worker_thread *wt)
     bool moved = false;
     uint32_t cap = post_cap(wt);
     pto_proc_batch(ch, true);
-    while (wt->staged_posted < PTO_MB_CELLS && !wt->staged_alone && !ch->timed_out_ms) {
+    while (!wt->staged_alone && !ch->timed_out_ms && may_post(wt, wt->staged_posted, cap)) {
         uint32_t i = wt->staged_posted;
-        if (i >= cap && !chained_next(wt, i)) break;
         if (i == wt->staged_len && !pump_claim(wt)) break;
         pto_staged *e = staged_at(wt, i);
         pto_slot *s = e->slot;
@@ -788,9 +795,8 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
             }
             if (wt->staged_posted < wt->staged_len || ch->replacing) {
                 if (!wt->staged_alone && pto_proc_actionable(ch)) return true;
-            } else if (!wt->staged_alone && wt->staged_posted < PTO_MB_CELLS &&
-                       (wt->staged_posted < post_cap(wt) ? unclaimed(wt) || steal(wt, true, NULL, NULL, NULL)
-                                                         : chained_next(wt, wt->staged_posted))) {
+            } else if (!wt->staged_alone && may_post(wt, wt->staged_posted, post_cap(wt)) &&
+                       (unclaimed(wt) || steal(wt, true, NULL, NULL, NULL))) {
                 return true;
             }
         }

@@ -136,6 +136,14 @@ mutant early_behind_other_work src/engine/sched_early.c \
   '(wt->last_sent == (uintptr_t)ps[k] || wt->last_sent_early)' \
   '1' \
   'an early consumer goes to its producer'"'"'s child behind an unrelated long task while the other child idles'
+mutant nudge_does_not_move src/engine/process.c \
+  'bool ok = sched_setaffinity(pid, sizeof one, &one) == 0;' \
+  'bool ok = true; (void)one;' \
+  'the spread (pto_wm_spread) moves no child, so two children left on one core stay there'
+mutant nudge_pins_child src/engine/process.c \
+  '    sched_setaffinity(pid, sizeof was, &was);\n    return ok;' \
+  '    return ok;' \
+  'a nudged child is left pinned to one CPU instead of getting its own CPU mask back'
 
 usage() { sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//'; }
 

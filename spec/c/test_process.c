@@ -14,8 +14,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <sched.h>
 #include "common.h"
+#include "process.h"
 #include "testutil.h"
+#include "worker.h"
 
 /* Callables: what the test leaf does (it runs in a child). */
 enum {
@@ -28,6 +31,7 @@ enum {
     C_ABORT,         /* abort() */
     C_EXIT3,         /* _exit(3) */
     C_HANG,          /* waits until killed */
+    C_SPIN,          /* spins, saying on which CPU, until told to stop */
     C_SHIPPED = 100, /* needs the shipped blob loaded in this child */
 };
 
@@ -40,6 +44,8 @@ typedef struct shared {
     _Atomic int starts;            /* start hook calls */
     _Atomic int start_pids[64];
     _Atomic int start_mode;        /* how start hooks behave: see leaf_start */
+    _Atomic int spin_cpu;          /* C_SPIN: the CPU it last ran on */
+    _Atomic int spin_stop;         /* C_SPIN: return now */
 } shared;
 static shared *SH;
 
@@ -83,6 +89,9 @@ static int leaf_run(void *ctx, uint64_t callable, const pto_args_view *a, const 
     case C_HANG:
         atomic_store(&SH->hang_pid, (int)getpid());
         for (;;) pause();
+    case C_SPIN:
+        while (!atomic_load(&SH->spin_stop)) atomic_store(&SH->spin_cpu, sched_getcpu());
+        return 0;
     case C_SHIPPED:
         if (strcmp(installed, (const char *)(uintptr_t)s0) != 0) {
             snprintf(err, errlen, "shipped callable not installed (have '%s')", installed);
@@ -330,6 +339,76 @@ static void test_results_through_shared_memory(void)
     CHECK_EQ(count_fds(), fds);
     pto_shm_free(buf);
     pto_shm_free(pidbuf);
+}
+
+/* Poll (asleep, so this thread takes no core from the child) until
+ * *v == want, for up to ms; whether it came. */
+static bool await_int(_Atomic int *v, int want, int ms)
+{
+    for (int i = 0; i < ms * 10; i++) {
+        if (atomic_load(v) == want) return true;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return atomic_load(v) == want;
+}
+
+/* pto_wm_spread moves a child with pto_proc_nudge: a running child lands
+ * on the CPU asked for and keeps its own CPU mask, so it is moved, never
+ * pinned; a CPU outside its mask moves nothing. */
+static void test_nudge_moves_and_keeps_mask(void)
+{
+    pto_worker *w = started_worker(1, 0);
+    int pid = pto_worker_child_pid(w, PTO_NEXT_LEVEL, 0);
+    pto_child *c = w->wm.threads[PTO_NEXT_LEVEL][0]->child;
+    cpu_set_t was, now;
+    CHECK(pid > 0 && c);
+    CHECK_EQ(sched_getaffinity(pid, sizeof was, &was), 0);
+    atomic_store(&SH->spin_stop, 0);
+    atomic_store(&SH->spin_cpu, -1);
+    pto_orch *o = pto_run_begin(w);
+    submit1(o, PTO_NEXT_LEVEL, C_SPIN, NULL, 0, 0, 0);
+    for (int i = 0; i < 20000 && atomic_load(&SH->spin_cpu) < 0; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    int from = atomic_load(&SH->spin_cpu);
+    CHECK(from >= 0);
+    int to = -1;
+    for (int cpu = 0; cpu < CPU_SETSIZE && to < 0; cpu++)
+        if (CPU_ISSET(cpu, &was) && cpu != from) to = cpu;
+    if (to >= 0) {   /* a machine of one CPU has nowhere to move it */
+        /* Once there it may be moved back (a busy machine's balancer may
+         * pull it to the CPU it left), so it must be seen there after one
+         * of a few nudges. */
+        bool seen = false;
+        for (int k = 0; k < 20 && !seen; k++) {
+            CHECK(pto_proc_nudge(c, to));
+            seen = await_int(&SH->spin_cpu, to, 50);
+        }
+        CHECK(seen);
+        CHECK_EQ(sched_getaffinity(pid, sizeof now, &now), 0);
+        CHECK(CPU_EQUAL(&was, &now));
+    }
+    CHECK(!pto_proc_nudge(c, -1));
+    CHECK(!pto_proc_nudge(c, CPU_SETSIZE));
+    if (CPU_COUNT(&was) < CPU_SETSIZE) {
+        int out = 0;
+        while (CPU_ISSET(out, &was)) out++;
+        CHECK(!pto_proc_nudge(c, out));
+        CHECK_EQ(sched_getaffinity(pid, sizeof now, &now), 0);
+        CHECK(CPU_EQUAL(&was, &now));
+    }
+    atomic_store(&SH->spin_stop, 1);
+    CHECK_EQ(pto_run_end(w), 0);
+    uint64_t *buf = pto_shm_alloc(8);   /* and it still serves */
+    CHECK(buf != NULL);
+    o = pto_run_begin(w);
+    submit1(o, PTO_NEXT_LEVEL, C_PID, buf, PTO_OUTPUT_EXISTING, 0, 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(buf[0], (uint64_t)pid);
+    pto_worker_close(w);
+    pto_shm_free(buf);
 }
 
 /* A long chain through one buffer plus independent fills: order and values. */
@@ -912,6 +991,7 @@ int main(int argc, char **argv)
     RUN(test_close_in_forked_copy);
     RUN(test_results_through_shared_memory);
     RUN(test_dag_many_tasks);
+    RUN(test_nudge_moves_and_keeps_mask);
     RUN(test_leaf_error_keeps_child);
     RUN(test_poisoned_consumer);
     RUN(test_segfault);

@@ -347,6 +347,9 @@ static bool take(pto_mailbox *mb, pto_mb_cell *c, uint32_t seq, uint64_t start_n
     bool revoked = !atomic_compare_exchange_strong_explicit(&c->claim, &want, PTO_CELL_TAKEN, memory_order_acq_rel,
                                                             memory_order_acquire);
     c->start_ns = start_ns;
+    /* Where this child runs, for the parent's pto_wm_spread: read from rseq, a few ns. */
+    int cpu = sched_getcpu();
+    if (cpu != atomic_load_explicit(&mb->cpu, memory_order_relaxed)) atomic_store_explicit(&mb->cpu, cpu, memory_order_relaxed);
     atomic_store_explicit(&mb->started, seq + 1, memory_order_release);
     c->skipped = revoked || (c->after_prev && prev_failed) || producer_failed;
     if (!c->skipped) return true;

@@ -160,6 +160,7 @@ typedef struct pto_mailbox {
     _Alignas(64) _Atomic uint32_t posted;    /* parent: cells handed over (a sequence number) */
     _Alignas(64) _Atomic uint32_t started;   /* child: cells begun */
     _Atomic uint32_t done;                   /* child: cells finished */
+    _Atomic int32_t cpu;                     /* child: the CPU it began its last cell on */
     /* Check mode (check.c) and diagnostics (diag.c) are per task but live
      * here, once: a task that uses them is posted alone, into an empty ring. */
     _Alignas(64) uint32_t check, check_ntags;

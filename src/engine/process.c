@@ -488,6 +488,32 @@ uint32_t pto_proc_unbegun(const pto_child *c)
     return n > 0 ? (uint32_t)n : 0;
 }
 
+int32_t pto_proc_busy_cpu(const pto_child *c)
+{
+    /* Busy while a posted cell is not done, running or waiting for its
+     * producers (a waiting child spins, so it takes a CPU as much); the
+     * CPU is the last cell's begin's. A hint, read without order. */
+    if (c->posted == atomic_load_explicit(&c->mb->done, memory_order_relaxed)) return -1;
+    return atomic_load_explicit(&c->mb->cpu, memory_order_relaxed);
+}
+
+bool pto_proc_nudge(pto_child *c, int32_t cpu)
+{
+    pid_t pid = atomic_load_explicit(&c->mb->pid, memory_order_relaxed);
+    cpu_set_t was, one;
+    if (pid <= 0 || cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(pid, sizeof was, &was) != 0 || !CPU_ISSET(cpu, &was))
+        return false;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    /* The kernel moves it there before the first call returns; the second
+     * gives the user's mask back, and the balancer has no reason to move
+     * it again. (A pid reused between the load and the calls would be
+     * moved once and keep its mask: the dead child's is cleared first.) */
+    bool ok = sched_setaffinity(pid, sizeof one, &one) == 0;
+    sched_setaffinity(pid, sizeof was, &was);
+    return ok;
+}
+
 bool pto_proc_revoke(pto_child *c, uint32_t k)
 {
     assert(k < c->posted - c->collected);

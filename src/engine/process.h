@@ -147,6 +147,10 @@ int pto_proc_poll(pto_child *c, bool check_zygote, pto_proc_result *r, char *err
 uint64_t pto_proc_head_started(const pto_child *c);
 /* Cells posted to c that its child has not begun (a hint: read racily). */
 uint32_t pto_proc_unbegun(const pto_child *c);
+/* The CPU c's child began its last cell on while it has cells posted and not done, else -1 (a hint). */
+int32_t pto_proc_busy_cpu(const pto_child *c);
+/* Move c's child to CPU cpu now, its own CPU mask kept (a nudge, not a pin); false if that failed. */
+bool pto_proc_nudge(pto_child *c, int32_t cpu);
 /* Between pto_proc_batch(c, true) and (c, false), pto_proc_try_post hands
  * a cell over at once only if every cell handed over before it has been
  * collected (the child may be waiting); the rest go over together at the

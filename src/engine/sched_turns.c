@@ -90,6 +90,8 @@ static bool pending_since(pto_scheduler *s, turn_seen seen)
 /* Whether a turn would find work; by the turn flag's holder. */
 static bool pending(pto_scheduler *s)
 {
+    /* About every millisecond of waiting: see pto_wm_spread. */
+    if ((++s->spread_looks & 4095) == 0) pto_wm_spread(s->wm);
     return pending_since(s, seen_now(s)) || pto_wm_pump_ready(s->wm, &s->wait_ns);
 }
 

@@ -37,6 +37,7 @@ typedef struct pto_scheduler {
      * miss per task (a fifth of the C API's W1 submit in perf). */
     pto_wire_queue wire;
     uint32_t unhelped_submits;              /* orchestrator-only: submits since its last help (pto_sched_help) */
+    uint32_t spread_looks;                  /* the turn holder's: looks since pto_wm_spread last ran */
     pto_event park;                         /* the scheduler thread sleeps here while helped */
     _Alignas(64) pto_ready_queue ready[PTO_KINDS];   /* per worker kind, unpinned */
     int64_t ready_len;

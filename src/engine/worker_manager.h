@@ -172,6 +172,7 @@ typedef struct pto_worker_manager {
      * consumers. */
     bool early;
     bool early_always;                 /* PTO_EARLY_POSTS=always: whatever the tasks' times (tests) */
+    bool spread;                       /* pto_wm_spread may move children (PTO_SPREAD=0: never) */
     uint64_t done_stamps;
     struct pto_slot **posted_now;
     int32_t nposted_now, posted_now_cap;
@@ -207,6 +208,9 @@ uint32_t pto_wm_unbegun(const pto_worker_thread *wt);
  * is lowered to when it must look again even if nothing rings (a running
  * or starting child: the forkserver and start deadlines). */
 bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns);
+/* PROCESS mode, by the turn's holder while it waits: if it is alone on its CPU while two busy
+ * children share another, and no CPU is spare, move one of them onto its CPU (see worker_manager.c). */
+void pto_wm_spread(pto_worker_manager *wm);
 /* Stop and join every worker thread (tasks still queued are abandoned), then
  * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);

@@ -507,8 +507,9 @@ bool pto_proc_nudge(pto_child *c, int32_t cpu)
     CPU_SET(cpu, &one);
     /* The kernel moves it there before the first call returns; the second
      * gives the user's mask back, and the balancer has no reason to move
-     * it again. (A pid reused between the load and the calls would be
-     * moved once and keep its mask: the dead child's is cleared first.) */
+     * it again. The pid is cleared when the child is reaped; one reused
+     * by another process within the microseconds between the load and
+     * these calls would be moved once and keep its own mask. */
     bool ok = sched_setaffinity(pid, sizeof one, &one) == 0;
     sched_setaffinity(pid, sizeof was, &was);
     return ok;

@@ -782,8 +782,9 @@ bool pto_wm_pump(pto_worker_manager *wm)
  * 2 us stencil fell into the second placement in about half its runs
  * (33-37% efficient, the waiter ~95% of a core, each child 46% of one,
  * against 46-52%); moving a child next to the waiter when it sees that
- * made the median run 46-49% instead of 36-37%. Only where no core is
- * spare: with one free, the kernel places a crowded child there itself. */
+ * made the median of 16 runs 40-43% instead of 33-40% (7 alternating
+ * batches). Only where no core is spare: with one free, the kernel places
+ * a crowded child there itself. */
 void pto_wm_spread(pto_worker_manager *wm)
 {
     enum { MAXCPU = 64 };

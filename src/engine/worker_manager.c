@@ -8,7 +8,6 @@
 #include "run.h"
 
 #include <assert.h>
-#include <sched.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -773,40 +772,6 @@ bool pto_wm_pump(pto_worker_manager *wm)
     return moved;
 }
 
-/* Three busy parties on two cores (two children and the parent thread
- * that waits for them) sit two to a core either way the kernel places
- * them, and its balancer moves none of them: each placement is as even as
- * the other. With the children on separate cores, the waiter's yields
- * hand its core to the child sharing it; with both children on one core
- * and the waiter alone on the other, they run by turns while it spins. A
- * 2 us stencil fell into the second placement in about half its runs
- * (33-37% efficient, the waiter ~95% of a core, each child 46% of one,
- * against 46-52%); moving a child next to the waiter when it sees that
- * made the median of 16 runs 40-43% instead of 33-40% (7 alternating
- * batches). Only where no core is spare: with one free, the kernel places
- * a crowded child there itself. */
-void pto_wm_spread(pto_worker_manager *wm)
-{
-    enum { MAXCPU = 64 };
-    if (wm->mode != PTO_MODE_PROCESS || !wm->spread) return;
-    int me = sched_getcpu();
-    if (me < 0 || me >= MAXCPU) return;
-    int32_t on[MAXCPU] = {0}, busy = 0;
-    pto_child *crowded = NULL;
-    for (int32_t kind = 0; kind < PTO_KINDS; kind++)
-        for (int32_t i = 0; i < wm->count[kind]; i++) {
-            pto_child *c = wm->threads[kind][i]->child;
-            int32_t cpu = c ? pto_proc_busy_cpu(c) : -1;
-            if (cpu < 0 || cpu >= MAXCPU) continue;
-            busy++;
-            if (++on[cpu] == 2) crowded = c;
-        }
-    if (!crowded || on[me]) return;
-    cpu_set_t mine;
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) > busy + 1) return;
-    pto_proc_nudge(crowded, me);
-}
-
 bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
 {
     if (!atomic_load_explicit(&wm->proc, memory_order_relaxed)) return false;
@@ -844,8 +809,6 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns)
  * anything else: a typo must not quietly leave them as they were. */
 static bool early_from_env(pto_worker_manager *wm)
 {
-    const char *spread = getenv("PTO_SPREAD");
-    wm->spread = !spread || strcmp(spread, "0") != 0;
     const char *env = getenv("PTO_EARLY_POSTS");
     wm->early = !env || !*env || strcmp(env, "1") == 0 || strcmp(env, "always") == 0;
     wm->early_always = env && strcmp(env, "always") == 0;
@@ -862,6 +825,7 @@ static bool start_children(pto_worker_manager *wm)
     int32_t n = wm->count[0] + wm->count[1];
     if (n == 0) return true;
     if (!early_from_env(wm)) return false;
+    wm->spread = pto_wm_spread_wanted();
     const pto_leaf **leaves = pto_xcalloc((size_t)n, sizeof *leaves);
     const char **names = pto_xcalloc((size_t)n, sizeof *names);
     int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);

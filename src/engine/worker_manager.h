@@ -209,8 +209,10 @@ uint32_t pto_wm_unbegun(const pto_worker_thread *wt);
  * or starting child: the forkserver and start deadlines). */
 bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns);
 /* PROCESS mode, by the turn's holder while it waits: if it is alone on its CPU while two busy
- * children share another, and no CPU is spare, move one of them onto its CPU (see worker_manager.c). */
+ * children share another, and no CPU is spare, move one of them onto its CPU (spread.c). */
 void pto_wm_spread(pto_worker_manager *wm);
+/* Whether pto_wm_spread may move children: unless PTO_SPREAD=0 (read at init). */
+bool pto_wm_spread_wanted(void);
 /* Stop and join every worker thread (tasks still queued are abandoned), then
  * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);

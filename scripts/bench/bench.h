@@ -100,6 +100,8 @@ int omp_bench_setup(void);
 void omp_bench_teardown(void);
 const char *omp_bench_describe(void);
 double omp_w1(int n);
+/* Untimed W1: the share of its tasks the creating thread ran itself, or -1. */
+double omp_w1_inline_share(int n);
 double omp_w2(int n);
 double omp_w3(int groups);
 double omp_w4(int d, int reps);

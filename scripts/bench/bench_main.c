@@ -505,6 +505,16 @@ int main(int argc, char **argv)
         printf("%-22s %9lld %16s %16s %16s %14s %14s\n", label, shape_tasks(sh, z), c0, c1, c2,
                r1, r2);
     }
+#ifdef PTO_BENCH_HAVE_OPENMP
+    /* Untimed, after every timed run: what OpenMP's W1 rate measures. */
+    if (shape_sel[SH_W1] && best[SH_W1][SYS_OMP] > 0) {
+        double share = omp_w1_inline_share(z->w1);
+        if (share >= 0)
+            printf("openmp W1: the creating thread ran %.0f%% of the tasks itself (libgomp runs a task at once "
+                   "where it is created while more than 64 per thread are queued; ptolua runs every task on "
+                   "a worker)\n", 100.0 * share);
+    }
+#endif
     if (!have_omp && sys_sel[SYS_OMP])
         printf("OpenMP: skipped (the compiler has no OpenMP support)\n");
     if (!have_starpu && sys_sel[SYS_STARPU])

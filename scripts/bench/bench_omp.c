@@ -62,6 +62,32 @@ double omp_w1(int n)
     return t1 - t0;
 }
 
+/* W1 once more, untimed, counting where the tasks ran: libgomp runs a task
+ * at once in the thread that creates it (undeferred) while more than 64 per
+ * team thread are queued, so most of W1's empty tasks never leave the
+ * creating thread and OpenMP's W1 rate is mostly that of a plain call. The
+ * share printed beside the table says how much of it was. */
+double omp_w1_inline_share(int n)
+{
+    slot *s = bench_slots((size_t)n);
+    struct { _Alignas(64) long ran; } per[BENCH_THREADS] = {{0}};
+    int creator = -1;
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        creator = omp_get_thread_num();
+        for (int i = 0; i < n; i++) {
+#pragma omp task depend(out: s[i])
+            {
+                int t = omp_get_thread_num();
+                if (t >= 0 && t < BENCH_THREADS) per[t].ran++;
+            }
+        }
+    }
+    free(s);
+    return creator >= 0 && creator < BENCH_THREADS ? (double)per[creator].ran / n : -1.0;
+}
+
 double omp_w2(int n)
 {
     slot *s = bench_slots(1);

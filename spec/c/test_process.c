@@ -440,6 +440,29 @@ static void test_nudge_moves_and_keeps_mask(void)
     pto_shm_free(buf);
 }
 
+/* A PTO_SPREAD that is neither 0 nor 1 fails the init, naming it; the
+ * Worker initialises once it is fixed, and 0 keeps it working. */
+static void test_bad_spread_env(void)
+{
+    pto_worker *w = make_worker(1, 0, 0, true);
+    setenv("PTO_SPREAD", "off", 1);
+    CHECK_EQ(pto_worker_init(w), -1);
+    CHECK_CONTAINS(pto_errmsg(), "PTO_SPREAD must be 0 (children never moved) or 1");
+    CHECK_CONTAINS(pto_errmsg(), "got 'off'");
+    setenv("PTO_SPREAD", "0", 1);
+    CHECK_EQ(pto_worker_init(w), 0);
+    unsetenv("PTO_SPREAD");
+    CHECK(!w->wm.spread);
+    uint64_t *buf = pto_shm_alloc(8);
+    CHECK(buf != NULL);
+    pto_orch *o = pto_run_begin(w);
+    submit1(o, PTO_NEXT_LEVEL, C_PID, buf, PTO_OUTPUT_EXISTING, 0, 0);
+    CHECK_EQ(pto_run_end(w), 0);
+    CHECK_EQ(buf[0], (uint64_t)pto_worker_child_pid(w, PTO_NEXT_LEVEL, 0));
+    pto_worker_close(w);
+    pto_shm_free(buf);
+}
+
 /* A long chain through one buffer plus independent fills: order and values. */
 static void test_dag_many_tasks(void)
 {
@@ -1021,6 +1044,7 @@ int main(int argc, char **argv)
     RUN(test_results_through_shared_memory);
     RUN(test_dag_many_tasks);
     RUN(test_nudge_moves_and_keeps_mask);
+    RUN(test_bad_spread_env);
     RUN(test_leaf_error_keeps_child);
     RUN(test_poisoned_consumer);
     RUN(test_segfault);

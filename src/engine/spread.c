@@ -3,15 +3,21 @@
  * keeps for good, below, by moving a child once (pto_proc_nudge: the
  * child's own CPU mask is given back at once). */
 #include "worker_manager.h"
+#include "common.h"
 
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-bool pto_wm_spread_wanted(void)
+bool pto_wm_spread_from_env(pto_worker_manager *wm)
 {
     const char *env = getenv("PTO_SPREAD");
-    return !env || strcmp(env, "0") != 0;
+    wm->spread = !env || !*env || strcmp(env, "1") == 0;
+    if (wm->spread || strcmp(env, "0") == 0) return true;
+    /* As PTO_EARLY_POSTS: a typo must not quietly leave it on. */
+    pto_set_error("PTO_SPREAD must be 0 (children never moved) or 1 (moved when two share a core, the default) "
+                  "(got '%s')", env);
+    return false;
 }
 
 /* Three busy parties on two cores (two children and the parent thread

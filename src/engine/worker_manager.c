@@ -824,8 +824,7 @@ static bool start_children(pto_worker_manager *wm)
 {
     int32_t n = wm->count[0] + wm->count[1];
     if (n == 0) return true;
-    if (!early_from_env(wm)) return false;
-    wm->spread = pto_wm_spread_wanted();
+    if (!early_from_env(wm) || !pto_wm_spread_from_env(wm)) return false;
     const pto_leaf **leaves = pto_xcalloc((size_t)n, sizeof *leaves);
     const char **names = pto_xcalloc((size_t)n, sizeof *names);
     int32_t *kinds = pto_xcalloc((size_t)n, sizeof *kinds);

@@ -211,8 +211,8 @@ bool pto_wm_pump_ready(pto_worker_manager *wm, int64_t *timeout_ns);
 /* PROCESS mode, by the turn's holder while it waits: if it is alone on its CPU while two busy
  * children share another, and no CPU is spare, move one of them onto its CPU (spread.c). */
 void pto_wm_spread(pto_worker_manager *wm);
-/* Whether pto_wm_spread may move children: unless PTO_SPREAD=0 (read at init). */
-bool pto_wm_spread_wanted(void);
+/* Set wm->spread from PTO_SPREAD (unset, empty or 1: on; 0: off); false, with the error set, for anything else. */
+bool pto_wm_spread_from_env(pto_worker_manager *wm);
 /* Stop and join every worker thread (tasks still queued are abandoned), then
  * shut the children and the zygote down. */
 void pto_wm_stop(pto_worker_manager *wm);

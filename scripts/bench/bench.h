@@ -102,6 +102,8 @@ const char *omp_bench_describe(void);
 double omp_w1(int n);
 /* Untimed W1: the share of its tasks the creating thread ran itself, or -1. */
 double omp_w1_inline_share(int n);
+/* Untimed W3: the same share of its tasks, or -1. */
+double omp_w3_inline_share(int groups);
 double omp_w2(int n);
 double omp_w3(int groups);
 double omp_w4(int d, int reps);

@@ -514,6 +514,11 @@ int main(int argc, char **argv)
                    "where it is created while more than 64 per thread are queued; ptolua runs every task on "
                    "a worker)\n", 100.0 * share);
     }
+    if (shape_sel[SH_W3] && best[SH_W3][SYS_OMP] > 0) {
+        double share = omp_w3_inline_share(z->w3);
+        if (share >= 0)
+            printf("openmp W3: the creating thread ran %.0f%% of the tasks itself\n", 100.0 * share);
+    }
 #endif
     if (!have_omp && sys_sel[SYS_OMP])
         printf("OpenMP: skipped (the compiler has no OpenMP support)\n");

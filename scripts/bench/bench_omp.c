@@ -138,6 +138,48 @@ double omp_w3(int groups)
 #error "omp_w3 lists the 8 readers of a fan group explicitly"
 #endif
 
+/* W3 once more, untimed, counting where the tasks ran (as
+ * omp_w1_inline_share): an undeferred task with dependences waits for its
+ * producers where it is created, so the creating thread runs most of a
+ * fan's readers and joins too. */
+double omp_w3_inline_share(int groups)
+{
+    const size_t per = BENCH_FAN + 2;
+    slot *s = bench_slots((size_t)groups * per);
+    struct { _Alignas(64) long ran; } ran[BENCH_THREADS] = {{0}};
+    int creator = -1;
+#define W3_COUNT()                                                 \
+    do {                                                           \
+        int t = omp_get_thread_num();                              \
+        if (t >= 0 && t < BENCH_THREADS) ran[t].ran++;             \
+    } while (0)
+#pragma omp parallel num_threads(BENCH_THREADS)
+#pragma omp single
+    {
+        creator = omp_get_thread_num();
+        for (int g = 0; g < groups; g++) {
+            slot *x = s + (size_t)g * per;
+            slot *y = x + 1;
+            slot *z = x + 1 + BENCH_FAN;
+            (void)y; (void)z;
+#pragma omp task depend(out: x[0])
+            W3_COUNT();
+            for (int j = 0; j < BENCH_FAN; j++) {
+#pragma omp task depend(in: x[0]) depend(out: y[j])
+                W3_COUNT();
+            }
+#pragma omp task depend(in: y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7]) \
+                 depend(out: z[0])
+            W3_COUNT();
+        }
+    }
+#undef W3_COUNT
+    free(s);
+    return creator >= 0 && creator < BENCH_THREADS
+               ? (double)ran[creator].ran / ((double)groups * BENCH_W3_TASKS_PER_GROUP)
+               : -1.0;
+}
+
 /* BGEMM with a distinct temporary P per (b,m,n,k). One parallel region per
  * repetition; the time covers all of them. */
 double omp_w4(int d, int reps)

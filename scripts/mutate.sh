@@ -72,6 +72,14 @@ mutant scope_end_keeps_hold src/engine/orchestrator.c \
   's->scope_held = false;' \
   '' \
   'a closed scope still marks its slots as held (false heap deadlocks)'
+mutant run_end_keeps_retired src/engine/orchestrator.c \
+  '    drain_retired(o);\n#ifndef NDEBUG\n    int64_t held' \
+  '#ifndef NDEBUG\n    int64_t held' \
+  'a run end leaves the slots retired during the run queued, to be reclaimed again in the next run'
+mutant run_end_drops_before_drain src/engine/orchestrator.c \
+  '    bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH);\n    if (ok) {\n        drop_scopes(o);' \
+  '    drop_scopes(o);\n    bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH);\n    if (ok) {' \
+  'a run end drops its scopes before its tasks finished: the pool is reset under running tasks'
 mutant tensormap_touching_overlap src/engine/tensormap.c \
   'if (b->count && b->one.start < end && start < b->one.end) fn(b->one.producer, arg);' \
   'if (b->count && b->one.start <= end && start <= b->one.end) fn(b->one.producer, arg);' \

@@ -105,38 +105,41 @@ double omp_w2(int n)
     return t1 - t0;
 }
 
+/* W3's task graph, inside a single construct: groups of a head writing
+ * X, BENCH_FAN readers of X each writing its Y, and a join of the Ys
+ * writing Z; every task's body is the statement TASK. One macro for the
+ * timed run and the counting one, so they cannot drift apart. */
+#define W3_TASKS(s, groups, TASK)                                                    \
+    for (int g = 0; g < (groups); g++) {                                             \
+        slot *x = (s) + (size_t)g * (BENCH_FAN + 2);                                 \
+        slot *y = x + 1;                                                             \
+        slot *z = x + 1 + BENCH_FAN;                                                 \
+        (void)y; (void)z; /* gcc 12 counts depend clauses as no use */               \
+        _Pragma("omp task depend(out: x[0])") TASK;                                  \
+        for (int j = 0; j < BENCH_FAN; j++) {                                        \
+            _Pragma("omp task depend(in: x[0]) depend(out: y[j])") TASK;             \
+        }                                                                            \
+        _Pragma("omp task depend(in: y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7]) depend(out: z[0])") \
+            TASK;                                                                    \
+    }
+
+#if BENCH_FAN != 8
+#error "W3_TASKS lists the 8 readers of a fan group explicitly"
+#endif
+
 double omp_w3(int groups)
 {
-    const size_t per = BENCH_FAN + 2; /* X, Y[0..7], Z */
-    slot *s = bench_slots((size_t)groups * per);
+    slot *s = bench_slots((size_t)groups * (BENCH_FAN + 2));
     double t0 = bench_now();
 #pragma omp parallel num_threads(BENCH_THREADS)
 #pragma omp single
     {
-        for (int g = 0; g < groups; g++) {
-            slot *x = s + (size_t)g * per;
-            slot *y = x + 1;
-            slot *z = x + 1 + BENCH_FAN;
-            (void)y; (void)z; /* gcc 12 counts depend clauses as no use */
-#pragma omp task depend(out: x[0])
-            BODY();
-            for (int j = 0; j < BENCH_FAN; j++) {
-#pragma omp task depend(in: x[0]) depend(out: y[j])
-                BODY();
-            }
-#pragma omp task depend(in: y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7]) \
-                 depend(out: z[0])
-            BODY();
-        }
+        W3_TASKS(s, groups, BODY());
     }
     double t1 = bench_now();
     free(s);
     return t1 - t0;
 }
-
-#if BENCH_FAN != 8
-#error "omp_w3 lists the 8 readers of a fan group explicitly"
-#endif
 
 /* W3 once more, untimed, counting where the tasks ran (as
  * omp_w1_inline_share): an undeferred task with dependences waits for its
@@ -144,8 +147,7 @@ double omp_w3(int groups)
  * fan's readers and joins too. */
 double omp_w3_inline_share(int groups)
 {
-    const size_t per = BENCH_FAN + 2;
-    slot *s = bench_slots((size_t)groups * per);
+    slot *s = bench_slots((size_t)groups * (BENCH_FAN + 2));
     struct { _Alignas(64) long ran; } ran[BENCH_THREADS] = {{0}};
     int creator = -1;
 #define W3_COUNT()                                                 \
@@ -157,21 +159,7 @@ double omp_w3_inline_share(int groups)
 #pragma omp single
     {
         creator = omp_get_thread_num();
-        for (int g = 0; g < groups; g++) {
-            slot *x = s + (size_t)g * per;
-            slot *y = x + 1;
-            slot *z = x + 1 + BENCH_FAN;
-            (void)y; (void)z;
-#pragma omp task depend(out: x[0])
-            W3_COUNT();
-            for (int j = 0; j < BENCH_FAN; j++) {
-#pragma omp task depend(in: x[0]) depend(out: y[j])
-                W3_COUNT();
-            }
-#pragma omp task depend(in: y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7]) \
-                 depend(out: z[0])
-            W3_COUNT();
-        }
+        W3_TASKS(s, groups, W3_COUNT());
     }
 #undef W3_COUNT
     free(s);

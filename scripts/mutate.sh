@@ -73,8 +73,8 @@ mutant scope_end_keeps_hold src/engine/orchestrator.c \
   '' \
   'a closed scope still marks its slots as held (false heap deadlocks)'
 mutant run_end_keeps_retired src/engine/orchestrator.c \
-  '    drain_retired(o);\n#ifndef NDEBUG\n    int64_t held' \
-  '#ifndef NDEBUG\n    int64_t held' \
+  '    drain_retired(o);\n    assert(pto_scope_held' \
+  '    assert(pto_scope_held' \
   'a run end leaves the slots retired during the run queued, to be reclaimed again in the next run'
 mutant run_end_drops_before_drain src/engine/orchestrator.c \
   '    bool ok = wait_until(o, finished_all, ORCH_WAIT_FINISH);\n    if (ok) {\n        drop_scopes(o);' \

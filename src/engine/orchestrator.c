@@ -122,9 +122,10 @@ static void remember_gone(pto_orch *o, const pto_slot *s)
 
 static void reclaim(pto_orch *o, pto_slot *s)
 {
-    /* At run end every slot is reclaimed and then the TensorMap, the rings
-     * and the configs are reset at once; erasing entry by entry would cost
-     * a cache miss per task (a 200k-task run's map is tens of MiB). */
+    /* While the run ends (the slots its drain retires, those of a shut-down
+     * Worker's scopes) the TensorMap, the rings and the configs are reset
+     * at once afterwards; erasing entry by entry would cost a cache miss
+     * per task (a 200k-task run's map is tens of MiB). */
     if (o->ending) {
         pto_slot_recycle(&o->pool, s);
         return;
@@ -854,12 +855,8 @@ bool pto_orch_begin(pto_orch *o)
 static void drop_scopes(pto_orch *o)
 {
     drain_retired(o);
-#ifndef NDEBUG
-    int64_t held = 0;
-    for (int32_t d = 0; d < o->scope.top; d++) held += o->scope.frames[d].count;
-    assert(held == o->pool.live);
-#endif
-    while (o->scope.top > 0) pto_scope_pop(&o->scope);
+    assert(pto_scope_held(&o->scope) == o->pool.live);
+    pto_scope_drop(&o->scope);
 }
 
 int pto_orch_end(pto_orch *o)

@@ -47,3 +47,15 @@ void pto_scope_pop(pto_scope *s)
 {
     if (s->top) s->frames[--s->top].count = 0;
 }
+
+int64_t pto_scope_held(const pto_scope *s)
+{
+    int64_t n = 0;
+    for (int32_t d = 0; d < s->top; d++) n += s->frames[d].count;
+    return n;
+}
+
+void pto_scope_drop(pto_scope *s)
+{
+    while (s->top) pto_scope_pop(s);
+}

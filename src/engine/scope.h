@@ -43,5 +43,9 @@ int32_t pto_scope_holder(const pto_scope *s, const struct pto_slot *slot);
 /* The innermost frame, for its owner to release and then pop. */
 pto_scope_frame *pto_scope_innermost(pto_scope *s);
 void pto_scope_pop(pto_scope *s);
+/* Slots held by every open frame together. */
+int64_t pto_scope_held(const pto_scope *s);
+/* Pop every frame, releasing nothing: the owner frees their slots at once. */
+void pto_scope_drop(pto_scope *s);
 
 #endif

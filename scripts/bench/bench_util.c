@@ -28,6 +28,19 @@ double bench_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* One out-of-line copy that every task, reference and calibration runs.
+ * The link-time optimizer inlined the loop into each caller, and the
+ * copies' alignment differed: on the Intel Xeon VM of 2026-12-02 (stop 47)
+ * the copy inlined into ptolua's leaf had its jne straddle a 32-byte
+ * boundary (Intel's jump-erratum mitigation sends such loops down the
+ * legacy decoder) and ran at half the speed of the plain threads' copy,
+ * so ptolua read ~50% efficient even at 512 us tasks. noipa keeps gcc
+ * from inlining, cloning or specializing it, with or without LTO. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noipa))
+#else
+__attribute__((noinline))
+#endif
 void bench_spin(uint64_t iters)
 {
     for (uint64_t i = 0; i < iters; i++)

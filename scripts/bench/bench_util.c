@@ -51,17 +51,15 @@ double bench_spin_calibrate(void)
 {
     /* Best of a few runs of ~20 ms: a descheduled run only looks slower. */
     const uint64_t iters = 20000000;
-    /* Through a pointer the compiler cannot see through, so what is timed
-     * is the very loop the tasks call from other files: called directly,
-     * gcc -O3 timed an inlined or constant-propagated copy (sub; jne)
-     * that ran at 0.27 ns an iteration on the Intel Xeon VM of 2026-12-02,
-     * where the tasks' loop (add; cmp; jne) ran at 0.14, and every METG
-     * duration printed was twice the tasks' real length. */
-    void (*volatile spin)(uint64_t) = bench_spin;
+    /* bench_spin's noipa makes this call the tasks' very loop: without it
+     * gcc -O3 timed a constant-propagated copy (sub; jne) that ran at 0.27
+     * ns an iteration on the Intel Xeon VM of 2026-12-02 (stop 44), where
+     * the tasks' loop ran at 0.14, and every METG duration printed was
+     * twice the tasks' real length. */
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
         double t0 = bench_now();
-        spin(iters);
+        bench_spin(iters);
         double t = bench_now() - t0;
         if (t < best)
             best = t;
